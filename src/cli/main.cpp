@@ -1,0 +1,50 @@
+// `hearth` entry point: builds the CLI from the self-registered verbs, runs the chosen one, and
+// turns every error into one line on stderr and a non-zero exit code.
+#include <c10/util/Exception.h>
+
+#include <iostream>
+#include <map>
+
+#include "cli/verb.h"
+#include "core/error.h"
+
+namespace hearth::cli {
+std::vector<Verb>& verbs() {
+  static std::vector<Verb> v;
+  return v;
+}
+}  // namespace hearth::cli
+
+int main(int argc, char** argv) {
+  using namespace hearth;
+  CLI::App app{"Hearth: run, serve and fine-tune language models locally"};
+  app.require_subcommand(0, 1);
+  app.set_version_flag("--version", std::string("hearth 0.1.0"));
+  std::map<std::string, std::function<int()>> actions;
+  std::map<std::string, CLI::App*> subs;
+  for (auto& verb : cli::verbs()) {
+    CLI::App* sub = app.add_subcommand(verb.name, verb.help);
+    subs[verb.name] = sub;
+    actions[verb.name] = verb.setup(*sub);
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    for (auto& [name, sub] : subs)
+      if (sub->parsed()) return actions[name]();
+    std::cout << app.help();
+    return 0;
+  } catch (const hearth::Error& e) {
+    std::cerr << "hearth: error: " << e.what() << "\n";
+    return 1;
+  } catch (const c10::Error& e) {
+    std::cerr << "hearth: error: " << e.what_without_backtrace() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "hearth: error: " << e.what() << "\n";
+    return 2;
+  }
+}

@@ -1,0 +1,79 @@
+// Version- and device-dependent helpers behind torch_compat.h.
+#include "core/torch_compat.h"
+
+#include <fstream>
+#include <sstream>
+
+#ifdef HEARTH_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+namespace hearth::compat {
+
+namespace {
+int64_t proc_status_kb(const std::string& key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind(key, 0) == 0) {
+      std::istringstream is(line.substr(key.size() + 1));
+      int64_t kb = 0;
+      is >> kb;
+      return kb * 1024;
+    }
+  }
+  return 0;
+}
+}  // namespace
+
+bool cuda_available() {
+#ifdef HEARTH_WITH_CUDA
+  return c10::cuda::device_count() > 0;
+#else
+  return false;
+#endif
+}
+
+#ifdef HEARTH_WITH_CUDA
+namespace {
+#if TORCH_VERSION_MAJOR >= 2 && TORCH_VERSION_MINOR >= 4 || TORCH_VERSION_MAJOR >= 3
+using DeviceStats = c10::CachingDeviceAllocator::DeviceStats;
+#else
+using DeviceStats = c10::cuda::CUDACachingAllocator::DeviceStats;
+#endif
+DeviceStats cuda_stats(const at::Device& d) {
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(d.index() < 0 ? 0 : d.index());
+}
+}  // namespace
+#endif
+
+int64_t peak_memory_bytes(const at::Device& device) {
+#ifdef HEARTH_WITH_CUDA
+  if (device.is_cuda()) return cuda_stats(device).allocated_bytes[0].peak;
+#endif
+  return proc_status_kb("VmHWM:");
+}
+
+void reset_peak_memory(const at::Device& device) {
+#ifdef HEARTH_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index() < 0 ? 0 : device.index());
+#endif
+}
+
+int64_t active_memory_bytes(const at::Device& device) {
+#ifdef HEARTH_WITH_CUDA
+  if (device.is_cuda()) return cuda_stats(device).allocated_bytes[0].current;
+#endif
+  return proc_status_kb("VmRSS:");
+}
+
+void synchronize(const at::Device& device) {
+#ifdef HEARTH_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::device_synchronize();
+#endif
+}
+
+std::string torch_version() { return TORCH_VERSION; }
+
+}  // namespace hearth::compat

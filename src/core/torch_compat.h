@@ -1,0 +1,35 @@
+// The one place where PyTorch version differences live (Debian libtorch 1.13 on CPU machines,
+// PyTorch 2.x + CUDA on the GPU machine). Code elsewhere calls these helpers and never tests
+// TORCH_VERSION_* itself.
+#pragma once
+#include <ATen/ATen.h>
+#include <torch/version.h>
+
+#include <cstdint>
+#include <string>
+
+namespace hearth::compat {
+
+/// True when this build's libtorch provides at::scaled_dot_product_attention (PyTorch >= 2.0).
+constexpr bool kHasSdpa = TORCH_VERSION_MAJOR >= 2;
+
+/// True when the build links CUDA-enabled Torch and a CUDA device is present at run time.
+bool cuda_available();
+
+/// Peak bytes allocated on `device` since the last reset (CUDA: caching allocator's peak;
+/// CPU: the process's peak resident set size, from /proc/self/status VmHWM). 0 if unknown.
+int64_t peak_memory_bytes(const at::Device& device);
+
+/// Resets the CUDA allocator's peak counter (no-op on CPU).
+void reset_peak_memory(const at::Device& device);
+
+/// Bytes currently allocated by the CUDA caching allocator on `device` (CPU: current RSS).
+int64_t active_memory_bytes(const at::Device& device);
+
+/// Waits for all queued work on `device` (CUDA synchronize; no-op on CPU).
+void synchronize(const at::Device& device);
+
+/// "2.11.0" / "1.13.1": the libtorch version this binary was built against.
+std::string torch_version();
+
+}  // namespace hearth::compat

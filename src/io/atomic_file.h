@@ -1,0 +1,21 @@
+// Atomic file writes: write to "<path>.tmp.<pid>" in the same folder, fsync, rename over `path`.
+// A crash or error leaves the old file intact. Not for appending logs.
+#pragma once
+#include <filesystem>
+#include <functional>
+#include <ostream>
+#include <string_view>
+
+namespace hearth::io {
+
+/// Writes `bytes` to `path` atomically; throws hearth::Error naming `path` on failure.
+void write_file_atomic(const std::filesystem::path& path, std::string_view bytes);
+
+/// Calls `fill(stream)` on a temp file, then renames it over `path`; on exception, removes the
+/// temp file and rethrows.
+void write_file_atomic(const std::filesystem::path& path, const std::function<void(std::ostream&)>& fill);
+
+/// Reads a whole file; throws hearth::Error "<path>: cannot read (...)" when missing/unreadable.
+std::string read_file(const std::filesystem::path& path);
+
+}  // namespace hearth::io
