@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -42,6 +44,17 @@ std::vector<TensorInfo> parse_safetensors_header(std::string_view header_json, u
                                                  const std::string& origin,
                                                  std::map<std::string, std::string>* metadata = nullptr);
 
+/// Validates a whole safetensors file held in memory (`bytes`: 8-byte LE header length, header,
+/// data): the length must fit in the file and be at most 100 MB, then the header is parsed as by
+/// parse_safetensors_header with the rest of `bytes` as the data section. Sets `*data_offset`
+/// (when given) to the byte offset of the data section. Throws hearth::Error naming `origin`.
+std::vector<TensorInfo> parse_safetensors_bytes(std::string_view bytes, const std::string& origin,
+                                                std::map<std::string, std::string>* metadata = nullptr,
+                                                uint64_t* data_offset = nullptr);
+
+/// Largest header Hearth accepts (the Python reader's limit): 100 MB.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
 /// A memory-mapped, validated safetensors file. Tensors returned are CPU views over the mapping
 /// (zero-copy) that keep the mapping alive; clone them before writing.
 class SafetensorsFile {
@@ -54,6 +67,10 @@ class SafetensorsFile {
   const std::filesystem::path& path() const { return path_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  /// Size of the whole file in bytes.
+  uint64_t file_size() const { return map_size_; }
+  /// Bytes of tensor data (sum of end - begin over entries).
+  uint64_t data_bytes() const;
   bool contains(const std::string& name) const;
   const TensorInfo& info(const std::string& name) const;
   /// The named tensor as a CPU view over the file, shape as in the header. Throws if absent.
@@ -72,8 +89,15 @@ class SafetensorsFile {
 };
 
 /// Writes `tensors` (any device; copied to CPU, contiguous) to `path` atomically (temp + rename),
-/// names sorted, with optional string `metadata` (e.g. {"format": "mlx"}).
+/// names sorted, with optional string `metadata` (e.g. {"format": "mlx"}). The header is padded
+/// with spaces to a multiple of 8 bytes, as the Python writer does. `stored_dtypes` overrides the
+/// dtype written for a tensor when only the label differs (a kInt tensor written as U32 — MLX's
+/// packed quantized weights); any other mismatch throws hearth::Error.
 void save_safetensors(const std::filesystem::path& path, const std::map<std::string, at::Tensor>& tensors,
-                      const std::map<std::string, std::string>& metadata = {});
+                      const std::map<std::string, std::string>& metadata = {},
+                      const std::map<std::string, DType>& stored_dtypes = {});
+
+/// Parses a dtype name as written in headers ("F32", "BF16", ...); nullopt when unknown.
+std::optional<DType> parse_dtype_name(std::string_view name);
 
 }  // namespace hearth::io

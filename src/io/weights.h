@@ -16,8 +16,10 @@ namespace hearth::io {
 /// All tensors of a model folder, by Hugging Face name. Tensors are CPU views over mmaps.
 class WeightStore {
  public:
-  /// Opens every shard of `dir`; throws hearth::Error if none exists, a shard named by the index is
-  /// missing, or a tensor name appears twice.
+  /// Opens every shard of `dir`: model.safetensors if present, else the shards named by
+  /// model.safetensors.index.json (`weight_map`), else every *.safetensors. Throws hearth::Error
+  /// (one line naming the path) if the folder or weights are missing, a shard named by the index is
+  /// missing or lacks a tensor mapped to it, or a tensor name appears in two files.
   static WeightStore open(const std::filesystem::path& dir);
 
   bool contains(const std::string& name) const;
@@ -31,6 +33,12 @@ class WeightStore {
   int64_t total_bytes() const;
   /// The shard file that holds `name`.
   const std::filesystem::path& file_of(const std::string& name) const;
+  /// Header entry (dtype, shape, byte range) of `name`; throws like get().
+  const TensorInfo& info(const std::string& name) const;
+  /// The opened shard files, in load order.
+  const std::vector<std::shared_ptr<SafetensorsFile>>& files() const { return files_; }
+  /// The model folder.
+  const std::filesystem::path& dir() const { return dir_; }
 
  private:
   std::filesystem::path dir_;

@@ -30,14 +30,27 @@ struct QuantizedWeight {
   int64_t out_features() const;  // wq.size(0)
 };
 
-/// Quantizes `w` [out, in] (in divisible by group_size) exactly as mlx's affine quantize does.
+/// Quantizes `w` [out, in] (in divisible by group_size) exactly as mlx's affine quantize does
+/// (mlx/backend/cpu/quantized.cpp): per group, in fp32, w_min/w_max; scale = max((w_max-w_min)/
+/// (2^bits-1), 1e-7), negated unless |w_min| > |w_max|; the larger-magnitude edge e is kept exact:
+/// q0 = rint(e/scale), and if q0 != 0 then scale = e/q0, bias = e (else bias = 0); codes =
+/// clamp(rint((w-bias)/scale), 0, 2^bits-1). Scales/biases are stored in w's dtype (bf16/f16;
+/// anything else gives f32). CPU only (other devices are copied to CPU).
 QuantizedWeight quantize(const at::Tensor& w, QuantSpec spec);
 
-/// Reference dequantization: [out, in] in `dtype` (default: scales' dtype), w = scales·q + biases.
+/// Reference dequantization: [out, in] in `dtype` (default: scales' dtype), w = scales·q + biases,
+/// computed in fp32 then cast once (mlx computes in the scales' dtype: for bf16 scales results may
+/// differ from mlx by one bf16 rounding).
 at::Tensor dequantize(const QuantizedWeight& qw, c10::optional<at::ScalarType> dtype = c10::nullopt);
 
-/// Unpacks wq to integer codes q [out, in] (kByte for bits ≤ 8).
+/// Unpacks wq [out, in*bits/32] (kInt) to integer codes q [out, in] (kByte). Throws on a width
+/// that does not hold `in_features` codes.
 at::Tensor unpack_codes(const at::Tensor& wq, int bits, int64_t in_features);
+
+/// Packs integer codes q [out, in] (any integer dtype, values in [0, 2^bits), in % 32 == 0) into
+/// wq [out, in*bits/32] (kInt holding uint32 bits), the inverse of unpack_codes. Throws on codes out
+/// of range.
+at::Tensor pack_codes(const at::Tensor& codes, int bits);
 
 /// y = x · dequantize(qw)ᵀ for x [..., in] → [..., out] in x's dtype. CPU: a vectorized kernel
 /// that dequantizes one group-row tile at a time (never the whole matrix); other devices: a

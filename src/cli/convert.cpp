@@ -1,0 +1,195 @@
+// `hearth convert`: rewrites a Hugging Face model folder in mlx-lm's convert layout, optionally
+// casting float weights (--dtype) and MLX-affine quantizing linear/embedding weights (-q).
+// Follows mlx_lm.convert: cast first, then quantize; shards over 5 GB; metadata {"format": "mlx"}.
+// Not a downloader and not a format converter from GGUF/.bin.
+#include <unistd.h>
+
+#include <iostream>
+
+#include "cli/verb.h"
+#include "core/error.h"
+#include "io/atomic_file.h"
+#include "io/hf_config.h"
+#include "io/weights.h"
+#include "nn/quant.h"
+
+namespace {
+namespace fs = std::filesystem;
+using namespace hearth;
+using nlohmann::json;
+
+struct ConvertOptions {
+  std::string model, out, dtype;
+  bool quantize = false;
+  int bits = 4, group_size = 64;
+};
+
+constexpr uint64_t kMaxShardBytes = 5ull << 30;  // mlx-lm: max_file_size_gb = 5
+
+std::optional<at::ScalarType> parse_dtype(const std::string& s, const std::string& where) {
+  if (s.empty()) return std::nullopt;
+  if (s == "bf16" || s == "bfloat16") return at::kBFloat16;
+  if (s == "f16" || s == "fp16" || s == "float16") return at::kHalf;
+  if (s == "f32" || s == "fp32" || s == "float32") return at::kFloat;
+  throw Error(cat(where, ": dtype '", s, "' unsupported (expected bf16, f16 or f32)"));
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// One output tensor, planned from the header before any data is read.
+struct Planned {
+  std::string source;       // input tensor name
+  bool quantized = false;   // emits <module>.weight/.scales/.biases
+  uint64_t bytes = 0;       // output bytes (all emitted tensors)
+};
+
+// Files besides weights and config that travel with a model (tokenizer, templates, generation).
+bool is_companion_file(const fs::path& p) {
+  const std::string name = p.filename().string();
+  if (name == "config.json" || name == "model.safetensors.index.json" || name.empty() || name[0] == '.') return false;
+  const std::string ext = p.extension().string();
+  return ext == ".json" || ext == ".jinja" || ext == ".txt" || ext == ".model" || ext == ".tiktoken";
+}
+
+void convert_into(const ConvertOptions& o, const fs::path& in, const fs::path& tmp) {
+  const fs::path cfg_path = in / "config.json";
+  json config = io::read_json(cfg_path);
+  HEARTH_CHECK(config.is_object(), cfg_path.string(), ": not a JSON object");
+  const auto existing = io::QuantizationConfig::from_config(config, cfg_path.string());
+  HEARTH_CHECK(!(o.quantize && existing), cfg_path.string(),
+               ": model is already quantized (has a quantization block); -q needs a float model");
+  const nn::QuantSpec spec{o.bits, o.group_size};
+  if (o.quantize) nn::check_quant_spec(spec, "--q-bits/--q-group-size: quantization");
+
+  // dtype: --dtype, else config's torch_dtype/dtype when it is a float type (as mlx-lm does).
+  std::optional<at::ScalarType> dtype = parse_dtype(o.dtype, "--dtype");
+  if (!dtype) {
+    for (const char* key : {"torch_dtype", "dtype"}) {
+      auto it = config.find(key);
+      if (it != config.end() && it->is_string()) {
+        const std::string v = it->get<std::string>();
+        if (v == "bfloat16" || v == "float16" || v == "float32") dtype = parse_dtype(v, cfg_path.string());
+        break;
+      }
+    }
+  }
+
+  const io::WeightStore ws = io::WeightStore::open(in);
+  std::vector<Planned> plan;
+  for (const auto& name : ws.names()) {
+    if (ends_with(name, "rotary_emb.inv_freq")) continue;  // recomputed at load; mlx-lm drops it too
+    const io::TensorInfo& t = ws.info(name);
+    const bool is_float = t.dtype == io::DType::F32 || t.dtype == io::DType::F16 || t.dtype == io::DType::BF16 ||
+                          t.dtype == io::DType::F64;
+    uint64_t numel = 1;
+    for (int64_t d : t.shape) numel *= static_cast<uint64_t>(d);
+    const uint64_t elem = is_float && dtype ? at::elementSize(*dtype) : static_cast<uint64_t>(io::dtype_size(t.dtype));
+    Planned p{name, false, numel * elem};
+    if (o.quantize && is_float && ends_with(name, ".weight") && t.shape.size() == 2 &&
+        t.shape[1] % o.group_size == 0) {
+      const uint64_t out = static_cast<uint64_t>(t.shape[0]), cols = static_cast<uint64_t>(t.shape[1]);
+      const uint64_t sbytes = dtype ? at::elementSize(*dtype) : (t.dtype == io::DType::F32 || t.dtype == io::DType::F64 ? 4 : 2);
+      p.quantized = true;
+      p.bytes = out * cols * o.bits / 8 + 2 * out * (cols / o.group_size) * sbytes;
+    }
+    plan.push_back(p);
+  }
+  HEARTH_CHECK(!plan.empty(), in.string(), ": no tensors to convert");
+
+  // Shards: fill in name order, a new shard when the next tensor would pass 5 GB.
+  std::vector<std::vector<const Planned*>> shards(1);
+  uint64_t cur = 0, total = 0;
+  for (const auto& p : plan) {
+    if (cur > 0 && cur + p.bytes > kMaxShardBytes) shards.emplace_back(), cur = 0;
+    shards.back().push_back(&p);
+    cur += p.bytes;
+    total += p.bytes;
+  }
+  const size_t n = shards.size();
+  json weight_map = json::object();
+  size_t n_quantized = 0, n_tensors = 0;
+  for (size_t s = 0; s < n; ++s) {
+    char fname[64];
+    if (n == 1)
+      std::snprintf(fname, sizeof fname, "model.safetensors");
+    else
+      std::snprintf(fname, sizeof fname, "model-%05zu-of-%05zu.safetensors", s + 1, n);
+    std::map<std::string, at::Tensor> tensors;
+    std::map<std::string, io::DType> stored;
+    for (const Planned* p : shards[s]) {
+      at::Tensor t = ws.get(p->source);
+      if (t.is_floating_point()) t = t.to(dtype.value_or(t.scalar_type() == at::kDouble ? at::kFloat : t.scalar_type()));
+      if (p->quantized) {
+        const std::string module = p->source.substr(0, p->source.size() - 7);
+        nn::QuantizedWeight q = nn::quantize(t, spec);
+        tensors[module + ".weight"] = q.wq;
+        stored[module + ".weight"] = io::DType::U32;
+        tensors[module + ".scales"] = q.scales;
+        tensors[module + ".biases"] = q.biases;
+        ++n_quantized;
+      } else {
+        tensors[p->source] = t;
+      }
+    }
+    for (const auto& [name, _] : tensors) weight_map[name] = fname;
+    n_tensors += tensors.size();
+    io::save_safetensors(tmp / fname, tensors, {{"format", "mlx"}}, stored);
+  }
+  if (n > 1) {
+    json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    io::write_file_atomic(tmp / "model.safetensors.index.json", index.dump(4) + "\n");
+  }
+
+  if (o.quantize) {
+    json q = {{"group_size", o.group_size}, {"bits", o.bits}, {"mode", "affine"}};
+    config["quantization"] = q;
+    config["quantization_config"] = q;
+  }
+  io::write_file_atomic(tmp / "config.json", config.dump(4) + "\n");
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(in, ec)) {
+    if (!e.is_regular_file() || !is_companion_file(e.path())) continue;
+    fs::copy_file(e.path(), tmp / e.path().filename(), ec);
+    HEARTH_CHECK(!ec, e.path().string(), ": cannot copy (", ec.message(), ")");
+  }
+  std::cout << "converted " << n_tensors << " tensors (" << n_quantized << " quantized";
+  if (o.quantize) std::cout << " to " << o.bits << "-bit, group " << o.group_size;
+  std::cout << ") into " << n << " file(s), " << total / 1e9 << " GB\n";
+}
+
+int run_convert(const ConvertOptions& o) {
+  const fs::path in(o.model), out(o.out);
+  std::error_code ec;
+  HEARTH_CHECK_T(NotFound, fs::is_directory(in, ec), in.string(), ": model folder not found");
+  HEARTH_CHECK(!fs::exists(out, ec), out.string(), ": already exists (convert writes a new folder)");
+  const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
+  HEARTH_CHECK_T(NotFound, fs::is_directory(parent, ec), parent.string(), ": output's parent folder not found");
+  const fs::path tmp = fs::path(out.string() + ".tmp." + std::to_string(::getpid()));
+  fs::create_directory(tmp, ec);
+  HEARTH_CHECK(!ec, tmp.string(), ": cannot create (", ec.message(), ")");
+  try {
+    convert_into(o, in, tmp);
+    fs::rename(tmp, out, ec);
+    HEARTH_CHECK(!ec, out.string(), ": cannot move converted model into place (", ec.message(), ")");
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  return 0;
+}
+
+std::function<int()> setup_convert(CLI::App& app) {
+  auto o = std::make_shared<ConvertOptions>();
+  app.add_option("--model,-m", o->model, "Input model folder (Hugging Face layout)")->required();
+  app.add_option("--out,-o", o->out, "Output folder (must not exist)")->required();
+  app.add_flag("-q,--quantize", o->quantize, "MLX-affine quantize linear and embedding weights");
+  app.add_option("--q-bits", o->bits, "Bits per weight: 2,3,4,5,6,8")->capture_default_str();
+  app.add_option("--q-group-size", o->group_size, "Quantization group size: 32,64,128")->capture_default_str();
+  app.add_option("--dtype", o->dtype, "Cast float weights first: bf16, f16 or f32 (default: config's torch_dtype)");
+  return [o] { return run_convert(*o); };
+}
+
+}  // namespace
+HEARTH_REGISTER_VERB(convert, "convert", "Convert a model folder to mlx-lm layout, optionally quantized", setup_convert);

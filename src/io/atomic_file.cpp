@@ -1,0 +1,85 @@
+// Atomic file writes (temp file in the same folder + fsync + rename) and whole-file reads.
+// Not a general file API: no appends, no partial reads.
+#include "io/atomic_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace hearth::io {
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path temp_path_for(const fs::path& path) {
+  return fs::path(path.string() + ".tmp." + std::to_string(::getpid()));
+}
+
+// fsyncs a file (or folder) by path; best effort for folders.
+void fsync_path(const fs::path& p, bool required) {
+  int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    HEARTH_CHECK(!required, p.string(), ": cannot open for fsync (", std::strerror(errno), ")");
+    return;
+  }
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  HEARTH_CHECK(!required || rc == 0, p.string(), ": fsync failed (", std::strerror(err), ")");
+}
+
+void finish(const fs::path& tmp, const fs::path& path) {
+  fsync_path(tmp, true);
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    throw Error(cat(path.string(), ": cannot rename temp file into place (", ec.message(), ")"));
+  }
+  fs::path parent = path.parent_path();
+  fsync_path(parent.empty() ? fs::path(".") : parent, false);
+}
+
+}  // namespace
+
+void write_file_atomic(const fs::path& path, const std::function<void(std::ostream&)>& fill) {
+  const fs::path tmp = temp_path_for(path);
+  try {
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      HEARTH_CHECK(out.good(), path.string(), ": cannot open for writing (", std::strerror(errno), ")");
+      fill(out);
+      out.flush();
+      HEARTH_CHECK(out.good(), path.string(), ": write failed (", std::strerror(errno), ")");
+    }
+    finish(tmp, path);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw;
+  }
+}
+
+void write_file_atomic(const fs::path& path, std::string_view bytes) {
+  write_file_atomic(path, [&](std::ostream& out) { out.write(bytes.data(), static_cast<std::streamsize>(bytes.size())); });
+}
+
+std::string read_file(const fs::path& path) {
+  std::error_code ec;
+  HEARTH_CHECK_T(NotFound, fs::exists(path, ec), path.string(), ": cannot read (no such file)");
+  HEARTH_CHECK(!fs::is_directory(path, ec), path.string(), ": cannot read (is a directory)");
+  std::ifstream in(path, std::ios::binary);
+  HEARTH_CHECK(in.good(), path.string(), ": cannot read (", std::strerror(errno), ")");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  HEARTH_CHECK(!in.bad(), path.string(), ": cannot read (I/O error)");
+  return ss.str();
+}
+
+}  // namespace hearth::io

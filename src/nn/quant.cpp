@@ -1,0 +1,328 @@
+// MLX affine quantization: quantize/pack, unpack/dequantize, and a CPU quantized matmul that
+// dequantizes one tile of output rows at a time. Not the Linear module (nn/linear.*) and not GPU
+// kernels (CUDA tensors take the plain-libtorch reference path for now).
+// Reference: mlx/backend/cpu/quantized.cpp (`quantize`, `extract_bits`, `_qmm_t`) in ml-explore/mlx.
+#include "nn/quant.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/error.h"
+
+namespace hearth::nn {
+
+void check_quant_spec(const QuantSpec& spec, const std::string& where) {
+  const int b = spec.bits;
+  HEARTH_CHECK(b == 2 || b == 3 || b == 4 || b == 5 || b == 6 || b == 8, where, ".bits: ", b,
+               " unsupported (expected 2,3,4,5,6,8)");
+  const int g = spec.group_size;
+  HEARTH_CHECK(g == 32 || g == 64 || g == 128, where, ".group_size: ", g, " unsupported (expected 32,64,128)");
+}
+
+int64_t QuantizedWeight::in_features() const { return wq.size(1) * 32 / spec.bits; }
+int64_t QuantizedWeight::out_features() const { return wq.size(0); }
+
+namespace {
+
+// --- bit stream packing ------------------------------------------------------------------------
+// A row of codes is one little-endian bit stream: code j occupies bits [j*bits, (j+1)*bits), bit i
+// of the stream is bit i%32 of word i/32. On a little-endian host this is byte-for-byte mlx's
+// layout: power-of-two bits pack 32/bits codes per uint32; 3 and 5 bits pack 8 codes into 3 and 5
+// bytes, 6 bits packs 4 codes into 3 bytes, each pack itself a little-endian bit stream.
+
+// Decodes `n` codes (n a multiple of 32) starting at word `w` into floats.
+template <int Bits>
+inline void decode_codes(const uint32_t* w, float* out, int64_t n) {
+  constexpr uint32_t mask = (1u << Bits) - 1;
+  if constexpr (32 % Bits == 0) {
+    constexpr int per = 32 / Bits;
+    for (int64_t i = 0; i < n / per; ++i) {
+      const uint32_t word = w[i];
+      for (int k = 0; k < per; ++k) out[i * per + k] = static_cast<float>((word >> (k * Bits)) & mask);
+    }
+  } else {
+    // 32 codes span exactly `Bits` words: decode them from a 64-bit window.
+    for (int64_t blk = 0; blk < n / 32; ++blk) {
+      const uint32_t* ww = w + blk * Bits;
+      float* o = out + blk * 32;
+      for (int j = 0; j < 32; ++j) {
+        const int bit = j * Bits;
+        const int wi = bit >> 5, sh = bit & 31;
+        uint64_t window = ww[wi];
+        if (sh + Bits > 32) window |= static_cast<uint64_t>(ww[wi + 1]) << 32;
+        o[j] = static_cast<float>((window >> sh) & mask);
+      }
+    }
+  }
+}
+
+void decode_codes_any(int bits, const uint32_t* w, float* out, int64_t n) {
+  switch (bits) {
+    case 2: return decode_codes<2>(w, out, n);
+    case 3: return decode_codes<3>(w, out, n);
+    case 4: return decode_codes<4>(w, out, n);
+    case 5: return decode_codes<5>(w, out, n);
+    case 6: return decode_codes<6>(w, out, n);
+    case 8: return decode_codes<8>(w, out, n);
+  }
+  throw Error(cat("quantized weight: bits ", bits, " unsupported (expected 2,3,4,5,6,8)"));
+}
+
+// Dot product with 8 independent accumulators (lets the compiler use SIMD without fast-math).
+inline float dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void check_qweight(const QuantizedWeight& qw, const char* what) {
+  check_quant_spec(qw.spec, cat(what, ": quantization"));
+  HEARTH_CHECK(qw.wq.dim() == 2, what, ": packed weight must be 2-D, got ", qw.wq.sizes());
+  HEARTH_CHECK(qw.wq.scalar_type() == at::kInt, what, ": packed weight must be uint32 (kInt), got ",
+               qw.wq.scalar_type());
+  HEARTH_CHECK((qw.wq.size(1) * 32) % qw.spec.bits == 0, what, ": packed width ", qw.wq.size(1),
+               " is not a whole number of ", qw.spec.bits, "-bit codes");
+  const int64_t out = qw.out_features(), in = qw.in_features();
+  HEARTH_CHECK(in % qw.spec.group_size == 0, what, ": in_features ", in, " not divisible by group_size ",
+               qw.spec.group_size);
+  const std::vector<int64_t> gshape{out, in / qw.spec.group_size};
+  HEARTH_CHECK(qw.scales.sizes().vec() == gshape, what, ": scales shape ", qw.scales.sizes(), ", expected ",
+               c10::IntArrayRef(gshape), " for bits=", qw.spec.bits, " group_size=", qw.spec.group_size);
+  HEARTH_CHECK(qw.biases.sizes().vec() == gshape, what, ": biases shape ", qw.biases.sizes(), ", expected ",
+               c10::IntArrayRef(gshape));
+}
+
+}  // namespace
+
+// --- quantize ----------------------------------------------------------------------------------
+
+QuantizedWeight quantize(const at::Tensor& w, QuantSpec spec) {
+  check_quant_spec(spec, "quantize");
+  HEARTH_CHECK(w.dim() == 2, "quantize: weight must be 2-D [out, in], got ", w.sizes());
+  HEARTH_CHECK(w.is_floating_point(), "quantize: weight must be floating point, got ", w.scalar_type());
+  const int64_t out = w.size(0), in = w.size(1), gs = spec.group_size, bits = spec.bits;
+  HEARTH_CHECK(in % gs == 0, "quantize: in_features ", in, " not divisible by group_size ", gs);
+  const at::ScalarType sdt =
+      (w.scalar_type() == at::kHalf || w.scalar_type() == at::kBFloat16) ? w.scalar_type() : at::kFloat;
+  const at::Tensor wf = w.to(at::kCPU).to(at::kFloat).contiguous();
+  const int64_t ng = in / gs, words = in * bits / 32;
+  at::Tensor wq = at::zeros({out, words}, at::kInt);
+  at::Tensor scales = at::empty({out, ng}, at::kFloat);
+  at::Tensor biases = at::empty({out, ng}, at::kFloat);
+  const float* src = wf.data_ptr<float>();
+  uint32_t* dst = reinterpret_cast<uint32_t*>(wq.data_ptr<int32_t>());
+  float* sp = scales.data_ptr<float>();
+  float* bp = biases.data_ptr<float>();
+  const float n_bins = static_cast<float>((1 << bits) - 1);
+  const float eps = 1e-7f;
+  at::parallel_for(0, out, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      uint32_t* row = dst + r * words;
+      for (int64_t g = 0; g < ng; ++g) {
+        const float* x = src + r * in + g * gs;
+        float w_min = std::numeric_limits<float>::infinity(), w_max = -w_min;
+        for (int64_t j = 0; j < gs; ++j) {
+          w_max = std::max(w_max, x[j]);
+          w_min = std::min(w_min, x[j]);
+        }
+        // mlx: keep the larger-magnitude edge exact. Its sign picks the sign of the scale, and when
+        // it rounds to a non-zero code q0 the scale is refit so that edge = q0 * scale + bias with
+        // bias = edge, i.e. that edge decodes to itself.
+        const bool mask = std::abs(w_min) > std::abs(w_max);
+        float scale = std::max((w_max - w_min) / n_bins, eps);
+        scale = mask ? scale : -scale;
+        const float edge = mask ? w_min : w_max;
+        const float q0 = std::rint(edge / scale);
+        float bias = 0;
+        if (q0 != 0) {
+          scale = edge / q0;
+          bias = edge;
+        }
+        for (int64_t j = 0; j < gs; ++j) {
+          float q = std::rint((x[j] - bias) / scale);
+          q = std::min(std::max(q, 0.0f), n_bins);
+          const uint32_t code = static_cast<uint32_t>(q);
+          const int64_t bit = (g * gs + j) * bits;
+          const int64_t wi = bit >> 5;
+          const int sh = static_cast<int>(bit & 31);
+          row[wi] |= code << sh;
+          if (sh + bits > 32) row[wi + 1] |= code >> (32 - sh);
+        }
+        sp[r * ng + g] = scale;
+        bp[r * ng + g] = bias;
+      }
+    }
+  });
+  return QuantizedWeight{wq, scales.to(sdt), biases.to(sdt), spec};
+}
+
+// --- unpack / dequantize -----------------------------------------------------------------------
+
+at::Tensor unpack_codes(const at::Tensor& wq, int bits, int64_t in_features) {
+  check_quant_spec(QuantSpec{bits, 32}, "unpack_codes");
+  HEARTH_CHECK(wq.dim() == 2 && wq.scalar_type() == at::kInt, "unpack_codes: expected a 2-D kInt tensor, got ",
+               wq.scalar_type(), " ", wq.sizes());
+  HEARTH_CHECK(in_features % 32 == 0 && wq.size(1) == in_features * bits / 32, "unpack_codes: ", wq.size(1),
+               " words per row do not hold ", in_features, " codes of ", bits, " bits");
+  const at::Tensor w = wq.to(at::kCPU).contiguous();
+  const int64_t out = w.size(0), words = w.size(1);
+  at::Tensor codes = at::empty({out, in_features}, at::kByte);
+  const uint32_t* src = reinterpret_cast<const uint32_t*>(w.data_ptr<int32_t>());
+  uint8_t* dst = codes.data_ptr<uint8_t>();
+  at::parallel_for(0, out, 16, [&](int64_t r0, int64_t r1) {
+    std::vector<float> buf(static_cast<size_t>(in_features));
+    for (int64_t r = r0; r < r1; ++r) {
+      decode_codes_any(bits, src + r * words, buf.data(), in_features);
+      for (int64_t j = 0; j < in_features; ++j) dst[r * in_features + j] = static_cast<uint8_t>(buf[j]);
+    }
+  });
+  return codes.to(wq.device());
+}
+
+at::Tensor pack_codes(const at::Tensor& codes, int bits) {
+  check_quant_spec(QuantSpec{bits, 32}, "pack_codes");
+  HEARTH_CHECK(codes.dim() == 2 && !codes.is_floating_point(), "pack_codes: expected 2-D integer codes, got ",
+               codes.scalar_type(), " ", codes.sizes());
+  const int64_t out = codes.size(0), in = codes.size(1);
+  HEARTH_CHECK(in % 32 == 0, "pack_codes: ", in, " codes per row is not a multiple of 32");
+  const at::Tensor c = codes.to(at::kCPU).to(at::kLong).contiguous();
+  if (c.numel() > 0) {
+    const int64_t lo = c.min().item<int64_t>(), hi = c.max().item<int64_t>();
+    HEARTH_CHECK(lo >= 0 && hi < (int64_t{1} << bits), "pack_codes: codes span [", lo, ", ", hi, "], outside [0, ",
+                 (1 << bits) - 1, "] for ", bits, " bits");
+  }
+  const int64_t words = in * bits / 32;
+  at::Tensor wq = at::zeros({out, words}, at::kInt);
+  const int64_t* src = c.data_ptr<int64_t>();
+  uint32_t* dst = reinterpret_cast<uint32_t*>(wq.data_ptr<int32_t>());
+  for (int64_t r = 0; r < out; ++r)
+    for (int64_t j = 0; j < in; ++j) {
+      const uint32_t code = static_cast<uint32_t>(src[r * in + j]);
+      const int64_t bit = j * bits, wi = r * words + (bit >> 5);
+      const int sh = static_cast<int>(bit & 31);
+      dst[wi] |= code << sh;
+      if (sh + bits > 32) dst[wi + 1] |= code >> (32 - sh);
+    }
+  return wq.to(codes.device());
+}
+
+at::Tensor dequantize(const QuantizedWeight& qw, c10::optional<at::ScalarType> dtype) {
+  check_qweight(qw, "dequantize");
+  const int64_t out = qw.out_features(), in = qw.in_features(), gs = qw.spec.group_size;
+  // Codes fit in 8 bits; go through float: w = scale * q + bias per group, in fp32.
+  at::Tensor q = unpack_codes(qw.wq, qw.spec.bits, in).to(at::kFloat).view({out, in / gs, gs});
+  at::Tensor s = qw.scales.to(q.device()).to(at::kFloat).unsqueeze(-1);
+  at::Tensor b = qw.biases.to(q.device()).to(at::kFloat).unsqueeze(-1);
+  at::Tensor w = (q * s + b).view({out, in});
+  return w.to(dtype.value_or(qw.scales.scalar_type()));
+}
+
+// --- quantized matmul --------------------------------------------------------------------------
+
+at::Tensor quantized_matmul_ref(const at::Tensor& x, const QuantizedWeight& qw) {
+  check_qweight(qw, "quantized_matmul");
+  HEARTH_CHECK(x.dim() >= 1 && x.size(-1) == qw.in_features(), "quantized_matmul: x has last dim ",
+               x.dim() ? x.size(-1) : 0, ", weight expects ", qw.in_features());
+  at::Tensor w = dequantize(qw, x.scalar_type()).to(x.device());
+  return at::matmul(x, w.t());
+}
+
+namespace {
+
+// Rows of the weight decoded per tile; bounded so the fp32 tile stays cache-sized.
+int64_t tile_rows(int64_t in) { return std::clamp<int64_t>((int64_t{1} << 20) / (in * 4), 8, 256); }
+
+// y[M, out] = x[M, in] · Wᵀ for M small: per output row and group, y += s·(q·x_g) + b·Σx_g, with
+// Σx_g precomputed. The codes of one row are decoded to fp32 once and reused for all M rows of x.
+void qmm_small_m(const float* x, int64_t M, const QuantizedWeight& qw, const float* scales, const float* biases,
+                 float* y) {
+  const int64_t out = qw.out_features(), in = qw.in_features(), gs = qw.spec.group_size, ng = in / gs;
+  const int64_t words = qw.wq.size(1);
+  const int bits = qw.spec.bits;
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(qw.wq.data_ptr<int32_t>());
+  std::vector<float> xsum(static_cast<size_t>(M * ng));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < ng; ++g) {
+      float s = 0;
+      for (int64_t j = 0; j < gs; ++j) s += x[m * in + g * gs + j];
+      xsum[m * ng + g] = s;
+    }
+  at::parallel_for(0, out, 8, [&](int64_t r0, int64_t r1) {
+    std::vector<float> qrow(static_cast<size_t>(in));
+    for (int64_t r = r0; r < r1; ++r) {
+      decode_codes_any(bits, w + r * words, qrow.data(), in);
+      const float* s = scales + r * ng;
+      const float* b = biases + r * ng;
+      for (int64_t m = 0; m < M; ++m) {
+        const float* xm = x + m * in;
+        const float* xs = xsum.data() + m * ng;
+        float acc = 0;
+        for (int64_t g = 0; g < ng; ++g) acc += s[g] * dot(qrow.data() + g * gs, xm + g * gs, gs) + b[g] * xs[g];
+        y[m * out + r] = acc;
+      }
+    }
+  });
+}
+
+// Larger M: dequantize a tile of rows into fp32 (in parallel), then one BLAS matmul per tile.
+void qmm_tiled(const at::Tensor& x2, const QuantizedWeight& qw, const float* scales, const float* biases,
+               at::Tensor& y) {
+  const int64_t out = qw.out_features(), in = qw.in_features(), gs = qw.spec.group_size, ng = in / gs;
+  const int64_t words = qw.wq.size(1);
+  const int bits = qw.spec.bits;
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(qw.wq.data_ptr<int32_t>());
+  const int64_t tr = tile_rows(in);
+  at::Tensor tile = at::empty({tr, in}, at::kFloat);
+  float* t = tile.data_ptr<float>();
+  for (int64_t r0 = 0; r0 < out; r0 += tr) {
+    const int64_t rows = std::min(tr, out - r0);
+    at::parallel_for(0, rows, 4, [&](int64_t a, int64_t b) {
+      for (int64_t i = a; i < b; ++i) {
+        const int64_t r = r0 + i;
+        float* dst = t + i * in;
+        decode_codes_any(bits, w + r * words, dst, in);
+        for (int64_t g = 0; g < ng; ++g) {
+          const float s = scales[r * ng + g], bb = biases[r * ng + g];
+          for (int64_t j = 0; j < gs; ++j) dst[g * gs + j] = s * dst[g * gs + j] + bb;
+        }
+      }
+    });
+    y.narrow(1, r0, rows).copy_(at::mm(x2, tile.narrow(0, 0, rows).t()));
+  }
+}
+
+}  // namespace
+
+at::Tensor quantized_matmul(const at::Tensor& x, const QuantizedWeight& qw) {
+  check_qweight(qw, "quantized_matmul");
+  HEARTH_CHECK(x.dim() >= 1 && x.size(-1) == qw.in_features(), "quantized_matmul: x has last dim ",
+               x.dim() ? x.size(-1) : 0, ", weight expects ", qw.in_features());
+  // Future kernel: a CUDA qmv/qmm (mlx's qmv_fast layout) goes here; for now dequantize + matmul.
+  if (!x.is_cpu() || !qw.wq.is_cpu()) return quantized_matmul_ref(x, qw);
+  const int64_t in = qw.in_features(), out = qw.out_features();
+  std::vector<int64_t> out_shape = x.sizes().vec();
+  out_shape.back() = out;
+  at::Tensor x2 = x.reshape({-1, in}).to(at::kFloat).contiguous();
+  const int64_t M = x2.size(0);
+  QuantizedWeight q = qw;
+  q.wq = qw.wq.contiguous();
+  const at::Tensor s = qw.scales.to(at::kFloat).contiguous();
+  const at::Tensor b = qw.biases.to(at::kFloat).contiguous();
+  at::Tensor y = at::empty({M, out}, at::kFloat);
+  if (M == 0 || out == 0) return y.view(out_shape).to(x.scalar_type());
+  if (M <= 8)
+    qmm_small_m(x2.data_ptr<float>(), M, q, s.data_ptr<float>(), b.data_ptr<float>(), y.data_ptr<float>());
+  else
+    qmm_tiled(x2, q, s.data_ptr<float>(), b.data_ptr<float>(), y);
+  return y.view(out_shape).to(x.scalar_type());
+}
+
+}  // namespace hearth::nn

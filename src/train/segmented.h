@@ -1,0 +1,65 @@
+// Segmented backward: gradients of a layer stack's token-mean CE loss with only one segment of
+// layers' activations alive at a time. Forward keeps detached boundary tensors every segment;
+// the loss head's VJP gives the gradient at the last boundary; then, segment by segment in
+// reverse, the segment's forward is recomputed and its VJP (torch::autograd::grad with
+// grad_outputs) taken w.r.t. its input boundary and its trainable parameters.
+// Follows mlx-bun's segmented-backward design notes (shared/seeds/, inventory §5). Not an
+// optimizer step or a data loader (trainer.h).
+#pragma once
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <utility>
+#include <vector>
+
+namespace hearth::train {
+
+/// The pieces of a model the backward drivers need. All tensors [B, T, C] unless said.
+struct LayerStack {
+  /// input_ids [B, T] int64 → hidden [B, T, C].
+  std::function<at::Tensor(const at::Tensor&)> embed;
+  /// Runs layers [begin, end) on hidden → hidden.
+  std::function<at::Tensor(const at::Tensor&, int64_t, int64_t)> layers;
+  /// Final norm + lm_head: hidden [B, t, C] → logits [B, t, V].
+  std::function<at::Tensor(const at::Tensor&)> head;
+  int64_t num_layers = 0;
+  /// Trainable tensors used by layers [begin, end) (requires_grad leaves; may be empty).
+  std::function<std::vector<at::Tensor>(int64_t, int64_t)> layer_params;
+  std::vector<at::Tensor> embed_params;  // trainable tensors used by `embed` (full fine-tune)
+  std::vector<at::Tensor> head_params;   // trainable tensors used by `head`
+};
+
+/// Segments [begin, end) covering [0, num_layers): consecutive runs of `segment_size` layers
+/// (the last may be shorter), except that each layer in `isolate` gets a segment of its own
+/// (e.g. full-attention layers of a hybrid model). segment_size <= 0 or >= num_layers gives
+/// one segment. Throws hearth::Error on an isolate index out of range.
+std::vector<std::pair<int64_t, int64_t>> plan_segments(int64_t num_layers, int64_t segment_size,
+                                                       const std::vector<int64_t>& isolate = {});
+
+/// Result of one backward pass.
+struct BackwardResult {
+  double loss_sum = 0.0;   // Σ CE over supervised positions
+  int64_t n_tokens = 0;    // supervised positions
+  int64_t peak_boundaries_bytes = 0;  // bytes held by saved boundaries
+};
+
+/// Options for the backward drivers.
+struct BackwardOptions {
+  int64_t segment_size = 0;        // layers per segment; 0 = plain full backward
+  std::vector<int64_t> isolate;    // layers that get their own segment
+  int64_t loss_chunk = 1024;       // positions per loss-head chunk
+  double scale = 0.0;              // multiplies Σ CE before differentiation; 0 = 1 / n_tokens
+  /// Called before each segment's forward and again before its recompute with the segment index,
+  /// so stochastic layers (LoRA dropout) can replay the same randomness; may be empty.
+  std::function<void(size_t segment, bool recompute)> on_segment;
+};
+
+/// Accumulates d(scale · Σ CE)/dθ into `.grad` of every trainable tensor of `model`, for
+/// input_ids [B, T] and already-shifted targets [B, T] (kIgnoreIndex where unsupervised).
+/// segment_size 0: one autograd graph over the whole stack (activations of all layers alive),
+/// with the loss head still chunked. Otherwise the segmented schedule described above.
+/// Both give the same gradients up to floating-point reassociation (tests: fp32 within 1e-6).
+BackwardResult backward(const LayerStack& model, const at::Tensor& input_ids, const at::Tensor& targets,
+                        const BackwardOptions& opts);
+
+}  // namespace hearth::train
