@@ -1,6 +1,8 @@
 // Version- and device-dependent helpers behind torch_compat.h.
 #include "core/torch_compat.h"
 
+#include "core/error.h"
+
 #include <fstream>
 #include <sstream>
 
@@ -71,6 +73,15 @@ int64_t active_memory_bytes(const at::Device& device) {
 void synchronize(const at::Device& device) {
 #ifdef HEARTH_WITH_CUDA
   if (device.is_cuda()) c10::cuda::device_synchronize();
+#endif
+}
+
+at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& mask,
+                bool is_causal, double scale) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  return at::scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, scale);
+#else
+  throw hearth::Error("sdpa: this build's libtorch " TORCH_VERSION " has no scaled_dot_product_attention");
 #endif
 }
 

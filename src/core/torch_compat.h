@@ -10,8 +10,14 @@
 
 namespace hearth::compat {
 
-/// True when this build's libtorch provides at::scaled_dot_product_attention (PyTorch >= 2.0).
-constexpr bool kHasSdpa = TORCH_VERSION_MAJOR >= 2;
+/// True when this build's libtorch provides at::scaled_dot_product_attention (PyTorch >= 2.1, with `scale`).
+constexpr bool kHasSdpa = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1);
+
+/// at::scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, scale) on PyTorch >= 2.1;
+/// q [B, H, T, D], k/v [B, H, S, D] (heads already repeated), mask bool (true = attend) or
+/// additive float, broadcastable to [B, H, T, S]. Throws hearth::Error on builds without SDPA.
+at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& mask,
+                bool is_causal, double scale);
 
 /// True when the build links CUDA-enabled Torch and a CUDA device is present at run time.
 bool cuda_available();

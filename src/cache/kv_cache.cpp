@@ -1,0 +1,105 @@
+// KVCache (chunk-grown buffers) and RotatingKVCache (sliding window, compacting buffers).
+#include "cache/kv_cache.h"
+
+#include "core/error.h"
+
+namespace hearth::cache {
+
+namespace {
+
+int64_t round_up(int64_t n, int64_t step) { return (n + step - 1) / step * step; }
+
+void check_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& buf) {
+  HEARTH_CHECK(k.dim() == 4 && k.sizes() == v.sizes(), "kv cache: k/v must be [B, Hkv, T, D] alike, got ", k.sizes(),
+               " and ", v.sizes());
+  if (buf.defined())
+    HEARTH_CHECK(buf.size(0) == k.size(0) && buf.size(1) == k.size(1) && buf.size(3) == k.size(3) &&
+                     buf.scalar_type() == k.scalar_type(),
+                 "kv cache: k ", k.sizes(), " ", k.scalar_type(), " does not match the cache's [", buf.size(0), ", ",
+                 buf.size(1), ", *, ", buf.size(3), "] ", buf.scalar_type());
+}
+
+// A buffer [B, Hkv, capacity, D] holding the first `keep` tokens of `old` (if defined).
+at::Tensor grow(const at::Tensor& like, const at::Tensor& old, int64_t keep, int64_t capacity) {
+  at::Tensor buf = at::empty({like.size(0), like.size(1), capacity, like.size(3)}, like.options());
+  if (old.defined() && keep > 0) buf.narrow(2, 0, keep).copy_(old.narrow(2, 0, keep));
+  return buf;
+}
+
+}  // namespace
+
+KVView KVCache::update(const at::Tensor& k, const at::Tensor& v) {
+  check_kv(k, v, keys_);
+  const int64_t T = k.size(2);
+  if (!keys_.defined() || offset_ + T > keys_.size(2)) {
+    const int64_t cap = round_up(offset_ + T, step_);
+    keys_ = grow(k, keys_, offset_, cap);
+    values_ = grow(v, values_, offset_, cap);
+  }
+  keys_.narrow(2, offset_, T).copy_(k);
+  values_.narrow(2, offset_, T).copy_(v);
+  offset_ += T;
+  return {keys_.narrow(2, 0, offset_), values_.narrow(2, 0, offset_), 0};
+}
+
+int64_t KVCache::trim(int64_t n) {
+  const int64_t t = std::min(std::max<int64_t>(n, 0), offset_);
+  offset_ -= t;
+  return t;
+}
+
+int64_t KVCache::nbytes() const { return keys_.defined() ? keys_.nbytes() + values_.nbytes() : 0; }
+
+RotatingKVCache::RotatingKVCache(int64_t window, int64_t step) : window_(window), step_(step) {
+  HEARTH_CHECK(window > 0, "RotatingKVCache: window must be positive, got ", window);
+}
+
+KVView RotatingKVCache::update(const at::Tensor& k, const at::Tensor& v) {
+  check_kv(k, v, keys_);
+  const int64_t T = k.size(2);
+  if (!keys_.defined() || used_ + T > keys_.size(2)) {
+    // Drop what no future query can see: keep the last window-1 tokens.
+    const int64_t keep = std::min(used_, window_ - 1);
+    const int64_t drop = used_ - keep;
+    const int64_t cap = std::max<int64_t>(keys_.defined() ? keys_.size(2) : 0, round_up(keep + T, step_));
+    at::Tensor kept_k, kept_v;
+    if (keep > 0) {
+      kept_k = keys_.narrow(2, drop, keep).clone();
+      kept_v = values_.narrow(2, drop, keep).clone();
+    }
+    if (!keys_.defined() || cap > keys_.size(2)) {
+      keys_ = at::empty({k.size(0), k.size(1), cap, k.size(3)}, k.options());
+      values_ = at::empty({v.size(0), v.size(1), cap, v.size(3)}, v.options());
+    }
+    if (keep > 0) {
+      keys_.narrow(2, 0, keep).copy_(kept_k);
+      values_.narrow(2, 0, keep).copy_(kept_v);
+    }
+    start_ += drop;
+    used_ = keep;
+  }
+  keys_.narrow(2, used_, T).copy_(k);
+  values_.narrow(2, used_, T).copy_(v);
+  used_ += T;
+  offset_ += T;
+  return {keys_.narrow(2, 0, used_), values_.narrow(2, 0, used_), start_};
+}
+
+int64_t RotatingKVCache::trim(int64_t n) {
+  // After trimming to offset o, the next query (at o) needs keys from max(0, o - window + 1).
+  int64_t t = std::min(std::max<int64_t>(n, 0), used_);
+  while (t > 0 && start_ > std::max<int64_t>(0, offset_ - t - window_ + 1)) --t;
+  used_ -= t;
+  offset_ -= t;
+  return t;
+}
+
+int64_t RotatingKVCache::nbytes() const { return keys_.defined() ? keys_.nbytes() + values_.nbytes() : 0; }
+
+int64_t total_bytes(const Caches& caches) {
+  int64_t n = 0;
+  for (const auto& c : caches) n += c ? c->nbytes() : 0;
+  return n;
+}
+
+}  // namespace hearth::cache

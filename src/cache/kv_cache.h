@@ -1,0 +1,91 @@
+// Per-layer caches for generation: LayerCache (the common interface), KVCache (keys/values of
+// every past token, grown in chunks) and RotatingKVCache (sliding window: only the last W-1
+// tokens are kept). Not the prompt/prefix cache across requests (a later prompt_cache.h).
+#pragma once
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace hearth::cache {
+
+/// The state one layer keeps across forward calls. All layers of a model advance together.
+class LayerCache {
+ public:
+  virtual ~LayerCache() = default;
+  /// Tokens processed so far (the absolute position of the next token).
+  virtual int64_t offset() const = 0;
+  /// Removes up to `n` most recent tokens; returns how many were removed (a cache that has
+  /// dropped old tokens may trim fewer, a recurrent cache none).
+  virtual int64_t trim(int64_t n) = 0;
+  /// Bytes of device memory held.
+  virtual int64_t nbytes() const = 0;
+  virtual std::string kind() const = 0;
+};
+
+/// Keys/values visible to the current queries: keys/values [B, Hkv, S, D], where keys[:, :, 0]
+/// is the token at absolute position `pos0` (S may include tokens outside a sliding window: the
+/// attention mask removes them).
+struct KVView {
+  at::Tensor keys, values;
+  int64_t pos0 = 0;
+};
+
+/// A cache of attention keys/values.
+class KVCacheBase : public LayerCache {
+ public:
+  /// Appends k/v [B, Hkv, T, D] (positions offset()..offset()+T-1) and returns the keys/values
+  /// the new queries attend to. Throws hearth::Error if B/Hkv/D/dtype change between calls.
+  virtual KVView update(const at::Tensor& k, const at::Tensor& v) = 0;
+};
+
+/// Every past token's keys/values in buffers [B, Hkv, capacity, D] grown `step` tokens at a time
+/// (mlx-lm's KVCache). update() returns views, never copies the history.
+class KVCache : public KVCacheBase {
+ public:
+  explicit KVCache(int64_t step = 256) : step_(step) {}
+  KVView update(const at::Tensor& k, const at::Tensor& v) override;
+  int64_t offset() const override { return offset_; }
+  int64_t trim(int64_t n) override;
+  int64_t nbytes() const override;
+  std::string kind() const override { return "kv"; }
+  int64_t capacity() const { return keys_.defined() ? keys_.size(2) : 0; }
+
+ private:
+  int64_t step_;
+  int64_t offset_ = 0;
+  at::Tensor keys_, values_;
+};
+
+/// Keys/values for a sliding-window layer of width W: keeps at least the last W-1 tokens (all a
+/// new query can see besides itself), compacting its buffer when full, so memory stays
+/// O(W + step) however long the sequence grows.
+class RotatingKVCache : public KVCacheBase {
+ public:
+  explicit RotatingKVCache(int64_t window, int64_t step = 256);
+  KVView update(const at::Tensor& k, const at::Tensor& v) override;
+  int64_t offset() const override { return offset_; }
+  /// Trims only as far as the remaining tokens still cover the window of the new last token.
+  int64_t trim(int64_t n) override;
+  int64_t nbytes() const override;
+  std::string kind() const override { return "rotating_kv"; }
+  int64_t window() const { return window_; }
+  /// Absolute position of the oldest token held.
+  int64_t start() const { return start_; }
+
+ private:
+  int64_t window_, step_;
+  int64_t offset_ = 0;  // == start_ + used_
+  int64_t start_ = 0;
+  int64_t used_ = 0;
+  at::Tensor keys_, values_;
+};
+
+/// One cache per layer, as a model's make_cache() returns them.
+using Caches = std::vector<std::unique_ptr<LayerCache>>;
+
+/// Sum of nbytes() over the layers.
+int64_t total_bytes(const Caches& caches);
+
+}  // namespace hearth::cache

@@ -1,0 +1,83 @@
+// `hearth bench`: end-to-end prefill/decode speed of a model folder on random prompt ids,
+// greedy, median over runs after one warmup. Not a micro-benchmark of kernels (bench/).
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+
+#include "cli/verb.h"
+#include "core/error.h"
+#include "core/torch_compat.h"
+#include "generate/generate.h"
+#include "models/registry.h"
+
+namespace {
+
+struct BenchArgs {
+  std::string model, device, dtype = "float32";
+  int64_t prompt_tokens = 512, gen_tokens = 128;
+  int runs = 3;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+at::ScalarType parse_dtype(const std::string& s) {
+  if (s == "float32") return at::kFloat;
+  if (s == "bfloat16") return at::kBFloat16;
+  if (s == "float16") return at::kHalf;
+  throw hearth::InvalidArgument(hearth::cat("--dtype: '", s, "' is not float32, bfloat16 or float16"));
+}
+
+at::Device parse_device(const std::string& s) {
+  if (s.empty()) return hearth::compat::cuda_available() ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  if (s == "cpu") return at::kCPU;
+  if (s == "cuda") {
+    HEARTH_CHECK(hearth::compat::cuda_available(), "--device cuda: no CUDA device in this build/machine");
+    return at::Device(at::kCUDA, 0);
+  }
+  throw hearth::InvalidArgument(hearth::cat("--device: '", s, "' is not cpu or cuda"));
+}
+
+std::function<int()> setup_bench(CLI::App& app) {
+  auto a = std::make_shared<BenchArgs>();
+  app.add_option("--model", a->model, "Model folder")->required();
+  app.add_option("--prompt-tokens", a->prompt_tokens, "Random prompt length (default 512)");
+  app.add_option("--gen-tokens", a->gen_tokens, "Tokens to generate (default 128)");
+  app.add_option("--runs", a->runs, "Timed runs after one warmup (default 3)");
+  app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
+  app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default float32)");
+  return [a] {
+    HEARTH_CHECK(a->prompt_tokens > 0 && a->gen_tokens > 0 && a->runs > 0,
+                 "bench: --prompt-tokens, --gen-tokens and --runs must be positive");
+    at::NoGradGuard no_grad;
+    const hearth::nn::LoadOptions where{parse_device(a->device), parse_dtype(a->dtype)};
+    auto model = hearth::models::load_model(a->model, where);
+    at::manual_seed(0);
+    at::Tensor ids = at::randint(model->vocab_size(), {a->prompt_tokens}, at::TensorOptions().dtype(at::kLong));
+    std::vector<int64_t> prompt(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + a->prompt_tokens);
+    hearth::generate::GenerateOptions opts;
+    opts.max_tokens = a->gen_tokens;  // greedy, no EOS: always the full count
+    std::vector<double> prefill, decode, ttft;
+    int64_t peak = 0;
+    for (int r = 0; r <= a->runs; ++r) {
+      auto res = hearth::generate::generate(*model, prompt, opts);
+      if (r == 0) continue;  // warmup
+      prefill.push_back(res.stats.prompt_tps);
+      decode.push_back(res.stats.generation_tps);
+      ttft.push_back(res.stats.ttft_s * 1e3);
+      peak = std::max(peak, res.stats.peak_memory_bytes);
+    }
+    std::printf("model: %s (%s, %lld layers) on %s %s\n", a->model.c_str(), model->model_type().c_str(),
+                static_cast<long long>(model->num_layers()), where.device.str().c_str(), a->dtype.c_str());
+    std::printf("prompt %lld tokens, generate %lld tokens, median of %d runs\n",
+                static_cast<long long>(a->prompt_tokens), static_cast<long long>(a->gen_tokens), a->runs);
+    std::printf("prefill: %.1f tok/s\ndecode: %.1f tok/s\nTTFT: %.1f ms\npeak memory: %.3f GB\n", median(prefill),
+                median(decode), median(ttft), peak / 1e9);
+    return 0;
+  };
+}
+
+}  // namespace
+HEARTH_REGISTER_VERB(bench, "bench", "Measure prefill/decode speed of a model on random prompts", setup_bench);

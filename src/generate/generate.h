@@ -1,0 +1,47 @@
+// The generation loop: prefill the prompt in chunks through the KV cache, then decode one token
+// at a time with a Sampler until an EOS id or max_tokens; a callback per token for streaming,
+// and timing/memory stats like mlx_lm.generate prints. Not detokenization (the caller's
+// StreamDecoder) and not batching (a later scheduler).
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "generate/sampler.h"
+#include "models/model.h"
+
+namespace hearth::generate {
+
+struct GenerateOptions {
+  int64_t max_tokens = 256;
+  int64_t prefill_step_size = 2048;  // prompt tokens per forward during prefill
+  SamplingParams sampling;
+  std::vector<int64_t> eos_ids;      // stop (EOS not emitted to the callback, not counted)
+};
+
+struct GenerationStats {
+  int64_t prompt_tokens = 0;
+  double prompt_tps = 0;             // prompt tokens / prefill seconds (to first token)
+  int64_t generation_tokens = 0;
+  double generation_tps = 0;         // generated tokens after the first / their seconds
+  double ttft_s = 0;                 // time to first token (prefill + first sample)
+  int64_t peak_memory_bytes = 0;     // compat::peak_memory_bytes(device)
+  bool stopped_by_eos = false;
+};
+
+struct GenerationResult {
+  std::vector<int64_t> tokens;  // generated ids (without the EOS that stopped it)
+  GenerationStats stats;
+};
+
+/// Called per generated token; return false to stop.
+using TokenCallback = std::function<bool(int64_t token)>;
+
+/// Generates a continuation of `prompt` (non-empty ids) with `model` (batch 1). Throws
+/// hearth::Error on an empty prompt or an id outside the vocabulary.
+GenerationResult generate(models::Model& model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
+                          const TokenCallback& on_token = {});
+
+}  // namespace hearth::generate

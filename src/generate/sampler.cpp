@@ -1,0 +1,100 @@
+// Sampler chain: repetition penalty → top-p → min-p → top-k → categorical at temperature,
+// in the order and with the comparisons of mlx-lm's sample_utils.py.
+#include "generate/sampler.h"
+
+#include <cmath>
+#include <limits>
+#include <unordered_set>
+
+#include "core/error.h"
+
+namespace hearth::generate {
+
+namespace {
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+}
+
+at::Tensor apply_repetition_penalty(const at::Tensor& logits, const std::vector<int64_t>& context, double penalty) {
+  at::Tensor out = logits.clone();
+  if (context.empty()) return out;
+  std::vector<int64_t> ids;
+  std::unordered_set<int64_t> seen;
+  for (int64_t id : context)
+    if (id >= 0 && id < logits.size(-1) && seen.insert(id).second) ids.push_back(id);
+  at::Tensor idx = at::tensor(ids, at::TensorOptions().dtype(at::kLong)).to(logits.device());
+  at::Tensor sel = out.index_select(-1, idx);
+  sel = at::where(sel < 0, sel * penalty, sel / penalty);
+  out.index_copy_(-1, idx, sel);
+  return out;
+}
+
+at::Tensor apply_top_p(const at::Tensor& logprobs, double top_p) {
+  at::Tensor probs = logprobs.exp();
+  at::Tensor sorted_idx = at::argsort(logprobs, -1, /*descending=*/false);
+  at::Tensor cumulative = probs.index_select(-1, sorted_idx).cumsum(-1);
+  at::Tensor cum_orig = at::empty_like(cumulative).index_copy_(-1, sorted_idx, cumulative);
+  return at::where(cum_orig > (1 - top_p), logprobs, at::full({}, kNegInf, logprobs.options()));
+}
+
+at::Tensor apply_min_p(const at::Tensor& logprobs, double min_p, int64_t min_keep) {
+  at::Tensor sorted_idx = at::argsort(logprobs, -1, /*descending=*/true);
+  at::Tensor sorted = logprobs.index_select(-1, sorted_idx);
+  at::Tensor threshold = sorted.narrow(-1, 0, 1) + std::log(min_p);
+  at::Tensor remove = sorted < threshold;
+  if (min_keep > 0) remove.narrow(-1, 0, std::min<int64_t>(min_keep, remove.size(-1))).fill_(false);
+  at::Tensor kept = at::where(remove, at::full({}, kNegInf, sorted.options()), sorted);
+  return at::empty_like(kept).index_copy_(-1, sorted_idx, kept);
+}
+
+at::Tensor apply_top_k(const at::Tensor& logprobs, int64_t top_k) {
+  if (top_k >= logprobs.size(-1)) return logprobs;
+  at::Tensor top_idx = std::get<1>(at::topk(logprobs, top_k, -1));
+  at::Tensor out = at::full_like(logprobs, kNegInf);
+  out.index_copy_(-1, top_idx, logprobs.index_select(-1, top_idx));
+  return out;
+}
+
+Sampler::Sampler(SamplingParams params) : params_(params), rng_(params.seed) {
+  HEARTH_CHECK(params_.temperature >= 0, "sampling: temperature must be >= 0, got ", params_.temperature);
+  HEARTH_CHECK(params_.top_p >= 0 && params_.top_p <= 1, "sampling: top_p must be in [0, 1], got ", params_.top_p);
+  HEARTH_CHECK(params_.min_p >= 0 && params_.min_p <= 1, "sampling: min_p must be in [0, 1], got ", params_.min_p);
+  HEARTH_CHECK(params_.top_k >= 0, "sampling: top_k must be >= 0, got ", params_.top_k);
+  HEARTH_CHECK(params_.repetition_penalty >= 0, "sampling: repetition_penalty must be >= 0, got ",
+               params_.repetition_penalty);
+  HEARTH_CHECK(params_.repetition_context_size >= 0, "sampling: repetition_context_size must be >= 0");
+}
+
+int64_t Sampler::sample(const at::Tensor& logits_in, const std::vector<int64_t>& tokens) {
+  HEARTH_CHECK(logits_in.dim() == 1, "Sampler: logits must be [V], got ", logits_in.sizes());
+  at::Tensor logits = logits_in;
+  const SamplingParams& p = params_;
+  if (p.repetition_penalty != 0 && p.repetition_penalty != 1 && !tokens.empty()) {
+    const size_t n = std::min<size_t>(tokens.size(), p.repetition_context_size);
+    std::vector<int64_t> ctx(tokens.end() - n, tokens.end());
+    logits = apply_repetition_penalty(logits.to(at::kFloat), ctx, p.repetition_penalty);
+  }
+  if (p.temperature == 0) return logits.argmax(-1).item<int64_t>();
+
+  at::Tensor lp = logits.to(at::kCPU, at::kFloat);
+  lp = lp - at::logsumexp(lp, -1, /*keepdim=*/true);
+  if (p.top_p > 0 && p.top_p < 1) lp = apply_top_p(lp, p.top_p);
+  if (p.min_p != 0) lp = apply_min_p(lp, p.min_p, p.min_tokens_to_keep);
+  if (p.top_k > 0) lp = apply_top_k(lp, p.top_k);
+
+  // Categorical over softmax(lp / temp), by inverse CDF with our own generator.
+  at::Tensor probs = at::softmax(lp * (1.0 / p.temperature), -1, at::kDouble).contiguous();
+  const double* pr = probs.data_ptr<double>();
+  const int64_t V = probs.size(0);
+  const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+  double acc = 0;
+  int64_t last_positive = 0;
+  for (int64_t i = 0; i < V; ++i) {
+    if (pr[i] <= 0) continue;
+    last_positive = i;
+    acc += pr[i];
+    if (u < acc) return i;
+  }
+  return last_positive;  // rounding left u beyond the total
+}
+
+}  // namespace hearth::generate

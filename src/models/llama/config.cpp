@@ -1,0 +1,105 @@
+// LlamaConfig::from_json, with the per-model_type defaults of transformers' config classes.
+#include "models/llama/config.h"
+
+#include "core/error.h"
+
+namespace hearth::models::llama {
+
+namespace {
+using nlohmann::json;
+
+int64_t req_int(const json& j, const char* key, const std::string& origin) {
+  auto it = j.find(key);
+  HEARTH_CHECK(it != j.end() && !it->is_null(), origin, ": missing required key '", key, "'");
+  HEARTH_CHECK(it->is_number_integer() && it->get<int64_t>() > 0, origin, ": '", key,
+               "' must be a positive integer, got ", it->dump());
+  return it->get<int64_t>();
+}
+
+template <typename T>
+T opt(const json& j, const char* key, T fallback, const std::string& origin) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    throw Error(cat(origin, ": '", key, "' has the wrong type (", it->dump(), ")"));
+  }
+}
+}  // namespace
+
+LlamaConfig LlamaConfig::from_json(const json& j, const std::string& origin) {
+  HEARTH_CHECK(j.is_object(), origin, ": config must be a JSON object");
+  LlamaConfig c;
+  c.model_type = opt<std::string>(j, "model_type", "llama", origin);
+  const std::string& mt = c.model_type;
+  HEARTH_CHECK(mt == "llama" || mt == "mistral" || mt == "qwen2" || mt == "qwen3", origin, ": model_type '", mt,
+               "' is not a llama-family type (llama, mistral, qwen2, qwen3)");
+  c.vocab_size = req_int(j, "vocab_size", origin);
+  c.hidden_size = req_int(j, "hidden_size", origin);
+  c.intermediate_size = req_int(j, "intermediate_size", origin);
+  c.num_hidden_layers = req_int(j, "num_hidden_layers", origin);
+  c.num_attention_heads = req_int(j, "num_attention_heads", origin);
+  c.num_key_value_heads = opt<int64_t>(j, "num_key_value_heads", c.num_attention_heads, origin);
+  HEARTH_CHECK(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0, origin,
+               ": num_attention_heads (", c.num_attention_heads, ") must be a multiple of num_key_value_heads (",
+               c.num_key_value_heads, ")");
+  c.head_dim = opt<int64_t>(j, "head_dim", 0, origin);
+  if (c.head_dim <= 0) {
+    HEARTH_CHECK(c.hidden_size % c.num_attention_heads == 0, origin, ": hidden_size ", c.hidden_size,
+                 " is not divisible by num_attention_heads ", c.num_attention_heads, " and head_dim is not given");
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+  c.rms_norm_eps = opt<double>(j, "rms_norm_eps", 1e-6, origin);
+  c.tie_word_embeddings = opt<bool>(j, "tie_word_embeddings", false, origin);
+  c.max_position_embeddings = opt<int64_t>(j, "max_position_embeddings", mt == "mistral" ? 4096 * 32 : 2048, origin);
+  if (mt == "qwen2" || mt == "qwen3") c.max_position_embeddings = opt<int64_t>(j, "max_position_embeddings", 32768, origin);
+  c.mlp_bias = mt == "llama" ? opt<bool>(j, "mlp_bias", false, origin) : false;
+
+  if (mt == "llama") {
+    c.qkv_bias = c.o_bias = opt<bool>(j, "attention_bias", false, origin);
+  } else if (mt == "qwen2") {
+    c.qkv_bias = true;  // Qwen2Attention: q/k/v with bias, o_proj without
+  } else if (mt == "qwen3") {
+    c.qkv_bias = c.o_bias = opt<bool>(j, "attention_bias", false, origin);
+    c.qk_norm = true;
+  }
+
+  // Sliding windows per layer (transformers: MistralConfig defaults sliding_window to 4096 and
+  // applies it to every layer; Qwen2/Qwen3 only with use_sliding_window, on the layers named
+  // sliding_attention by layer_types, by default those >= max_window_layers; llama: none).
+  c.layer_windows.assign(c.num_hidden_layers, std::nullopt);
+  std::optional<int64_t> window;
+  const bool qwen = mt == "qwen2" || mt == "qwen3";
+  if (mt == "mistral" || (qwen && opt<bool>(j, "use_sliding_window", false, origin))) {
+    auto it = j.find("sliding_window");
+    if (it == j.end()) window = 4096;
+    else if (!it->is_null()) {
+      HEARTH_CHECK(it->is_number_integer() && it->get<int64_t>() > 0, origin,
+                   ": 'sliding_window' must be a positive integer or null, got ", it->dump());
+      window = it->get<int64_t>();
+    }
+  }
+  if (window) {
+    if (auto it = j.find("layer_types"); qwen && it != j.end() && it->is_array()) {
+      HEARTH_CHECK(static_cast<int64_t>(it->size()) == c.num_hidden_layers, origin, ": layer_types has ", it->size(),
+                   " entries for ", c.num_hidden_layers, " layers");
+      for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+        const std::string t = (*it)[i].is_string() ? (*it)[i].get<std::string>() : "";
+        HEARTH_CHECK(t == "full_attention" || t == "sliding_attention", origin, ": layer_types[", i, "] '", t,
+                     "' is not full_attention or sliding_attention");
+        if (t == "sliding_attention") c.layer_windows[i] = window;
+      }
+    } else if (qwen) {
+      const int64_t max_window_layers = opt<int64_t>(j, "max_window_layers", 28, origin);
+      for (int64_t i = max_window_layers; i < c.num_hidden_layers; ++i) c.layer_windows[i] = window;
+    } else {
+      for (auto& w : c.layer_windows) w = window;
+    }
+  }
+
+  c.rope = nn::RopeParams::from_json(j, origin);  // rope_theta defaults to 10000 for all four types
+  return c;
+}
+
+}  // namespace hearth::models::llama

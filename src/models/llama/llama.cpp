@@ -1,0 +1,149 @@
+// The llama family forward pass, module for module as transformers' modeling_llama.py
+// (LlamaAttention, LlamaDecoderLayer, LlamaModel, LlamaForCausalLM), with qwen2/qwen3/mistral
+// differences taken from the config.
+#include "models/llama/llama.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace hearth::models::llama {
+
+at::Tensor LlamaAttention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
+                                   cache::KVCacheBase* cache) const {
+  const int64_t B = x.size(0), T = x.size(1);
+  at::Tensor q = q_proj.forward(x).view({B, T, -1, head_dim});
+  at::Tensor k = k_proj.forward(x).view({B, T, -1, head_dim});
+  at::Tensor v = v_proj.forward(x).view({B, T, -1, head_dim}).transpose(1, 2);
+  if (q_norm) q = q_norm->forward(q);
+  if (k_norm) k = k_norm->forward(k);
+  q = nn::apply_rotary(q.transpose(1, 2), cos, sin);  // [B, H, T, D]
+  k = nn::apply_rotary(k.transpose(1, 2), cos, sin);  // [B, Hkv, T, D]
+  cache::KVView kv{k, v, offset};
+  if (cache) kv = cache->update(k, v);
+  nn::AttentionParams p;
+  p.scale = scaling;
+  p.q_pos0 = offset;
+  p.k_pos0 = kv.pos0;
+  p.sliding_window = sliding_window;
+  p.backend = backend;
+  at::Tensor out = nn::attention(q, kv.keys, kv.values, p);  // [B, H, T, D]
+  out = out.transpose(1, 2).contiguous().reshape({B, T, -1});
+  return o_proj.forward(out);
+}
+
+at::Tensor LlamaDecoderLayer::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
+                                      cache::KVCacheBase* cache) const {
+  at::Tensor residual = x;
+  at::Tensor h = input_layernorm.forward(x);
+  h = self_attn.forward(h, cos, sin, offset, cache);
+  h = residual + h;
+  residual = h;
+  h = post_attention_layernorm.forward(h);
+  h = mlp.forward(h);
+  return residual + h;
+}
+
+LlamaModel::LlamaModel(LlamaConfig config, const nn::ParamSource& w, const std::optional<io::QuantizationConfig>& quant,
+                       const nn::LoadOptions& placement)
+    : config_(std::move(config)), placement_(placement) {
+  const LlamaConfig& c = config_;
+  auto spec = [&](const std::string& path) -> std::optional<nn::QuantSpec> {
+    return quant ? quant->spec_for(path) : std::nullopt;
+  };
+  auto linear = [&](const std::string& path, int64_t in, int64_t out, bool bias) {
+    return nn::Linear::load(w, path, in, out, bias, spec(path), placement_);
+  };
+  const int64_t C = c.hidden_size, D = c.head_dim, H = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  embed_tokens_ = nn::Embedding::load(w, "model.embed_tokens", c.vocab_size, C, spec("model.embed_tokens"), placement_);
+  layers_.resize(c.num_hidden_layers);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = cat("model.layers.", i, ".");
+    LlamaDecoderLayer& l = layers_[i];
+    l.input_layernorm = nn::RMSNorm::load(w, p + "input_layernorm", C, c.rms_norm_eps, placement_);
+    l.post_attention_layernorm = nn::RMSNorm::load(w, p + "post_attention_layernorm", C, c.rms_norm_eps, placement_);
+    LlamaAttention& a = l.self_attn;
+    a.q_proj = linear(p + "self_attn.q_proj", C, H * D, c.qkv_bias);
+    a.k_proj = linear(p + "self_attn.k_proj", C, Hkv * D, c.qkv_bias);
+    a.v_proj = linear(p + "self_attn.v_proj", C, Hkv * D, c.qkv_bias);
+    a.o_proj = linear(p + "self_attn.o_proj", H * D, C, c.o_bias);
+    if (c.qk_norm) {
+      a.q_norm = nn::RMSNorm::load(w, p + "self_attn.q_norm", D, c.rms_norm_eps, placement_);
+      a.k_norm = nn::RMSNorm::load(w, p + "self_attn.k_norm", D, c.rms_norm_eps, placement_);
+    }
+    a.num_heads = H;
+    a.num_kv_heads = Hkv;
+    a.head_dim = D;
+    a.scaling = std::pow(double(D), -0.5);
+    a.sliding_window = c.layer_windows[i];
+    l.mlp.gate_proj = linear(p + "mlp.gate_proj", C, c.intermediate_size, c.mlp_bias);
+    l.mlp.up_proj = linear(p + "mlp.up_proj", C, c.intermediate_size, c.mlp_bias);
+    l.mlp.down_proj = linear(p + "mlp.down_proj", c.intermediate_size, C, c.mlp_bias);
+  }
+  norm_ = nn::RMSNorm::load(w, "model.norm", C, c.rms_norm_eps, placement_);
+  if (c.tie_word_embeddings) lm_head_ = embed_tokens_.as_linear();
+  else lm_head_ = linear("lm_head", C, c.vocab_size, false);
+  rotary_emb_ = nn::RotaryEmbedding(c.rope, D, c.max_position_embeddings, placement_.device);
+}
+
+at::Tensor LlamaModel::embed(const at::Tensor& input_ids) {
+  HEARTH_CHECK(input_ids.dim() == 2, "LlamaModel: input_ids must be [B, T], got ", input_ids.sizes());
+  return embed_tokens_.forward(input_ids.to(placement_.device, at::kLong));
+}
+
+at::Tensor LlamaModel::forward_layers(const at::Tensor& hidden, int64_t begin, int64_t end, int64_t offset,
+                                      cache::Caches* caches) {
+  HEARTH_CHECK(0 <= begin && begin <= end && end <= num_layers(), "LlamaModel: layer range [", begin, ", ", end,
+               ") outside [0, ", num_layers(), ")");
+  HEARTH_CHECK(!caches || static_cast<int64_t>(caches->size()) == num_layers(), "LlamaModel: got ",
+               caches ? caches->size() : 0, " caches for ", num_layers(), " layers");
+  const int64_t T = hidden.size(1);
+  auto [cos, sin] = rotary_emb_.cos_sin(offset, T, hidden.scalar_type());
+  at::Tensor h = hidden;
+  for (int64_t i = begin; i < end; ++i) {
+    cache::KVCacheBase* kv = nullptr;
+    if (caches) {
+      kv = dynamic_cast<cache::KVCacheBase*>((*caches)[i].get());
+      HEARTH_CHECK(kv, "LlamaModel: layer ", i, " cache is not a KV cache");
+      HEARTH_CHECK(kv->offset() == offset, "LlamaModel: layer ", i, " cache offset ", kv->offset(),
+                   " != forward offset ", offset);
+    }
+    h = layers_[i].forward(h, cos, sin, offset, kv);
+  }
+  return h;
+}
+
+at::Tensor LlamaModel::head(const at::Tensor& hidden) { return lm_head_.forward(norm_.forward(hidden)); }
+
+cache::Caches LlamaModel::make_cache() const {
+  cache::Caches caches;
+  for (const auto& w : config_.layer_windows) {
+    if (w) caches.push_back(std::make_unique<cache::RotatingKVCache>(*w));
+    else caches.push_back(std::make_unique<cache::KVCache>());
+  }
+  return caches;
+}
+
+int64_t LlamaModel::weight_bytes() const {
+  int64_t n = embed_tokens_.nbytes() + norm_.weight().nbytes();
+  if (!config_.tie_word_embeddings) n += lm_head_.nbytes();
+  for (const auto& l : layers_) {
+    const auto& a = l.self_attn;
+    n += l.input_layernorm.weight().nbytes() + l.post_attention_layernorm.weight().nbytes();
+    n += a.q_proj.nbytes() + a.k_proj.nbytes() + a.v_proj.nbytes() + a.o_proj.nbytes();
+    if (a.q_norm) n += a.q_norm->weight().nbytes() + a.k_norm->weight().nbytes();
+    n += l.mlp.gate_proj.nbytes() + l.mlp.up_proj.nbytes() + l.mlp.down_proj.nbytes();
+  }
+  return n;
+}
+
+void LlamaModel::set_attention_backend(nn::AttentionBackend backend) {
+  for (auto& l : layers_) l.self_attn.backend = backend;
+}
+
+std::unique_ptr<Model> create(const BuildArgs& args) {
+  return std::make_unique<LlamaModel>(LlamaConfig::from_json(args.config, args.origin), args.weights,
+                                      args.quantization, args.placement);
+}
+
+}  // namespace hearth::models::llama

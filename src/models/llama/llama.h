@@ -1,0 +1,84 @@
+// The llama family (llama, mistral, qwen2, qwen3): transformers' modeling_llama.py in C++, same
+// module names and op order. Family differences (biases, q/k norm, sliding windows, RoPE
+// scaling) come from LlamaConfig; quantization and adapters live in nn::Linear, not here.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "models/llama/config.h"
+#include "models/model.h"
+#include "models/registry.h"
+#include "nn/attention.h"
+#include "nn/embedding.h"
+#include "nn/linear.h"
+#include "nn/mlp.h"
+#include "nn/rms_norm.h"
+#include "nn/rope.h"
+
+namespace hearth::models::llama {
+
+/// LlamaAttention: q/k/v projections, optional per-head q/k RMSNorm (qwen3), RoPE, cache, GQA
+/// attention, o_proj.
+struct LlamaAttention {
+  nn::Linear q_proj, k_proj, v_proj, o_proj;
+  std::optional<nn::RMSNorm> q_norm, k_norm;
+  int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
+  double scaling = 1.0;
+  std::optional<int64_t> sliding_window;
+  nn::AttentionBackend backend = nn::AttentionBackend::kAuto;
+
+  /// x [B, T, C], cos/sin [T, D] → [B, T, C]; `cache` may be null.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
+                     cache::KVCacheBase* cache) const;
+};
+
+struct LlamaDecoderLayer {
+  nn::RMSNorm input_layernorm, post_attention_layernorm;
+  LlamaAttention self_attn;
+  nn::GatedMLP mlp;
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
+                     cache::KVCacheBase* cache) const;
+};
+
+class LlamaModel : public Model {
+ public:
+  /// Builds from `weights` (HF names: model.embed_tokens, model.layers.N.*, model.norm, lm_head);
+  /// `quant_spec(path)` gives the MLX quantization spec of a module (nullopt = dense).
+  LlamaModel(LlamaConfig config, const nn::ParamSource& weights, const std::optional<io::QuantizationConfig>& quant,
+             const nn::LoadOptions& placement);
+
+  at::Tensor embed(const at::Tensor& input_ids) override;
+  at::Tensor forward_layers(const at::Tensor& hidden, int64_t begin, int64_t end, int64_t offset,
+                            cache::Caches* caches) override;
+  at::Tensor head(const at::Tensor& hidden) override;
+  cache::Caches make_cache() const override;
+
+  const std::string& model_type() const override { return config_.model_type; }
+  int64_t num_layers() const override { return config_.num_hidden_layers; }
+  int64_t vocab_size() const override { return config_.vocab_size; }
+  int64_t hidden_size() const override { return config_.hidden_size; }
+  const nn::LoadOptions& placement() const override { return placement_; }
+  int64_t weight_bytes() const override;
+
+  const LlamaConfig& config() const { return config_; }
+  std::vector<LlamaDecoderLayer>& layers() { return layers_; }
+  /// Chooses the attention path of every layer (tests compare plain and SDPA).
+  void set_attention_backend(nn::AttentionBackend backend);
+
+ private:
+  LlamaConfig config_;
+  nn::LoadOptions placement_;
+  nn::Embedding embed_tokens_;
+  std::vector<LlamaDecoderLayer> layers_;
+  nn::RMSNorm norm_;
+  nn::Linear lm_head_;
+  nn::RotaryEmbedding rotary_emb_;
+};
+
+/// The registry factory for llama, mistral, qwen2 and qwen3.
+std::unique_ptr<Model> create(const BuildArgs& args);
+
+}  // namespace hearth::models::llama

@@ -1,0 +1,42 @@
+// ParamSource implementations: over io::WeightStore (model folders) and over in-memory maps.
+#include "nn/param_source.h"
+
+#include <sstream>
+
+#include "core/error.h"
+#include "io/weights.h"
+
+namespace hearth::nn {
+
+std::string shape_str(at::IntArrayRef shape) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
+bool WeightStoreSource::contains(const std::string& name) const { return store_.contains(name); }
+
+at::Tensor WeightStoreSource::get(const std::string& name, const std::vector<int64_t>& expected) const {
+  return expected.empty() ? store_.get(name) : store_.get(name, expected);
+}
+
+at::Tensor TensorMapSource::get(const std::string& name, const std::vector<int64_t>& expected) const {
+  auto it = tensors_.find(name);
+  HEARTH_CHECK(it != tensors_.end(), origin_, ": missing tensor ", name);
+  if (!expected.empty())
+    HEARTH_CHECK(it->second.sizes().vec() == expected, origin_, ": tensor ", name, " has shape ",
+                 shape_str(it->second.sizes()), ", expected ", shape_str(expected));
+  return it->second;
+}
+
+at::Tensor place(const at::Tensor& t, const LoadOptions& opts) {
+  at::ScalarType dtype = at::isFloatingType(t.scalar_type()) ? opts.dtype : t.scalar_type();
+  at::Tensor out = t.to(opts.device, dtype).contiguous();
+  // A CPU tensor in its source dtype would still alias the file mapping: own it.
+  if (out.data_ptr() == t.data_ptr()) out = out.clone();
+  return out;
+}
+
+}  // namespace hearth::nn

@@ -1,0 +1,29 @@
+// RMSNorm as transformers' LlamaRMSNorm: normalize in fp32, cast back, then scale by the weight.
+// Not LayerNorm (no mean subtraction, no bias).
+#pragma once
+#include <ATen/ATen.h>
+
+#include <string>
+
+#include "nn/param_source.h"
+
+namespace hearth::nn {
+
+class RMSNorm {
+ public:
+  RMSNorm() = default;
+  RMSNorm(at::Tensor weight, double eps) : weight_(std::move(weight)), eps_(eps) {}
+  /// Loads "<path>.weight" [dim].
+  static RMSNorm load(const ParamSource& src, const std::string& path, int64_t dim, double eps, const LoadOptions& opts);
+
+  /// x [..., dim] → weight · (x_f32 · rsqrt(mean(x_f32²) + eps)).to(x.dtype), in x's dtype
+  /// (weight dtype == x dtype in Hearth's models).
+  at::Tensor forward(const at::Tensor& x) const;
+  const at::Tensor& weight() const { return weight_; }
+
+ private:
+  at::Tensor weight_;
+  double eps_ = 1e-6;
+};
+
+}  // namespace hearth::nn

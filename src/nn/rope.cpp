@@ -1,0 +1,207 @@
+// RoPE parameter parsing, inv_freq per scaling type and cos/sin tables; a port of transformers'
+// modeling_rope_utils.py (op for op, in float32, so tables match bit for bit where torch does).
+#include "nn/rope.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace hearth::nn {
+
+namespace {
+
+using nlohmann::json;
+
+std::optional<double> opt_num(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  return it->get<double>();
+}
+
+double req_num(const json& j, const char* key, const std::string& where) {
+  auto it = j.find(key);
+  HEARTH_CHECK(it != j.end() && it->is_number(), where, ": missing required number '", key, "'");
+  return it->get<double>();
+}
+
+// 1.0 / x, as torch evaluates `scalar / tensor` (reciprocal, then multiply).
+at::Tensor rdiv(double num, const at::Tensor& x) { return at::reciprocal(x) * num; }
+
+// arange(0, dim, 2) as float32 / dim: the exponent of every RoPE base.
+at::Tensor exponents(int64_t dim) {
+  return at::arange(0, dim, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat) / dim;
+}
+
+at::Tensor default_inv_freq(double base, int64_t dim) { return rdiv(1.0, at::pow(base, exponents(dim))); }
+
+double yarn_get_mscale(double scale, double mscale) {
+  if (scale <= 1) return 1.0;
+  return 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+}  // namespace
+
+RopeParams RopeParams::from_json(const json& config, const std::string& origin) {
+  RopeParams p;
+  json scaling;  // the per-type parameter object, whichever convention
+  if (auto it = config.find("rope_parameters"); it != config.end() && it->is_object()) {
+    scaling = *it;
+    if (auto t = opt_num(scaling, "rope_theta")) p.theta = *t;
+    else if (auto t2 = opt_num(config, "rope_theta")) p.theta = *t2;
+  } else {
+    if (auto t = opt_num(config, "rope_theta")) p.theta = *t;
+    if (auto it2 = config.find("rope_scaling"); it2 != config.end() && !it2->is_null()) {
+      HEARTH_CHECK(it2->is_object(), origin, ": rope_scaling must be an object or null");
+      scaling = *it2;
+    }
+  }
+  if (auto f = opt_num(config, "partial_rotary_factor")) p.partial_rotary_factor = *f;
+  if (scaling.is_null()) return p;
+
+  const std::string where = cat(origin, ": ", config.contains("rope_parameters") ? "rope_parameters" : "rope_scaling");
+  std::string type = "default";
+  if (auto it = scaling.find("rope_type"); it != scaling.end() && it->is_string()) type = *it;
+  else if (auto it2 = scaling.find("type"); it2 != scaling.end() && it2->is_string()) type = *it2;
+  if (auto f = opt_num(scaling, "partial_rotary_factor")) p.partial_rotary_factor = *f;
+  p.type = type;
+  if (type == "default") return p;
+  if (type == "linear" || type == "dynamic") {
+    p.factor = req_num(scaling, "factor", where);
+  } else if (type == "llama3") {
+    p.factor = req_num(scaling, "factor", where);
+    p.low_freq_factor = req_num(scaling, "low_freq_factor", where);
+    p.high_freq_factor = req_num(scaling, "high_freq_factor", where);
+    p.original_max_position_embeddings =
+        static_cast<int64_t>(req_num(scaling, "original_max_position_embeddings", where));
+  } else if (type == "yarn") {
+    p.factor = req_num(scaling, "factor", where);
+    if (auto v = opt_num(scaling, "original_max_position_embeddings"))
+      p.original_max_position_embeddings = static_cast<int64_t>(*v);
+    p.attention_factor = opt_num(scaling, "attention_factor");
+    p.beta_fast = opt_num(scaling, "beta_fast");
+    p.beta_slow = opt_num(scaling, "beta_slow");
+    p.mscale = opt_num(scaling, "mscale");
+    p.mscale_all_dim = opt_num(scaling, "mscale_all_dim");
+    if (auto it = scaling.find("truncate"); it != scaling.end() && it->is_boolean()) p.truncate = *it;
+  } else {
+    throw Error(cat(where, ": unsupported rope type '", type,
+                    "' (supported: default, linear, dynamic, llama3, yarn)"));
+  }
+  HEARTH_CHECK(p.factor > 0, where, ": factor must be > 0, got ", p.factor);
+  return p;
+}
+
+RopeInit compute_rope_init(const RopeParams& p, int64_t dim, int64_t max_pos, std::optional<int64_t> seq_len) {
+  HEARTH_CHECK(dim > 0 && dim % 2 == 0, "rope: rotary dim must be positive and even, got ", dim);
+  if (p.type == "default") return {default_inv_freq(p.theta, dim), 1.0};
+  if (p.type == "linear") {
+    // transformers: inv_freq /= factor
+    return {default_inv_freq(p.theta, dim) / p.factor, 1.0};
+  }
+  if (p.type == "dynamic") {
+    if (!seq_len || *seq_len <= max_pos) {
+      // Init time (seq_len = max_position_embeddings): the scaled base equals the base.
+      double base = p.theta * std::pow((p.factor * max_pos / max_pos) - (p.factor - 1), double(dim) / (dim - 2));
+      return {default_inv_freq(base, dim), 1.0};
+    }
+    // At run time transformers passes seq_len as an int64 tensor: the base math is float32.
+    at::Tensor s = at::scalar_tensor(*seq_len, at::TensorOptions().dtype(at::kLong));
+    at::Tensor base = at::pow((s * p.factor) / max_pos - (p.factor - 1), double(dim) / (dim - 2)) * p.theta;
+    return {rdiv(1.0, at::pow(base, exponents(dim))), 1.0};
+  }
+  if (p.type == "llama3") {
+    at::Tensor inv_freq = default_inv_freq(p.theta, dim);
+    const double old_len = double(*p.original_max_position_embeddings);
+    const double low_wavelen = old_len / p.low_freq_factor;
+    const double high_wavelen = old_len / p.high_freq_factor;
+    at::Tensor wavelen = rdiv(2 * M_PI, inv_freq);
+    at::Tensor llama = at::where(wavelen > low_wavelen, inv_freq / p.factor, inv_freq);
+    at::Tensor smooth = (rdiv(old_len, wavelen) - p.low_freq_factor) / (p.high_freq_factor - p.low_freq_factor);
+    at::Tensor smoothed = (1 - smooth) * llama / p.factor + smooth * llama;
+    at::Tensor medium = at::logical_not(wavelen < high_wavelen).logical_and(at::logical_not(wavelen > low_wavelen));
+    return {at::where(medium, smoothed, llama), 1.0};
+  }
+  if (p.type == "yarn") {
+    const double base = p.theta;
+    const double factor = p.factor;
+    const double orig = double(p.original_max_position_embeddings.value_or(max_pos));
+    double attention = 0;
+    if (p.attention_factor) attention = *p.attention_factor;
+    else if (p.mscale && *p.mscale != 0 && p.mscale_all_dim && *p.mscale_all_dim != 0)
+      attention = yarn_get_mscale(factor, *p.mscale) / yarn_get_mscale(factor, *p.mscale_all_dim);
+    else attention = yarn_get_mscale(factor, 1.0);
+    const double beta_fast = (p.beta_fast && *p.beta_fast != 0) ? *p.beta_fast : 32.0;
+    const double beta_slow = (p.beta_slow && *p.beta_slow != 0) ? *p.beta_slow : 1.0;
+    auto correction_dim = [&](double rotations) {
+      return (dim * std::log(orig / (rotations * 2 * M_PI))) / (2 * std::log(base));
+    };
+    double low = correction_dim(beta_fast), high = correction_dim(beta_slow);
+    if (p.truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, double(dim - 1));
+    if (low == high) high += 0.001;  // transformers: prevent singularity
+    at::Tensor pos_freqs = at::pow(base, exponents(dim));
+    at::Tensor extrapolation = rdiv(1.0, pos_freqs);
+    at::Tensor interpolation = rdiv(1.0, pos_freqs * factor);
+    at::Tensor ramp = at::clamp((at::arange(dim / 2, at::TensorOptions().dtype(at::kFloat)) - low) / (high - low), 0, 1);
+    at::Tensor extrapolation_factor = 1 - ramp;
+    at::Tensor inv_freq = interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor;
+    return {inv_freq, attention};
+  }
+  throw Error(cat("rope: unsupported rope type '", p.type, "'"));
+}
+
+RotaryEmbedding::RotaryEmbedding(RopeParams params, int64_t head_dim, int64_t max_pos, at::Device device)
+    : params_(std::move(params)), max_pos_(max_pos), device_(device) {
+  dim_ = static_cast<int64_t>(head_dim * params_.partial_rotary_factor);
+  RopeInit init = compute_rope_init(params_, dim_, max_pos_);
+  inv_freq_ = init.inv_freq.to(device_);
+  original_inv_freq_ = inv_freq_;
+  attention_scaling_ = init.attention_scaling;
+  max_seq_len_cached_ = max_pos_;
+}
+
+std::pair<at::Tensor, at::Tensor> RotaryEmbedding::cos_sin(int64_t offset, int64_t T, at::ScalarType dtype) {
+  if (params_.type == "dynamic") {
+    // transformers' dynamic_frequency_update, with seq_len = max(position_ids) + 1.
+    const int64_t seq_len = offset + T;
+    if (seq_len > max_seq_len_cached_) {
+      RopeInit init = compute_rope_init(params_, dim_, max_pos_, seq_len);
+      inv_freq_ = init.inv_freq.to(device_);
+      attention_scaling_ = init.attention_scaling;
+      max_seq_len_cached_ = seq_len;
+    }
+    if (seq_len < max_pos_ && max_seq_len_cached_ > max_pos_) {
+      inv_freq_ = original_inv_freq_;
+      max_seq_len_cached_ = max_pos_;
+    }
+  }
+  auto f32 = at::TensorOptions().dtype(at::kFloat).device(device_);
+  at::Tensor pos = at::arange(offset, offset + T, f32);
+  // freqs[t, i] = pos[t] * inv_freq[i]: one product, identical to transformers' K=1 matmul.
+  at::Tensor freqs = pos.unsqueeze(1) * inv_freq_.unsqueeze(0);
+  at::Tensor emb = at::cat({freqs, freqs}, -1);
+  at::Tensor cos = emb.cos() * attention_scaling_;
+  at::Tensor sin = emb.sin() * attention_scaling_;
+  return {cos.to(dtype), sin.to(dtype)};
+}
+
+at::Tensor rotate_half(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  at::Tensor x1 = x.narrow(-1, 0, half);
+  at::Tensor x2 = x.narrow(-1, half, x.size(-1) - half);
+  return at::cat({-x2, x1}, -1);
+}
+
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t rot = cos.size(-1);
+  if (rot == x.size(-1)) return (x * cos) + (rotate_half(x) * sin);
+  at::Tensor x_rot = x.narrow(-1, 0, rot);
+  at::Tensor x_pass = x.narrow(-1, rot, x.size(-1) - rot);
+  return at::cat({(x_rot * cos) + (rotate_half(x_rot) * sin), x_pass}, -1);
+}
+
+}  // namespace hearth::nn

@@ -1,0 +1,115 @@
+// Sampler: greedy, top-k=1, seeds, the exact kept sets of top-p/min-p/top-k on hand-made
+// distributions (expected sets worked out from mlx-lm's rules in the comments), penalty math.
+#include "generate/sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+using namespace hearth::generate;
+
+namespace {
+at::Tensor logprobs_of(std::vector<double> probs) { return at::tensor(probs, at::kDouble).log().to(at::kFloat); }
+std::set<int64_t> kept(const at::Tensor& lp) {
+  std::set<int64_t> s;
+  for (int64_t i = 0; i < lp.size(0); ++i)
+    if (std::isfinite(lp[i].item<float>())) s.insert(i);
+  return s;
+}
+}  // namespace
+
+TEST(Sampler, GreedyIsArgmax) {
+  Sampler s({});
+  EXPECT_EQ(s.sample(at::tensor({0.1f, 2.5f, -1.f, 2.4f}), {}), 1);
+  EXPECT_EQ(s.sample(at::tensor({-3.f, -2.f, -2.5f}), {}), 1);
+}
+
+TEST(Sampler, TopK1IsGreedy) {
+  at::manual_seed(0);
+  SamplingParams p;
+  p.temperature = 1.5;
+  p.top_k = 1;
+  p.seed = 7;
+  Sampler s(p);
+  for (int i = 0; i < 20; ++i) {
+    at::Tensor l = at::randn({50});
+    EXPECT_EQ(s.sample(l, {}), l.argmax().item<int64_t>());
+  }
+}
+
+TEST(Sampler, SameSeedSameSequence) {
+  SamplingParams p;
+  p.temperature = 1.0;
+  p.seed = 1234;
+  at::manual_seed(0);
+  at::Tensor l = at::randn({100});
+  Sampler a(p), b(p);
+  std::vector<int64_t> sa, sb;
+  for (int i = 0; i < 50; ++i) {
+    sa.push_back(a.sample(l, {}));
+    sb.push_back(b.sample(l, {}));
+  }
+  EXPECT_EQ(sa, sb);
+  EXPECT_GT(std::set<int64_t>(sa.begin(), sa.end()).size(), 5u);  // really sampling
+  p.seed = 99;
+  Sampler c(p);
+  std::vector<int64_t> sc;
+  for (int i = 0; i < 50; ++i) sc.push_back(c.sample(l, {}));
+  EXPECT_NE(sa, sc);
+}
+
+TEST(Sampler, TopPKeepsTheNucleus) {
+  // probs 0.05, 0.5, 0.15, 0.3. Ascending cumulative: 0.05, 0.2, 0.5, 1.0 (for ids 0, 2, 3, 1).
+  // top_p 0.7 keeps cum > 0.3: ids 3 (0.5) and 1 (1.0).
+  auto lp = logprobs_of({0.05, 0.5, 0.15, 0.3});
+  EXPECT_EQ(kept(apply_top_p(lp, 0.7)), (std::set<int64_t>{1, 3}));
+  // top_p 0.9 keeps cum > 0.1: ids 2, 3, 1.
+  EXPECT_EQ(kept(apply_top_p(lp, 0.9)), (std::set<int64_t>{1, 2, 3}));
+  // Kept entries keep their value.
+  EXPECT_EQ(apply_top_p(lp, 0.7)[1].item<float>(), lp[1].item<float>());
+}
+
+TEST(Sampler, MinPKeepsAboveFractionOfMax) {
+  // max p 0.5; min_p 0.35 → threshold 0.175: keeps 0.5, 0.3 (not 0.15, 0.05).
+  auto lp = logprobs_of({0.05, 0.5, 0.15, 0.3});
+  EXPECT_EQ(kept(apply_min_p(lp, 0.35, 1)), (std::set<int64_t>{1, 3}));
+  // min_p 0.25 → threshold 0.125: also 0.15.
+  EXPECT_EQ(kept(apply_min_p(lp, 0.25, 1)), (std::set<int64_t>{1, 2, 3}));
+  // min_tokens_to_keep 3 overrides.
+  EXPECT_EQ(kept(apply_min_p(lp, 0.9, 3)), (std::set<int64_t>{1, 2, 3}));
+}
+
+TEST(Sampler, TopKKeepsK) {
+  auto lp = logprobs_of({0.05, 0.5, 0.15, 0.3});
+  EXPECT_EQ(kept(apply_top_k(lp, 2)), (std::set<int64_t>{1, 3}));
+  EXPECT_EQ(kept(apply_top_k(lp, 4)), (std::set<int64_t>{0, 1, 2, 3}));
+}
+
+TEST(Sampler, RepetitionPenaltyMath) {
+  at::Tensor l = at::tensor({2.0f, -1.0f, 3.0f, -4.0f});
+  auto out = apply_repetition_penalty(l, {0, 1, 1}, 2.0);
+  EXPECT_FLOAT_EQ(out[0].item<float>(), 1.0f);   // positive: divided
+  EXPECT_FLOAT_EQ(out[1].item<float>(), -2.0f);  // negative: multiplied (once, despite repeats)
+  EXPECT_FLOAT_EQ(out[2].item<float>(), 3.0f);   // not in context
+  EXPECT_FLOAT_EQ(out[3].item<float>(), -4.0f);
+  // The context is the last repetition_context_size tokens: penalizing 2 flips the argmax.
+  SamplingParams p;
+  p.repetition_penalty = 2.0;
+  p.repetition_context_size = 1;
+  Sampler s(p);
+  EXPECT_EQ(s.sample(l, {2, 0}), 2);  // only token 0 penalized: 3 stays max
+  EXPECT_EQ(s.sample(l, {0, 2}), 0);  // token 2 penalized to 1.5 < 2
+}
+
+TEST(Sampler, FiltersRestrictSamples) {
+  SamplingParams p;
+  p.temperature = 1.0;
+  p.top_p = 0.7;  // keeps ids 1 and 3 (see TopPKeepsTheNucleus)
+  p.seed = 3;
+  Sampler s(p);
+  auto logits = logprobs_of({0.05, 0.5, 0.15, 0.3}) + 1.0;
+  std::set<int64_t> seen;
+  for (int i = 0; i < 200; ++i) seen.insert(s.sample(logits, {}));
+  EXPECT_EQ(seen, (std::set<int64_t>{1, 3}));
+}

@@ -1,0 +1,112 @@
+// Attention: the plain path against a naive per-element loop in double, causal and sliding
+// masks by absolute position, GQA ≡ MHA with repeated KV heads, SDPA ≡ plain (PyTorch ≥ 2.1).
+#include "nn/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/torch_compat.h"
+
+using namespace hearth::nn;
+
+namespace {
+
+// Naive softmax attention in double: query i (absolute q0+i) sees key j (absolute k0+j) iff
+// k0+j <= q0+i and (no window or k0+j > q0+i-W); head h uses kv head h / (H / Hkv).
+at::Tensor naive(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionParams& p) {
+  auto Q = q.to(at::kDouble), K = k.to(at::kDouble), V = v.to(at::kDouble);
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), S = k.size(2), rep = H / k.size(1);
+  at::Tensor out = at::zeros({B, H, T, D}, at::kDouble);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < T; ++i) {
+        std::vector<double> w(S, 0.0);
+        double mx = -1e300, sum = 0;
+        for (int64_t j = 0; j < S; ++j) {
+          const int64_t qi = p.q_pos0 + i, kj = p.k_pos0 + j;
+          bool ok = kj <= qi && (!p.sliding_window || kj > qi - *p.sliding_window);
+          w[j] = ok ? (Q[b][h][i] * K[b][h / rep][j]).sum().item<double>() * p.scale : -INFINITY;
+          mx = std::max(mx, w[j]);
+        }
+        for (auto& x : w) sum += (x = std::exp(x - mx));
+        for (int64_t j = 0; j < S; ++j) out[b][h][i] += V[b][h / rep][j] * (w[j] / sum);
+      }
+  return out;
+}
+
+}  // namespace
+
+TEST(Attention, PlainMatchesNaiveCausal) {
+  at::manual_seed(1);
+  auto q = at::randn({1, 4, 5, 8}), k = at::randn({1, 2, 5, 8}), v = at::randn({1, 2, 5, 8});
+  AttentionParams p;
+  p.scale = 1 / std::sqrt(8.0);
+  p.backend = AttentionBackend::kPlain;
+  auto got = attention(q, k, v, p);
+  EXPECT_LT((got.to(at::kDouble) - naive(q, k, v, p)).abs().max().item<double>(), 1e-6);
+  // The first query sees only the first key: its output is exactly v[0].
+  EXPECT_LT((got[0][0][0] - v[0][0][0]).abs().max().item<float>(), 1e-6);
+}
+
+TEST(Attention, OffsetsAndSlidingWindow) {
+  at::manual_seed(2);
+  // 3 queries at positions 10..12 over keys at positions 6..12, window 4.
+  auto q = at::randn({2, 2, 3, 4}), k = at::randn({2, 1, 7, 4}), v = at::randn({2, 1, 7, 4});
+  AttentionParams p;
+  p.scale = 0.5;
+  p.q_pos0 = 10;
+  p.k_pos0 = 6;
+  p.sliding_window = 4;
+  p.backend = AttentionBackend::kPlain;
+  EXPECT_LT((attention(q, k, v, p).to(at::kDouble) - naive(q, k, v, p)).abs().max().item<double>(), 1e-6);
+  auto m = attention_mask(3, 7, p, at::kFloat, at::kCPU);
+  // Query at 10 sees keys 7..10 (indices 1..4): index 0 (pos 6) and 5 (pos 11) masked.
+  EXPECT_EQ(m[0][1].item<float>(), 0.f);
+  EXPECT_EQ(m[0][4].item<float>(), 0.f);
+  EXPECT_LT(m[0][0].item<float>(), -1e38f);
+  EXPECT_LT(m[0][5].item<float>(), -1e38f);
+  // A single query over keys all inside its window needs no mask.
+  AttentionParams d = p;
+  d.q_pos0 = 12;
+  d.k_pos0 = 9;
+  EXPECT_FALSE(attention_mask(1, 4, d, at::kFloat, at::kCPU).defined());
+}
+
+TEST(Attention, GqaEqualsMhaWithRepeatedHeads) {
+  at::manual_seed(3);
+  auto q = at::randn({1, 6, 4, 8}), k = at::randn({1, 2, 4, 8}), v = at::randn({1, 2, 4, 8});
+  AttentionParams p;
+  p.scale = 0.3;
+  p.backend = AttentionBackend::kPlain;
+  auto gqa = attention(q, k, v, p);
+  auto mha = attention(q, repeat_kv(k, 3), repeat_kv(v, 3), p);
+  EXPECT_TRUE(at::allclose(gqa, mha, 0, 1e-6));
+  // repeat_kv order: head h uses kv head h / 3.
+  EXPECT_TRUE(at::equal(repeat_kv(k, 3)[0][4], k[0][1]));
+  // MQA (one kv head).
+  auto mqa = attention(q, k.narrow(1, 0, 1), v.narrow(1, 0, 1), p);
+  EXPECT_LT((mqa.to(at::kDouble) - naive(q, k.narrow(1, 0, 1), v.narrow(1, 0, 1), p)).abs().max().item<double>(), 1e-6);
+}
+
+TEST(Attention, SdpaMatchesPlain) {
+  if (!hearth::compat::kHasSdpa) GTEST_SKIP() << "libtorch " << hearth::compat::torch_version() << " has no SDPA";
+  at::manual_seed(4);
+  auto q = at::randn({1, 4, 6, 8}), k = at::randn({1, 2, 9, 8}), v = at::randn({1, 2, 9, 8});
+  for (auto window : {std::optional<int64_t>{}, std::optional<int64_t>{3}}) {
+    AttentionParams p;
+    p.scale = 0.35;
+    p.q_pos0 = 3;
+    p.sliding_window = window;
+    p.backend = AttentionBackend::kPlain;
+    auto plain = attention(q, k, v, p);
+    p.backend = AttentionBackend::kSdpa;
+    EXPECT_TRUE(at::allclose(attention(q, k, v, p), plain, 1e-5, 1e-5));
+  }
+  AttentionParams sq;  // square causal (is_causal path)
+  sq.scale = 0.35;
+  sq.backend = AttentionBackend::kPlain;
+  auto plain = attention(q, k.narrow(2, 0, 6), v.narrow(2, 0, 6), sq);
+  sq.backend = AttentionBackend::kSdpa;
+  EXPECT_TRUE(at::allclose(attention(q, k.narrow(2, 0, 6), v.narrow(2, 0, 6), sq), plain, 1e-5, 1e-5));
+}
