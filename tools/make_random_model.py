@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Random-weight model folders with the real shapes of public checkpoints, for benchmarks (no
+download needed). Writes an HF folder (config.json, safetensors, generation_config.json) with the
+tiny test tokenizer's files copied in (ids stay < 512, so text output is meaningless by design).
+
+  python3 tools/make_random_model.py --shape llama-3.2-1b --out /tmp/l1b [--dtype bfloat16] [--mlx-q4]
+Shapes: llama-3.2-1b, llama-3.1-8b. --mlx-q4 also writes OUT-mlx4 (MLX affine 4-bit, group 64).
+"""
+import argparse
+import json
+import os
+import shutil
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHAPES = {
+    "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                         num_key_value_heads=8, head_dim=64, vocab_size=128256, tie_word_embeddings=True,
+                         max_position_embeddings=131072, rms_norm_eps=1e-5,
+                         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": 8192}),
+    "llama-3.1-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                         num_key_value_heads=8, head_dim=128, vocab_size=128256, tie_word_embeddings=False,
+                         max_position_embeddings=131072, rms_norm_eps=1e-5,
+                         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": 8192}),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", required=True, choices=SHAPES)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--mlx-q4", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    torch.manual_seed(a.seed)
+    cfg = LlamaConfig(bos_token_id=1, eos_token_id=0, **SHAPES[a.shape])
+    dtype = getattr(torch, a.dtype)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.copy_(1.0 + 0.1 * torch.randn_like(p))
+                else:
+                    p.normal_(0.0, 0.02)
+    model.save_pretrained(a.out, safe_serialization=True)
+    tok = os.path.join(ROOT, "tests", "golden", "tokenizer", "tiny")
+    for f in os.listdir(tok):
+        shutil.copy(os.path.join(tok, f), a.out)
+    if a.mlx_q4:
+        from gen_tiny_models import mlx_quantize  # same quantizer the goldens use
+        from safetensors.numpy import save_file
+        qout = a.out.rstrip("/") + "-mlx4"
+        os.makedirs(qout, exist_ok=True)
+        tensors = {}
+        for key, w in model.state_dict().items():
+            module = key[:-7] if key.endswith(".weight") else None
+            if key == "lm_head.weight" and cfg.tie_word_embeddings:
+                continue
+            if module and w.dim() == 2:
+                packed, scales, biases, _ = mlx_quantize(w.float().cpu(), 4, 64)
+                tensors[key] = packed
+                tensors[module + ".scales"] = torch.from_numpy(scales).to(dtype).float().numpy()
+                tensors[module + ".biases"] = torch.from_numpy(biases).to(dtype).float().numpy()
+            else:
+                tensors[key] = w.float().cpu().numpy()
+        save_file(tensors, os.path.join(qout, "model.safetensors"), metadata={"format": "mlx"})
+        c = json.load(open(os.path.join(a.out, "config.json")))
+        c["quantization"] = c["quantization_config"] = {"group_size": 64, "bits": 4, "mode": "affine"}
+        json.dump(c, open(os.path.join(qout, "config.json"), "w"), indent=2)
+        for f in os.listdir(a.out):
+            if not f.endswith(".safetensors") and f != "config.json":
+                shutil.copy(os.path.join(a.out, f), qout)
+    print("wrote", a.out)
+
+
+if __name__ == "__main__":
+    main()
