@@ -108,7 +108,9 @@ std::vector<int32_t> BpeModel::merge_word(std::string_view w) const {
     if (!sym.empty()) sym.back().next = n;
     sym.push_back({c, n - 1, -1, len});
   };
-  std::optional<std::pair<int32_t, size_t>> unk;
+  bool have_unk = false;  // a pending (possibly fused) unk symbol
+  int32_t unk_sym = 0;
+  size_t unk_len = 0;
   auto unk_id = [&]() -> int32_t {
     auto id = token_to_id(*unk_token_);
     HEARTH_CHECK(id, "tokenizer.json: model.unk_token: '", *unk_token_, "' is not in the vocab");
@@ -124,9 +126,9 @@ std::vector<int32_t> BpeModel::merge_word(std::string_view w) const {
     if (is_last && end_of_word_suffix_) s += *end_of_word_suffix_;
     i += len;
     if (auto id = token_to_id(s)) {
-      if (unk) {
-        add(unk->first, unk->second);
-        unk.reset();
+      if (have_unk) {
+        add(unk_sym, unk_len);
+        have_unk = false;
       }
       add(*id, static_cast<size_t>(len));
       continue;
@@ -140,15 +142,17 @@ std::vector<int32_t> BpeModel::merge_word(std::string_view w) const {
       }
     }
     if (unk_token_) {
-      if (unk && fuse_unk_) {
-        unk->second += len;
+      if (have_unk && fuse_unk_) {
+        unk_len += len;
       } else {
-        if (unk) add(unk->first, unk->second);
-        unk = std::make_pair(unk_id(), static_cast<size_t>(len));
+        if (have_unk) add(unk_sym, unk_len);
+        unk_sym = unk_id();
+        unk_len = static_cast<size_t>(len);
+        have_unk = true;
       }
     }
   }
-  if (unk) add(unk->first, unk->second);
+  if (have_unk) add(unk_sym, unk_len);
 
   struct Merge {
     size_t pos;

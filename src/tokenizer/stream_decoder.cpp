@@ -31,9 +31,11 @@ std::string StreamDecoder::push(int32_t id) {
     // The window's text changed before its end (a decoder that is not prefix-stable): resync on
     // the full text so the stream still adds up to decode(all ids).
     std::string full = tok_->decode(all_, skip_);
-    if (ends_with_replacement(full) || full.size() <= emitted_) return "";
-    std::string out = full.substr(emitted_);
-    emitted_ = full.size();
+    if (ends_with_replacement(full) || full.size() <= emitted_.size() ||
+        full.compare(0, emitted_.size(), emitted_) != 0)
+      return "";
+    std::string out = full.substr(emitted_.size());
+    emitted_ = full;
     window_.assign(all_.end() - 1, all_.end());
     prefix_ = tok_->decode(window_, skip_);
     prefix_index_ = window_.size();
@@ -44,18 +46,24 @@ std::string StreamDecoder::push(int32_t id) {
   window_.erase(window_.begin(), window_.begin() + static_cast<std::ptrdiff_t>(prefix_index_));
   prefix_ = tok_->decode(window_, skip_);
   prefix_index_ = new_prefix_index;
-  emitted_ += out.size();
+  emitted_ += out;
   return out;
 }
 
 std::string StreamDecoder::flush() {
   std::string full = tok_->decode(all_, skip_);
-  std::string out = full.size() > emitted_ ? full.substr(emitted_) : "";
+  std::string out;
+  if (full.compare(0, emitted_.size(), emitted_) == 0) {
+    out = full.substr(emitted_.size());
+  } else if (!window_.empty()) {
+    std::string w = tok_->decode(window_, skip_);
+    if (w.size() > prefix_.size() && w.compare(0, prefix_.size(), prefix_) == 0) out = w.substr(prefix_.size());
+  }
   all_.clear();
   window_.clear();
   prefix_.clear();
   prefix_index_ = 0;
-  emitted_ = 0;
+  emitted_.clear();
   return out;
 }
 

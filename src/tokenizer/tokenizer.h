@@ -63,7 +63,10 @@ class Tokenizer {
 
 /// Incremental detokenizer (HF DecodeStream / mlx-lm streaming detokenizer): push ids one at a
 /// time and get only text that is complete and will not change, never a broken UTF-8 sequence.
-/// The concatenation of every push() result and flush() equals tokenizer.decode(all ids).
+/// The concatenation of every push() result and flush() equals tokenizer.decode(all ids) whenever
+/// decoding is prefix-stable; the one known exception (as in HF) is a ByteFallback byte run that
+/// completes a character and then turns invalid as a whole, which decode() renders as one U+FFFD
+/// per byte after the character was already streamed; flush() then returns the window's own text.
 /// Keeps a reference to the Tokenizer, which must outlive it. Not thread-safe (one per stream).
 class StreamDecoder {
  public:
@@ -81,7 +84,7 @@ class StreamDecoder {
   std::vector<int32_t> window_;  // ids whose decoding starts with prefix_
   std::string prefix_;           // decode(window_[0, prefix_index_))
   size_t prefix_index_ = 0;
-  size_t emitted_ = 0;           // bytes returned since the last flush
+  std::string emitted_;          // text returned since the last flush
 };
 
 }  // namespace hearth::tokenizer

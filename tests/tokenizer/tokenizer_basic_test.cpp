@@ -2,7 +2,9 @@
 // and by its merges), plus error handling for broken tokenizer.json. Not the golden comparison.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
+#include <iostream>
 #include <fstream>
 
 #include "core/error.h"
@@ -21,6 +23,12 @@ Tokenizer load(const std::string& name) {
     throw std::runtime_error(dir.string() + " is missing: run scripts/setup (npm assets)");
   return Tokenizer::from_dir(dir);
 }
+std::string repeat(const std::string& s, size_t n) {
+  std::string out;
+  out.reserve(s.size() * n);
+  for (size_t i = 0; i < n; ++i) out += s;
+  return out;
+}
 }  // namespace
 
 TEST(TokenizerBasic, Llama3SingleTokens) {
@@ -36,4 +44,30 @@ TEST(TokenizerBasic, Llama3SingleTokens) {
   EXPECT_EQ(ids[2], *t.token_to_id("\xC4\xA0world"));  // "Ġworld"
   EXPECT_EQ(t.decode(ids, false), "<|begin_of_text|>Hello world");
   EXPECT_EQ(t.decode(ids, true), "Hello world");
+}
+
+// 100 KB inputs, including the classic traps (one huge word, long whitespace runs), must encode
+// fast: the bound is generous (debug-ish builds, shared CPU) but catches O(n^2) behaviour.
+TEST(TokenizerBasic, LongInputsAreFast) {
+  std::string prose;
+  while (prose.size() < 100000) prose += "The quick brown fox, it's 42 years old; jumps over the lazy dog.\n  ";
+  const std::vector<std::pair<std::string, std::string>> inputs = {
+      {"prose", prose},
+      {"one word", std::string(100000, 'a')},
+      {"spaces", std::string(100000, ' ')},
+      {"newlines+spaces", repeat(" \n \t", 25000)},
+      {"digits", std::string(100000, '7')},
+  };
+  for (const char* name : {"llama3", "qwen3", "llama2", "gemma3"}) {
+    Tokenizer t = load(name);
+    for (const auto& [label, text] : inputs) {
+      auto t0 = std::chrono::steady_clock::now();
+      auto ids = t.encode(text, false);
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::cout << "[speed] " << name << " " << label << ": " << text.size() << " bytes -> " << ids.size()
+                << " ids in " << s * 1000 << " ms\n";
+      EXPECT_LT(s, 1.0) << name << " " << label;
+      EXPECT_EQ(t.decode(ids, false), text) << name << " " << label;
+    }
+  }
 }
