@@ -46,7 +46,7 @@ std::string read_file(const std::filesystem::path& p) {
 json parse_json(std::string_view text, const std::string& origin) {
   try {
     return json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for number overflow
     std::string msg = e.what();
     for (char& c : msg)
       if (c == '\n' || c == '\r') c = ' ';
@@ -103,7 +103,7 @@ void apply_config(Tokenizer::Impl& impl, const json& cfg, const jf::At& at, cons
   if (!jinja.empty()) impl.chat_template = jinja;
 }
 
-std::shared_ptr<Tokenizer::Impl> load(std::string_view text, const std::string& origin) {
+std::shared_ptr<Tokenizer::Impl> load_unguarded(std::string_view text, const std::string& origin) {
   json j = parse_json(text, origin);
   jf::At at{origin, ""};
   if (!j.is_object()) at.fail("expected a JSON object");
@@ -144,6 +144,15 @@ std::shared_ptr<Tokenizer::Impl> load(std::string_view text, const std::string& 
     impl->added.add(tokens, *impl->model, impl->normalizer.get());
   }
   return impl;
+}
+
+// Any JSON access error that slipped past the field checks still becomes a one-line hearth::Error.
+std::shared_ptr<Tokenizer::Impl> load(std::string_view text, const std::string& origin) {
+  try {
+    return load_unguarded(text, origin);
+  } catch (const json::exception& e) {
+    throw Error(cat(origin, ": ", e.what()));
+  }
 }
 
 }  // namespace

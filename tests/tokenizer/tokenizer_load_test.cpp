@@ -86,6 +86,9 @@ TEST(TokenizerLoad, ErrorsNameFileAndField) {
   EXPECT_NE(error_of(tiny_json("", R"(,"post_processor":{"type":"TemplateProcessing","single":["<bos>","$A"],"special_tokens":{}})"))
                 .find("t.json: post_processor.single[0]: special token '<bos>' is not in special_tokens"),
             std::string::npos);
+  // Found by the fuzzer: a number too large for a double escaped as nlohmann's out_of_range.
+  EXPECT_NE(error_of(R"({"model":{"type":"BPE","vocab":{},"merges":[]},"x":1E99999})").find("t.json: invalid JSON"),
+            std::string::npos);
   try {
     Tokenizer::from_dir("/nonexistent/dir");
     FAIL() << "no error";
