@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tokenizer/unicode.h"
+
 namespace hearth::tokenizer {
 
 /// A byte range [start, end) of a text and whether it is a match (true) or the text between
@@ -44,11 +46,7 @@ std::vector<Span> find_matches(const Regex& re, std::string_view text, bool inve
 template <typename Pred>
 std::vector<Span> find_char_matches(std::string_view text, Pred pred);
 
-}  // namespace hearth::tokenizer
 
-#include "tokenizer/unicode.h"
-
-namespace hearth::tokenizer {
 template <typename Pred>
 std::vector<Span> find_char_matches(std::string_view text, Pred pred) {
   if (text.empty()) return {{0, 0, false}};
