@@ -31,6 +31,7 @@ struct Expr {
   std::vector<std::string> kwnames;
   std::vector<std::string> ops;
   bool negated = false;  // Test: "is not"
+  int depth = 1;         // height of this subtree (bounded by the parser)
 };
 
 struct Stmt;

@@ -67,7 +67,11 @@ class Parser {
     while (true) {
       const Token& tk = cur();
       if (tk.type == Tok::End) {
-        if (!ends.empty()) fail("unexpected end of template, expected '" + ends[0] + "'");
+        if (!ends.empty()) {
+          std::string want;
+          for (const auto& e : ends) want += (want.empty() ? "'" : ", '") + e + "'";
+          fail("unexpected end of template, expected " + want);
+        }
         return body;
       }
       if (tk.type == Tok::Text) {
@@ -249,10 +253,10 @@ class Parser {
   // whose innermost operand is null (the block body is substituted at render time).
   ExprPtr parse_filter_chain(bool at_name = false) {
     ExprPtr node;
-    if (at_name) node = parse_filter(nullptr);
+    if (at_name) node = bounded(parse_filter(nullptr));
     while (is_op("|")) {
       advance();
-      node = parse_filter(std::move(node));
+      node = bounded(parse_filter(std::move(node)));
     }
     return node;
   }
@@ -277,7 +281,7 @@ class Parser {
       if (cur().type == Tok::BlockEnd || cur().type == Tok::VarEnd || is_name("if")) break;
       t->kids.push_back(parse_expression(with_condexpr));
     }
-    return t;
+    return bounded(std::move(t));
   }
 
   ExprPtr parse_expression(bool with_condexpr) {
@@ -300,7 +304,7 @@ class Parser {
       c->kids.push_back(std::move(e));
       c->kids.push_back(std::move(cond));
       c->kids.push_back(std::move(other));
-      e = std::move(c);
+      e = bounded(std::move(c));
     }
     return e;
   }
@@ -310,6 +314,17 @@ class Parser {
     e->name = op;
     e->kids.push_back(std::move(a));
     e->kids.push_back(std::move(b));
+    return bounded(std::move(e));
+  }
+
+  // Records the subtree height; long operator/attribute chains would otherwise make evaluation
+  // (and destruction) recurse without bound.
+  ExprPtr bounded(ExprPtr e) {
+    int d = 0;
+    for (const auto& k : e->kids)
+      if (k) d = std::max(d, k->depth);
+    e->depth = d + 1;
+    if (e->depth > 256) template_fail(e->line, "expression nested too deeply");
     return e;
   }
 
@@ -337,7 +352,7 @@ class Parser {
       auto e = make(Expr::Kind::Not, cur().line);
       advance();
       e->kids.push_back(parse_not());
-      return e;
+      return bounded(std::move(e));
     }
     return parse_compare();
   }
@@ -368,7 +383,7 @@ class Parser {
       cmp->ops.push_back(op);
       cmp->kids.push_back(parse_math1());
     }
-    return cmp ? std::move(cmp) : std::move(first);
+    return cmp ? bounded(std::move(cmp)) : std::move(first);
   }
   ExprPtr parse_math1() {
     ExprPtr e = parse_concat();
@@ -416,6 +431,7 @@ class Parser {
       node->name = cur().text;
       advance();
       node->kids.push_back(parse_unary(false));
+      node = bounded(std::move(node));
     } else {
       node = parse_primary();
     }
@@ -483,7 +499,7 @@ class Parser {
         t->kids.push_back(parse_expression(true));
       }
       expect_op(")");
-      return t;
+      return bounded(std::move(t));
     }
     if (is_op("[")) {
       advance();
@@ -493,7 +509,7 @@ class Parser {
         if (!is_op("]")) expect_op(",");
       }
       advance();
-      return l;
+      return bounded(std::move(l));
     }
     if (is_op("{")) {
       advance();
@@ -505,7 +521,7 @@ class Parser {
         if (!is_op("}")) expect_op(",");
       }
       advance();
-      return d;
+      return bounded(std::move(d));
     }
     fail("unexpected " + describe());
   }
@@ -527,12 +543,12 @@ class Parser {
           e->name = expect_name();
           e->kids.push_back(std::move(node));
         }
-        node = std::move(e);
+        node = bounded(std::move(e));
       } else if (is_op("[")) {
         advance();
-        node = parse_subscript(std::move(node), line);
+        node = bounded(parse_subscript(std::move(node), line));
       } else if (is_op("(")) {
-        node = parse_call(std::move(node));
+        node = bounded(parse_call(std::move(node)));
       } else {
         return node;
       }
@@ -610,7 +626,7 @@ class Parser {
     while (true) {
       if (is_op("|")) {
         advance();
-        node = parse_filter(std::move(node));
+        node = bounded(parse_filter(std::move(node)));
       } else if (is_name("is")) {
         auto e = make(Expr::Kind::Test, cur().line);
         advance();
@@ -630,9 +646,9 @@ class Parser {
           ExprPtr arg = parse_primary();
           e->kids.push_back(parse_postfix(std::move(arg)));
         }
-        node = std::move(e);
+        node = bounded(std::move(e));
       } else if (is_op("(")) {
-        node = parse_call(std::move(node));
+        node = bounded(parse_call(std::move(node)));
       } else {
         return node;
       }
