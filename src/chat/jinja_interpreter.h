@@ -1,0 +1,91 @@
+// Tree-walking evaluator of a parsed chat template with jinja2's runtime semantics (scoping of set
+// inside loops, default Undefined, Python operators). Not the parser, nor the filter/test/method
+// library (jinja_builtins.cpp), nor the transformers-specific context (chat_template.cpp).
+#pragma once
+#include <map>
+#include <string>
+
+#include "chat/jinja_ast.h"
+#include "chat/value.h"
+
+namespace hearth::chat {
+
+/// Limits that keep hostile templates from hanging or exhausting memory.
+struct RenderLimits {
+  int64_t max_steps = 20'000'000;        // expression evaluations + statements executed
+  size_t max_output_bytes = 64u << 20;    // rendered text and any single string built
+  int max_call_depth = 64;                // nested macro calls
+};
+
+/// One render of one template. Holds the variable scopes and the step budget.
+class Interpreter {
+ public:
+  explicit Interpreter(RenderLimits limits = {}) : limits_(limits) {}
+
+  /// Renders `body` with `globals` (a dict Value: name -> value) visible as top-level variables.
+  /// Throws TemplateError on any runtime error ("chat template: line N: ...").
+  std::string render(const Body& body, const Value& globals);
+
+  /// Python-like attribute access `obj.name` as jinja2's sandbox does it (methods of str/dict/list,
+  /// then dict keys). Missing -> undefined; attribute of undefined -> TemplateError.
+  Value get_attr(const Value& obj, const std::string& name, int line);
+  /// Subscript `obj[key]` (dict key, list/str index incl. negative); missing -> undefined.
+  Value get_item(const Value& obj, const Value& key, int line);
+  /// Calls a callable Value; TemplateError when it is not callable.
+  Value call(const Value& fn, CallArgs& args, int line);
+  /// Applies the named filter / test (jinja_builtins.cpp).
+  Value filter(const std::string& name, const Value& v, CallArgs& args, int line);
+  bool test(const std::string& name, const Value& v, CallArgs& args, int line);
+  /// Python binary operator (+ - * / // % ** ~) and comparison (== != < > <= >= in, not in).
+  Value binary_op(const std::string& op, const Value& a, const Value& b, int line) { return eval_binary(op, a, b, line); }
+  bool compare_op(const std::string& op, const Value& a, const Value& b, int line) { return compare(op, a, b, line); }
+  /// Python a < b (TemplateError when the types do not order).
+  bool compare_values(const Value& a, const Value& b, int line) { return compare("<", a, b, line); }
+  /// Counts one step against the budget; TemplateError when exceeded.
+  void tick(int line) {
+    if (++steps_ > limits_.max_steps) template_fail(line, "template exceeded the step limit (infinite loop?)");
+  }
+  /// Throws when a string about to be built would exceed the output limit.
+  void check_size(size_t bytes, int line) const {
+    if (bytes > limits_.max_output_bytes) template_fail(line, "string result exceeds the output size limit");
+  }
+
+ private:
+  struct Scope {
+    Scope* parent = nullptr;
+    std::map<std::string, Value> vars;
+    Value* lookup(const std::string& name) {
+      for (Scope* s = this; s; s = s->parent) {
+        auto it = s->vars.find(name);
+        if (it != s->vars.end()) return &it->second;
+      }
+      return nullptr;
+    }
+  };
+  enum class Flow { Normal, Break, Continue };
+
+  Flow exec_body(const Body& body, Scope& scope, std::string& out);
+  Flow exec(const Stmt& s, Scope& scope, std::string& out);
+  void exec_for(const Stmt& s, Scope& scope, std::string& out);
+  Value eval(const Expr& e, Scope& scope);
+  Value eval_binary(const std::string& op, const Value& a, const Value& b, int line);
+  bool compare(const std::string& op, const Value& a, const Value& b, int line);
+  Value eval_slice(const Value& obj, const Value& start, const Value& stop, const Value& step, int line);
+  CallArgs eval_args(const Expr& e, size_t first, Scope& scope);
+  Value apply_filter_chain(const Expr& chain, Value operand, Scope& scope);
+  Value make_macro(const Stmt& s, Scope& scope);
+  void append(std::string& out, const std::string& s, int line) {
+    if (out.size() + s.size() > limits_.max_output_bytes) template_fail(line, "rendered output exceeds the size limit");
+    out += s;
+  }
+
+  RenderLimits limits_;
+  int64_t steps_ = 0;
+  int call_depth_ = 0;
+  Scope* root_ = nullptr;
+};
+
+/// Raises the "'name' is undefined" error jinja2 gives when an undefined value is used.
+[[noreturn]] void fail_undefined(const Value& v, int line);
+
+}  // namespace hearth::chat

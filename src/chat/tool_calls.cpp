@@ -1,0 +1,253 @@
+// Tool-call parsers for Hermes JSON, XML-parameter and Llama-3 JSON outputs, plus streaming
+// hold-back. Follows the conventions of the templates that define them (Qwen3, Qwen3.5/MiniCPM,
+// Llama 3.x). Not a JSON-schema validator: the schema only picks how an XML value is decoded.
+#include "chat/tool_calls.h"
+
+#include <random>
+
+#include "chat/value.h"
+
+namespace hearth::chat {
+namespace {
+using nlohmann::ordered_json;
+
+constexpr const char* kOpen = "<tool_call>";
+constexpr const char* kClose = "</tool_call>";
+constexpr const char* kPythonTag = "<|python_tag|>";
+
+std::string new_call_id() {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08x", static_cast<unsigned>(rng() & 0xffffffffu));
+  return std::string("call_") + buf;
+}
+
+bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+
+std::string trim(const std::string& s) {
+  size_t b = 0, e = s.size();
+  while (b < e && is_ws(s[b])) ++b;
+  while (e > b && is_ws(s[e - 1])) --e;
+  return s.substr(b, e - b);
+}
+
+// Python json.dumps(obj, ensure_ascii=False) of a parsed JSON value.
+std::string dumps(const ordered_json& j) { return Value::from_json(j).to_json(false, -1, "", ", ", ": "); }
+
+// {"name": str, "arguments"|"parameters": object|str} -> ToolCall; false when it is not one.
+bool json_to_call(const ordered_json& j, ToolCall& out) {
+  if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) return false;
+  const char* key = j.contains("arguments") ? "arguments" : j.contains("parameters") ? "parameters" : nullptr;
+  ordered_json args = key ? j[key] : ordered_json::object();
+  if (args.is_string()) {  // some models emit the arguments as a JSON string
+    ordered_json inner = ordered_json::parse(args.get<std::string>(), nullptr, false);
+    if (inner.is_discarded() || !inner.is_object()) return false;
+    args = inner;
+  }
+  if (!args.is_object()) return false;
+  out.id = new_call_id();
+  out.name = j["name"].get<std::string>();
+  out.arguments_json = dumps(args);
+  return true;
+}
+
+// The JSON schema "type" of parameter `param` of tool `fn` ("" when unknown).
+std::string param_type(const ordered_json& tools, const std::string& fn, const std::string& param) {
+  if (!tools.is_array()) return "";
+  for (const auto& t : tools) {
+    const ordered_json& f = t.contains("function") ? t["function"] : t;
+    if (!f.is_object() || f.value("name", "") != fn) continue;
+    if (!f.contains("parameters") || !f["parameters"].is_object()) return "";
+    const auto& params = f["parameters"];
+    if (!params.contains("properties") || !params["properties"].is_object() || !params["properties"].contains(param))
+      return "";
+    const auto& ty = params["properties"][param].contains("type") ? params["properties"][param]["type"] : ordered_json();
+    if (ty.is_string()) return ty.get<std::string>();
+    if (ty.is_array())
+      for (const auto& x : ty)
+        if (x.is_string() && x.get<std::string>() != "null") return x.get<std::string>();
+    return "";
+  }
+  return "";
+}
+
+// <function=NAME><parameter=K>v</parameter>...</function> -> ToolCall.
+bool xml_to_call(const std::string& body, const ordered_json& tools, ToolCall& out) {
+  std::string s = trim(body);
+  const std::string fopen = "<function=";
+  if (s.compare(0, fopen.size(), fopen) != 0) return false;
+  size_t gt = s.find('>', fopen.size());
+  if (gt == std::string::npos) return false;
+  std::string name = trim(s.substr(fopen.size(), gt - fopen.size()));
+  size_t fend = s.rfind("</function>");
+  if (name.empty() || fend == std::string::npos || fend < gt) return false;
+  std::string inner = s.substr(gt + 1, fend - gt - 1);
+  ordered_json args = ordered_json::object();
+  size_t pos = 0;
+  const std::string popen = "<parameter=", pclose = "</parameter>";
+  while (true) {
+    size_t p = inner.find(popen, pos);
+    if (p == std::string::npos) {
+      if (!trim(inner.substr(pos)).empty()) return false;  // stray text between parameters
+      break;
+    }
+    if (!trim(inner.substr(pos, p - pos)).empty()) return false;
+    size_t kgt = inner.find('>', p + popen.size());
+    if (kgt == std::string::npos) return false;
+    std::string key = trim(inner.substr(p + popen.size(), kgt - p - popen.size()));
+    size_t vend = inner.find(pclose, kgt + 1);
+    if (key.empty() || vend == std::string::npos) return false;
+    std::string value = inner.substr(kgt + 1, vend - kgt - 1);
+    if (!value.empty() && value.front() == '\n') value.erase(0, 1);
+    if (!value.empty() && value.back() == '\n') value.pop_back();
+    std::string ty = param_type(tools, name, key);
+    ordered_json decoded = value;
+    if (ty == "integer" || ty == "number" || ty == "boolean" || ty == "object" || ty == "array" || ty == "null") {
+      std::string v = trim(value);
+      if (ty == "boolean" && (v == "True" || v == "False")) v = v == "True" ? "true" : "false";
+      ordered_json parsed = ordered_json::parse(v, nullptr, false);
+      if (!parsed.is_discarded()) decoded = parsed;
+    }
+    args[key] = decoded;
+    pos = vend + pclose.size();
+  }
+  out.id = new_call_id();
+  out.name = name;
+  out.arguments_json = dumps(args);
+  return true;
+}
+
+ParsedToolCalls parse_tagged(const std::string& text, ToolCallFormat fmt, const ordered_json& tools) {
+  ParsedToolCalls r;
+  std::string content;
+  size_t pos = 0;
+  const size_t open_len = std::char_traits<char>::length(kOpen), close_len = std::char_traits<char>::length(kClose);
+  while (true) {
+    size_t b = text.find(kOpen, pos);
+    if (b == std::string::npos) {
+      content += text.substr(pos);
+      break;
+    }
+    size_t e = text.find(kClose, b + open_len);
+    size_t body_end = e == std::string::npos ? text.size() : e;  // unclosed: generation stopped at the tag
+    std::string body = text.substr(b + open_len, body_end - b - open_len);
+    ToolCall call;
+    bool ok = false;
+    if (fmt == ToolCallFormat::Xml && trim(body).rfind("<function=", 0) == 0) {
+      ok = xml_to_call(body, tools, call);
+    } else {
+      ordered_json j = ordered_json::parse(trim(body), nullptr, false);
+      ok = !j.is_discarded() && json_to_call(j, call);
+    }
+    size_t next = e == std::string::npos ? text.size() : e + close_len;
+    if (ok) {
+      content += text.substr(pos, b - pos);
+      r.calls.push_back(std::move(call));
+    } else {
+      content += text.substr(pos, next - pos);
+    }
+    pos = next;
+    if (pos >= text.size()) break;
+  }
+  r.content = r.calls.empty() ? text : trim(content);
+  return r;
+}
+
+ParsedToolCalls parse_llama3(const std::string& text) {
+  ParsedToolCalls r;
+  r.content = text;
+  std::string s = trim(text);
+  size_t tag = s.find(kPythonTag);
+  std::string prefix;
+  if (tag != std::string::npos) {
+    prefix = trim(s.substr(0, tag));
+    s = trim(s.substr(tag + std::char_traits<char>::length(kPythonTag)));
+  }
+  if (s.empty() || (s[0] != '{' && s[0] != '[')) return r;
+  std::vector<ordered_json> objs;
+  ordered_json j = ordered_json::parse(s, nullptr, false);
+  if (!j.is_discarded()) {
+    if (j.is_array()) for (const auto& x : j) objs.push_back(x);
+    else objs.push_back(j);
+  } else {  // several calls separated by ';'
+    size_t start = 0;
+    while (start < s.size()) {
+      size_t semi = s.find(';', start);
+      for (; semi != std::string::npos; semi = s.find(';', semi + 1)) {
+        ordered_json part = ordered_json::parse(s.substr(start, semi - start), nullptr, false);
+        if (!part.is_discarded()) break;
+      }
+      std::string piece = s.substr(start, semi == std::string::npos ? std::string::npos : semi - start);
+      ordered_json part = ordered_json::parse(piece, nullptr, false);
+      if (part.is_discarded()) return r;
+      objs.push_back(part);
+      if (semi == std::string::npos) break;
+      start = semi + 1;
+      while (start < s.size() && is_ws(s[start])) ++start;
+    }
+  }
+  std::vector<ToolCall> calls;
+  for (const auto& o : objs) {
+    ToolCall c;
+    if (!json_to_call(o, c)) return r;
+    calls.push_back(std::move(c));
+  }
+  if (calls.empty()) return r;
+  r.calls = std::move(calls);
+  r.content = prefix;
+  return r;
+}
+
+// Offset of the longest suffix of `text` that is a proper prefix of `marker` (text.size() if none).
+size_t partial_marker(const std::string& text, const std::string& marker) {
+  size_t max = std::min(text.size(), marker.size() - 1);
+  for (size_t n = max; n > 0; --n)
+    if (text.compare(text.size() - n, n, marker, 0, n) == 0) return text.size() - n;
+  return text.size();
+}
+
+}  // namespace
+
+ToolCallFormat detect_tool_call_format(const std::string& t) {
+  if (t.find("<tool_call>") != std::string::npos)
+    return t.find("<function=") != std::string::npos ? ToolCallFormat::Xml : ToolCallFormat::Hermes;
+  if (t.find(kPythonTag) != std::string::npos) return ToolCallFormat::Llama3Json;
+  if (t.find("<|start_header_id|>") != std::string::npos && t.find("\"parameters\"") != std::string::npos)
+    return ToolCallFormat::Llama3Json;
+  return ToolCallFormat::None;
+}
+
+ParsedToolCalls parse_tool_calls(const std::string& text, ToolCallFormat format, const ordered_json& tools) {
+  try {
+    switch (format) {
+      case ToolCallFormat::Hermes:
+      case ToolCallFormat::Xml: return parse_tagged(text, format, tools);
+      case ToolCallFormat::Llama3Json: return parse_llama3(text);
+      case ToolCallFormat::None: break;
+    }
+  } catch (const std::exception&) {  // defensive: model output must never raise
+  }
+  return ParsedToolCalls{text, {}};
+}
+
+size_t tool_call_holdback_start(const std::string& text, ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::Hermes:
+    case ToolCallFormat::Xml: {
+      size_t p = text.find(kOpen);
+      return p != std::string::npos ? p : partial_marker(text, kOpen);
+    }
+    case ToolCallFormat::Llama3Json: {
+      size_t p = text.find(kPythonTag);
+      if (p != std::string::npos) return p;
+      size_t b = 0;
+      while (b < text.size() && is_ws(text[b])) ++b;
+      if (b == text.size() || text[b] == '{' || text[b] == '[') return 0;  // may be a bare JSON call
+      return partial_marker(text, kPythonTag);
+    }
+    case ToolCallFormat::None: break;
+  }
+  return text.size();
+}
+
+}  // namespace hearth::chat
