@@ -1,6 +1,5 @@
 // `hearth generate`: load a model folder, encode a raw prompt (no chat template yet), stream the
 // continuation to stdout and print mlx_lm-style stats to stderr. Not a server (see `serve`).
-#if __has_include("tokenizer/tokenizer.h")  // until the tokenizer branch lands on main
 #include <iostream>
 
 #include "cli/verb.h"
@@ -78,4 +77,3 @@ std::function<int()> setup_generate(CLI::App& app) {
 
 }  // namespace
 HEARTH_REGISTER_VERB(generate, "generate", "Generate text from a prompt", setup_generate);
-#endif
