@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The GPU machine's check, in one call (see docs/benchmarks.md): build against the machine's
+# PyTorch (CUDA), run the whole test suite, then the CUDA bf16 parity test against fresh
+# transformers references, then (with --bench) the real-shape benchmarks. Logs go to $OUT (or
+# ./gpu-out). Usage: tools/gpu_check.sh [--tests] [--parity] [--bench]
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out="${OUT:-$root/gpu-out}"; mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+"$root/tools/device_build.sh" > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+export LD_LIBRARY_PATH="/tmp/hearth-deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+b="$root/build-cuda"
+for step in "$@"; do
+  case "$step" in
+    --tests)
+      (cd "$b" && ctest -j 8 --output-on-failure --timeout 600) > "$out/tests.log" 2>&1
+      grep -E "tests passed|tests failed|Failed|\*\*\*" "$out/tests.log" | tail -15 ;;
+    --parity)
+      g=/tmp/cuda-goldens; rm -rf "$g"
+      python3 "$root/tools/gen_cuda_goldens.py" --out "$g" --steps 100 "$root"/tests/golden/models/* > "$out/cuda_goldens.log" 2>&1 \
+        || tail -20 "$out/cuda_goldens.log"
+      HEARTH_CUDA_GOLDENS="$g" "$b/hearth_tests" --gtest_filter='CudaParity*' > "$out/cuda_parity.log" 2>&1
+      grep -E "\[cuda-parity\]|OK|FAILED" "$out/cuda_parity.log" | head -60 ;;
+    --bench)
+      m=/tmp/l1b
+      [[ -d $m ]] || python3 "$root/tools/make_random_model.py" --shape llama-3.2-1b --out $m --mlx-q4 > "$out/make_model.log" 2>&1 \
+        || tail -20 "$out/make_model.log"
+      for args in "--prompt-tokens 512 --gen-tokens 128" "--prompt-tokens 4096 --gen-tokens 128"; do
+        echo "== transformers sdpa bf16 $args"; python3 "$root/tools/bench_transformers.py" --model $m $args 2>/dev/null | tail -1
+        echo "== hearth bf16 $args"; "$b/hearth" bench --model $m --device cuda --dtype bfloat16 $args 2>&1 | tail -6
+        echo "== hearth mlx4 $args"; "$b/hearth" bench --model $m-mlx4 --device cuda --dtype bfloat16 $args 2>&1 | tail -6
+      done 2>&1 | tee "$out/bench.log" ;;
+  esac
+done
