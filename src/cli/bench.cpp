@@ -51,7 +51,7 @@ std::function<int()> setup_bench(CLI::App& app) {
   return [a] {
     HEARTH_CHECK(a->prompt_tokens > 0 && a->gen_tokens > 0 && a->runs > 0,
                  "bench: --prompt-tokens, --gen-tokens and --runs must be positive");
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     const hearth::nn::LoadOptions where{parse_device(a->device), parse_dtype(a->dtype)};
     auto model = hearth::models::load_model(a->model, where);
     at::manual_seed(0);

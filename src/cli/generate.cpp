@@ -49,7 +49,7 @@ std::function<int()> setup_generate(CLI::App& app) {
   app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
   app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default float32)");
   return [a] {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     const hearth::nn::LoadOptions where{parse_device(a->device), parse_dtype(a->dtype)};
     auto tokenizer = hearth::tokenizer::Tokenizer::from_dir(a->model);
     auto model = hearth::models::load_model(a->model, where);

@@ -21,7 +21,7 @@ GenerationResult generate(models::Model& model, const std::vector<int64_t>& prom
   for (int64_t id : prompt)
     HEARTH_CHECK(id >= 0 && id < model.vocab_size(), "generate: prompt token id ", id, " is outside the vocabulary [0, ",
                  model.vocab_size(), ")");
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const at::Device device = model.placement().device;
   compat::reset_peak_memory(device);
   Sampler sampler(opts.sampling);

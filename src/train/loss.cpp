@@ -2,7 +2,7 @@
 #include "train/loss.h"
 
 #include <torch/csrc/autograd/autograd.h>
-#include <ATen/core/grad_mode.h>
+#include <c10/core/GradMode.h>
 
 #include "core/error.h"
 
@@ -53,7 +53,7 @@ HeadVjp chunked_cross_entropy_vjp(const at::Tensor& hidden, const at::Tensor& ta
     const int64_t count = t.ne(kIgnoreIndex).sum().item<int64_t>();
     if (count == 0) continue;  // no supervised position: zero gradient, skip the head entirely
     at::Tensor h = hidden.narrow(1, s, n).detach().requires_grad_(true);
-    at::AutoGradMode enable_grad(true);
+    c10::AutoGradMode enable_grad(true);
     at::Tensor loss = chunk_ce_sum(head(h), t);
     std::vector<at::Tensor> inputs{h};
     inputs.insert(inputs.end(), head_params.begin(), head_params.end());
@@ -75,7 +75,7 @@ HeadVjp chunked_cross_entropy_vjp(const at::Tensor& hidden, const at::Tensor& ta
 HeadVjp chunked_cross_entropy(const at::Tensor& hidden, const at::Tensor& targets,
                               const std::function<at::Tensor(const at::Tensor&)>& head, int64_t chunk) {
   check_args(hidden, targets, chunk);
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   HeadVjp r;
   at::Tensor tg = targets.to(hidden.device());
   for (int64_t s = 0; s < hidden.size(1); s += chunk) {

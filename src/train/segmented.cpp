@@ -1,7 +1,7 @@
 // The segmented and full backward drivers (see segmented.h).
 #include "train/segmented.h"
 
-#include <ATen/core/grad_mode.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
@@ -77,7 +77,7 @@ BackwardResult backward(const LayerStack& model, const at::Tensor& input_ids, co
   // Forward without a graph, keeping one detached boundary per segment edge.
   std::vector<at::Tensor> bounds;
   {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     bounds.push_back(model.embed(input_ids).detach());
     if (opts.segment_size > 0) {
       for (size_t s = 0; s < plan.size(); ++s) {
@@ -88,7 +88,7 @@ BackwardResult backward(const LayerStack& model, const at::Tensor& input_ids, co
     }
   }
 
-  at::AutoGradMode grad_mode(true);
+  c10::AutoGradMode grad_mode(true);
   at::Tensor dh;
   if (opts.segment_size > 0) {
     HeadVjp head = chunked_cross_entropy_vjp(bounds.back(), targets, model.head, opts.loss_chunk, scale,
