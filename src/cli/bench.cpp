@@ -1,5 +1,6 @@
 // `hearth bench`: end-to-end prefill/decode speed of a model folder on random prompt ids,
 // greedy, median over runs after one warmup. Not a micro-benchmark of kernels (bench/).
+#include <c10/core/GradMode.h>
 #include <algorithm>
 #include <cstdio>
 #include <iostream>

@@ -1,5 +1,6 @@
 // `hearth generate`: load a model folder, encode a raw prompt (no chat template yet), stream the
 // continuation to stdout and print mlx_lm-style stats to stderr. Not a server (see `serve`).
+#include <c10/core/GradMode.h>
 #include <iostream>
 
 #include "cli/verb.h"

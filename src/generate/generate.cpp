@@ -1,4 +1,5 @@
 // Prefill in chunks, then token-by-token decode through the model's caches.
+#include <c10/core/GradMode.h>
 #include "generate/generate.h"
 
 #include <algorithm>
