@@ -1,8 +1,9 @@
 // `hearth serve`: the OpenAI-compatible HTTP server and web chat UI over one loaded model.
 // Not the server itself (src/server/server.h); this verb parses flags, picks the engine, and
 // turns SIGINT/SIGTERM into a clean stop.
-#include <pthread.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <iostream>
 #include <memory>
@@ -34,28 +35,35 @@ int run_serve(const ServeArgs& a) {
     throw Error("serve: the model engine is not wired into the server yet (use --fake-engine for now)");
   }
 
-  // Signals: blocked in every thread (the server's threads inherit this mask) and taken by one
-  // watcher thread with sigwait, which stops the server. SIGUSR1 only wakes the watcher to exit.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGUSR1);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // Signals: a handler (run on whichever thread the kernel picks; libraries start threads before
+  // us, so masking is not enough) writes the signal number to a pipe; a watcher thread reads it
+  // and stops the server. Writing 0 wakes the watcher when serving ended for another reason.
+  static int pipe_fds[2] = {-1, -1};
+  HEARTH_CHECK(pipe(pipe_fds) == 0, "serve: cannot create the signal pipe");
+  struct sigaction sa {};
+  sa.sa_handler = [](int sig) {
+    unsigned char b = static_cast<unsigned char>(sig);
+    [[maybe_unused]] auto n = write(pipe_fds[1], &b, 1);
+  };
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
   server::Server srv(*engine, a.server);
   int port = srv.bind();
   std::thread watcher([&] {
-    int sig = 0;
-    sigwait(&set, &sig);
-    if (sig != SIGUSR1) std::cerr << "hearth: stopping (signal " << sig << ")\n";
+    unsigned char sig = 0;
+    while (read(pipe_fds[0], &sig, 1) < 0 && errno == EINTR) {
+    }
+    if (sig != 0) std::cerr << "hearth: stopping (signal " << int(sig) << ")\n";
     srv.stop();
   });
   std::cout << "hearth: serving " << engine->model_id() << " on http://" << a.server.host << ":" << port
             << " (Ctrl-C to stop)" << std::endl;
   srv.serve();
-  pthread_kill(watcher.native_handle(), SIGUSR1);
+  unsigned char zero = 0;
+  [[maybe_unused]] auto n = write(pipe_fds[1], &zero, 1);
   watcher.join();
   return 0;
 }
