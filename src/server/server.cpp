@@ -4,6 +4,7 @@
 #include "server/server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -50,6 +51,13 @@ bool known_path(const std::string& path, std::string& allow) {
   return false;
 }
 
+// httplib listens with a backlog of 5, which drops connections (1 s SYN retries) when many clients
+// connect at once; this subclass exposes the socket so bind() can re-listen with a deep backlog.
+class HttpServer : public httplib::Server {
+ public:
+  void deepen_backlog(int backlog) { ::listen(svr_sock_, backlog); }
+};
+
 // Streaming state shared by the content provider and its releaser.
 struct StreamState {
   std::shared_ptr<Job> job;
@@ -64,7 +72,7 @@ struct Server::Impl {
   Engine& engine;
   ServerOptions opts;
   EngineLoop loop;
-  httplib::Server http;
+  HttpServer http;
   int64_t started_at = unix_now();
   std::atomic<bool> stopped{false};
 
@@ -76,6 +84,7 @@ struct Server::Impl {
     http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     http.set_payload_max_length(opts.max_body_bytes);
     http.set_keep_alive_timeout(2);
+    http.set_keep_alive_max_count(1000);
     http.set_read_timeout(30);
     http.set_write_timeout(30);
     routes();
@@ -263,10 +272,12 @@ int Server::bind() {
   if (o.port == 0) {
     int port = impl_->http.bind_to_any_port(o.host);
     HEARTH_CHECK(port > 0, "serve: cannot bind ", o.host, " to a free port");
+    impl_->http.deepen_backlog(1024);
     return port;
   }
   HEARTH_CHECK(impl_->http.bind_to_port(o.host, o.port), "serve: cannot bind ", o.host, ":", o.port,
                " (in use, or not a local address); pick another --port or --host");
+  impl_->http.deepen_backlog(1024);
   return o.port;
 }
 
