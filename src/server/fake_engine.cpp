@@ -108,6 +108,10 @@ Finish FakeEngine::generate(const Prompt& prompt, const CompletionRequest& req, 
     }
     ++f.completion_tokens;
     ++tokens_;
+    if (i == 1 && prompt.text.find("__fail_generate__") != std::string::npos) {
+      busy_ = false;
+      throw std::runtime_error("fake engine: generation failed on purpose");
+    }
     if (!on_token(ev)) {
       ++stopped_early_;
       f.reason = Finish::Reason::kStopped;

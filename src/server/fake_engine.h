@@ -22,7 +22,8 @@ struct FakeEngineOptions {
 /// Prompt tokens = whitespace-separated words of the rendered prompt ("<role>: <content>" lines).
 /// Natural end counts one extra (EOS) token in completion_tokens, like a real model.
 /// prepare() throws InvalidArgument for an adapter other than "none", or a prompt containing
-/// "__bad_prompt__". Logprobs are synthetic: token i gets -0.5 * (i % 4 + 1), alternatives
+/// "__bad_prompt__"; generate() throws after one token for a prompt containing
+/// "__fail_generate__" (an internal failure: 500 / mid-stream error event). Logprobs are synthetic: token i gets -0.5 * (i % 4 + 1), alternatives
 /// "alt1".."altK" lower. Observable counters let tests see cancellation.
 class FakeEngine : public Engine {
  public:

@@ -331,6 +331,20 @@ TEST_F(ServerTest, BadRequestsGet400InOpenAiShapeAndTheServerKeepsServing) {
   EXPECT_EQ(J::parse(r->body)["choices"][0]["message"]["content"], "still alive");
 }
 
+TEST_F(ServerTest, EngineFailureIs500OrAMidStreamErrorEvent) {
+  start();
+  expect_error(post("/v1/chat/completions", chat_body("a b c __fail_generate__")), 500);
+  auto r = post("/v1/chat/completions", chat_body("a b c __fail_generate__", R"(, "stream": true)"));
+  ASSERT_EQ(r->status, 200);  // headers were sent before the failure
+  auto evs = sse_events(r->body, /*expect_done=*/false);
+  ASSERT_GE(evs.size(), 3u);
+  EXPECT_EQ(evs[1]["choices"][0]["delta"]["content"], "a");
+  EXPECT_EQ(evs.back()["error"]["type"], "server_error");
+  EXPECT_NE(evs.back()["error"]["message"].get<std::string>().find("failed on purpose"), std::string::npos);
+  expect_error(post("/v1/chat/completions", chat_body("__bad_prompt__")), 400);
+  EXPECT_EQ(post("/v1/chat/completions", chat_body("fine"))->status, 200);
+}
+
 TEST_F(ServerTest, UnknownRouteIs404AndWrongMethodIs405) {
   start();
   expect_error(client().Get("/v1/nothing"), 404);
