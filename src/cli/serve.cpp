@@ -1,0 +1,90 @@
+// `hearth serve`: the OpenAI-compatible HTTP server and web chat UI over one loaded model.
+// Not the server itself (src/server/server.h); this verb parses flags, picks the engine, and
+// turns SIGINT/SIGTERM into a clean stop.
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <iostream>
+#include <memory>
+#include <thread>
+
+#include "cli/verb.h"
+#include "core/error.h"
+#include "server/fake_engine.h"
+#include "server/server.h"
+
+namespace {
+
+struct ServeArgs {
+  std::string model;
+  hearth::server::ServerOptions server;
+  bool fake_engine = false;
+  int fake_delay_ms = 0;
+  int64_t fake_context = 4096;
+};
+
+int run_serve(const ServeArgs& a) {
+  using namespace hearth;
+  std::unique_ptr<server::Engine> engine;
+  if (a.fake_engine) {
+    engine = std::make_unique<server::FakeEngine>(
+        server::FakeEngineOptions{a.model.empty() ? "fake-model" : a.model, a.fake_context, a.fake_delay_ms});
+  } else {
+    HEARTH_CHECK(!a.model.empty(), "serve: --model DIR is required");
+    throw Error("serve: the model engine is not wired into the server yet (use --fake-engine for now)");
+  }
+
+  // Signals: a handler (run on whichever thread the kernel picks; libraries start threads before
+  // us, so masking is not enough) writes the signal number to a pipe; a watcher thread reads it
+  // and stops the server. Writing 0 wakes the watcher when serving ended for another reason.
+  static int pipe_fds[2] = {-1, -1};
+  HEARTH_CHECK(pipe(pipe_fds) == 0, "serve: cannot create the signal pipe");
+  struct sigaction sa {};
+  sa.sa_handler = [](int sig) {
+    unsigned char b = static_cast<unsigned char>(sig);
+    [[maybe_unused]] auto n = write(pipe_fds[1], &b, 1);
+  };
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  server::Server srv(*engine, a.server);
+  int port = srv.bind();
+  std::thread watcher([&] {
+    unsigned char sig = 0;
+    while (read(pipe_fds[0], &sig, 1) < 0 && errno == EINTR) {
+    }
+    if (sig != 0) std::cerr << "hearth: stopping (signal " << int(sig) << ")\n";
+    srv.stop();
+  });
+  std::cout << "hearth: serving " << engine->model_id() << " on http://" << a.server.host << ":" << port
+            << " (Ctrl-C to stop)" << std::endl;
+  srv.serve();
+  unsigned char zero = 0;
+  [[maybe_unused]] auto n = write(pipe_fds[1], &zero, 1);
+  watcher.join();
+  return 0;
+}
+
+std::function<int()> setup_serve(CLI::App& app) {
+  auto a = std::make_shared<ServeArgs>();
+  app.add_option("--model", a->model, "Model directory (Hugging Face layout)");
+  app.add_option("--host", a->server.host, "Address to bind (default 127.0.0.1: this machine only)");
+  app.add_option("--port", a->server.port, "Port (0 = any free port; the chosen one is printed)");
+  app.add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
+  app.add_option("--max-queue", a->server.max_queue, "Requests that may wait for the engine before 429")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--max-body-bytes", a->server.max_body_bytes, "Largest accepted request body (413 above)")
+      ->check(CLI::Range(1024, 1 << 30));
+  app.add_option("--max-tokens", a->server.default_max_tokens,
+                 "Default generated-token limit for chat requests that set none (0 = context length)");
+  app.add_flag("--fake-engine", a->fake_engine, "Serve a scripted fake engine (tests)")->group("");
+  app.add_option("--fake-delay-ms", a->fake_delay_ms, "Fake engine: sleep per token")->group("");
+  app.add_option("--fake-context", a->fake_context, "Fake engine: context length")->group("");
+  return [a] { return run_serve(*a); };
+}
+
+}  // namespace
+HEARTH_REGISTER_VERB(serve, "serve", "Serve a model over an OpenAI-compatible HTTP API with a web chat UI", setup_serve);

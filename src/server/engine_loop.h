@@ -1,0 +1,56 @@
+// The engine thread: the one thread that touches the Engine, fed by a bounded FIFO of Jobs.
+// Not the HTTP layer: handlers submit Jobs and read their EventChannels (server.h).
+#pragma once
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "server/engine.h"
+#include "server/stream_event.h"
+
+namespace hearth::server {
+
+struct EngineLoopOptions {
+  size_t max_queue = 64;  ///< jobs waiting (not counting the running one); more -> 429
+  /// Generated-token limit when a request sets none: 0 = up to the context length.
+  int64_t default_max_tokens_chat = 0;
+  int64_t default_max_tokens_completion = 512;  ///< /v1/completions default (as mlx-lm)
+};
+
+/// Runs Jobs one at a time on its own thread: prepare() (errors -> kError 400/413/500), then
+/// kStarted, generate() through an OutputStream (kDelta...), then kDone. A job whose `cancelled`
+/// flag is set is skipped, or stopped at its next token.
+class EngineLoop {
+ public:
+  EngineLoop(Engine& engine, EngineLoopOptions opts);
+  ~EngineLoop();  ///< shutdown()
+  EngineLoop(const EngineLoop&) = delete;
+  EngineLoop& operator=(const EngineLoop&) = delete;
+
+  /// Queues a request; returns nullptr when the queue is full or the loop is shutting down.
+  std::shared_ptr<Job> submit(CompletionRequest req);
+
+  /// Cancels the running job, fails queued ones with 503, and joins the thread. Idempotent.
+  void shutdown();
+
+  /// Jobs waiting to run (excluding the running one).
+  size_t queued() const;
+
+ private:
+  void run();
+  void run_job(Job& job);
+
+  Engine& engine_;
+  EngineLoopOptions opts_;
+  mutable std::mutex mu_;
+  std::mutex join_mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  std::shared_ptr<Job> running_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace hearth::server

@@ -1,0 +1,157 @@
+// OpenAI response shapes (chat and legacy completions), built from native StreamEvents.
+// Follows platform.openai.com's API reference for field names and order.
+#include "server/openai_format.h"
+
+#include <mutex>
+#include <random>
+
+namespace hearth::server {
+namespace {
+
+ojson bytes_of(const std::string& s) {
+  ojson b = ojson::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+// Chat logprobs entries: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}].
+ojson chat_logprobs(const std::vector<TokenEvent>& toks) {
+  ojson content = ojson::array();
+  for (const auto& t : toks) {
+    ojson top = ojson::array();
+    for (const auto& a : t.top_logprobs)
+      top.push_back(ojson{{"token", a.token}, {"logprob", a.logprob}, {"bytes", bytes_of(a.token)}});
+    content.push_back(ojson{{"token", t.token}, {"logprob", t.logprob}, {"bytes", bytes_of(t.token)}, {"top_logprobs", top}});
+  }
+  return ojson{{"content", content}};
+}
+
+// Legacy completions logprobs: {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}.
+ojson legacy_logprobs(const std::vector<TokenEvent>& toks, int64_t offset0) {
+  ojson tokens = ojson::array(), lps = ojson::array(), tops = ojson::array(), offs = ojson::array();
+  int64_t off = offset0;
+  for (const auto& t : toks) {
+    tokens.push_back(t.token);
+    lps.push_back(t.logprob);
+    ojson top = ojson::object();
+    for (const auto& a : t.top_logprobs) top[a.token] = a.logprob;
+    tops.push_back(top);
+    offs.push_back(off);
+    off += static_cast<int64_t>(t.token.size());
+  }
+  return ojson{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+}
+
+ojson tool_calls_json(const std::vector<ToolCall>& calls, bool with_index) {
+  ojson arr = ojson::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    ojson c = ojson::object();
+    if (with_index) c["index"] = i;
+    c["id"] = calls[i].id;
+    c["type"] = "function";
+    c["function"] = ojson{{"name", calls[i].name}, {"arguments", calls[i].arguments_json}};
+    arr.push_back(c);
+  }
+  return arr;
+}
+
+ojson chunk(const ResponseMeta& m, ojson choice) {
+  ojson j{{"id", m.id},
+          {"object", m.chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", m.created},
+          {"model", m.model},
+          {"choices", ojson::array({std::move(choice)})}};
+  if (m.include_usage) j["usage"] = nullptr;
+  return j;
+}
+
+ojson chat_choice(ojson delta, const ojson& logprobs, const ojson& finish) {
+  return ojson{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", logprobs}, {"finish_reason", finish}};
+}
+
+ojson text_choice(const std::string& text, const ojson& logprobs, const ojson& finish) {
+  return ojson{{"index", 0}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish}};
+}
+
+}  // namespace
+
+std::string new_response_id(bool chat) {
+  static std::mutex mu;
+  static std::mt19937_64 rng{std::random_device{}()};
+  std::lock_guard<std::mutex> lock(mu);
+  static const char* hex = "0123456789abcdef";
+  std::string id = chat ? "chatcmpl-" : "cmpl-";
+  for (int i = 0; i < 24; ++i) id.push_back(hex[rng() & 15]);
+  return id;
+}
+
+std::string dump_json(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+
+std::string sse(const ojson& j) { return "data: " + dump_json(j) + "\n\n"; }
+
+ojson usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
+  return ojson{{"prompt_tokens", prompt_tokens},
+               {"completion_tokens", completion_tokens},
+               {"total_tokens", prompt_tokens + completion_tokens}};
+}
+
+ojson first_chunk(const ResponseMeta& m) {
+  if (!m.chat) return nullptr;
+  return chunk(m, chat_choice(ojson{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr));
+}
+
+ojson delta_chunk(const ResponseMeta& m, const StreamEvent& d) {
+  if (m.chat) {
+    ojson lp = m.logprobs && !d.logprobs.empty() ? chat_logprobs(d.logprobs) : ojson();
+    return chunk(m, chat_choice(ojson{{"content", d.text}}, lp, nullptr));
+  }
+  ojson lp = m.logprobs && !d.logprobs.empty() ? legacy_logprobs(d.logprobs, 0) : ojson();
+  return chunk(m, text_choice(d.text, lp, nullptr));
+}
+
+std::vector<ojson> final_chunks(const ResponseMeta& m, const StreamEvent& done) {
+  std::vector<ojson> out;
+  if (m.chat) {
+    if (!done.tool_calls.empty())
+      out.push_back(chunk(m, chat_choice(ojson{{"tool_calls", tool_calls_json(done.tool_calls, true)}}, nullptr, nullptr)));
+    out.push_back(chunk(m, chat_choice(ojson::object(), nullptr, done.finish_reason)));
+  } else {
+    out.push_back(chunk(m, text_choice("", nullptr, done.finish_reason)));
+  }
+  if (m.include_usage) {
+    ojson u = chunk(m, nullptr);
+    u["choices"] = ojson::array();
+    u["usage"] = usage_json(done.prompt_tokens, done.completion_tokens);
+    out.push_back(std::move(u));
+  }
+  return out;
+}
+
+ojson full_response(const ResponseMeta& m, const std::vector<StreamEvent>& deltas, const StreamEvent& done) {
+  std::string text;
+  std::vector<TokenEvent> toks;
+  for (const auto& d : deltas) {
+    text += d.text;
+    toks.insert(toks.end(), d.logprobs.begin(), d.logprobs.end());
+  }
+  ojson choice;
+  if (m.chat) {
+    ojson msg{{"role", "assistant"}, {"content", text}};
+    if (!done.tool_calls.empty()) {
+      if (text.empty()) msg["content"] = nullptr;
+      msg["tool_calls"] = tool_calls_json(done.tool_calls, false);
+    }
+    choice = ojson{{"index", 0}, {"message", msg}, {"logprobs", m.logprobs ? chat_logprobs(toks) : ojson()},
+                   {"finish_reason", done.finish_reason}};
+  } else {
+    choice = text_choice(text, m.logprobs ? legacy_logprobs(toks, 0) : ojson(), done.finish_reason);
+  }
+  return ojson{{"id", m.id},
+               {"object", m.chat ? "chat.completion" : "text_completion"},
+               {"created", m.created},
+               {"model", m.model},
+               {"choices", ojson::array({choice})},
+               {"usage", usage_json(done.prompt_tokens, done.completion_tokens)}};
+}
+
+}  // namespace hearth::server

@@ -1,0 +1,50 @@
+// Native stream events -> OpenAI response JSON: chat.completion / chat.completion.chunk and
+// text_completion objects, logprobs blocks, usage, and SSE framing. Not request parsing
+// (request_parse.h) and not transport (server.h).
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+#include "server/stream_event.h"
+
+namespace hearth::server {
+
+using ojson = nlohmann::ordered_json;
+
+/// What every object of one response shares.
+struct ResponseMeta {
+  std::string id;       ///< "chatcmpl-<hex>" or "cmpl-<hex>"
+  int64_t created = 0;  ///< unix seconds
+  std::string model;    ///< the served model id
+  bool chat = true;
+  bool include_usage = false;  ///< streaming: "usage": null on chunks + a final usage chunk
+  bool logprobs = false;
+};
+
+/// A fresh response id: "chatcmpl-" (chat) or "cmpl-" + 24 random hex digits.
+std::string new_response_id(bool chat);
+
+/// JSON text of `j`; invalid UTF-8 in model text is replaced (U+FFFD), never thrown on.
+std::string dump_json(const ojson& j);
+
+/// One SSE event: "data: <json>\n\n".
+std::string sse(const ojson& j);
+
+/// Streaming: the first chunk (chat: delta {role: "assistant", content: ""}); completions have
+/// no first chunk (returns null).
+ojson first_chunk(const ResponseMeta& m);
+/// Streaming: the chunk for one kDelta event (content and, when asked, logprobs).
+ojson delta_chunk(const ResponseMeta& m, const StreamEvent& delta);
+/// Streaming: the closing chunks for kDone: tool_calls delta (if any), the finish_reason chunk,
+/// and with include_usage the usage chunk (choices: []). "data: [DONE]" is added by the caller.
+std::vector<ojson> final_chunks(const ResponseMeta& m, const StreamEvent& done);
+
+/// Non-streaming: the whole response from all kDelta events and the kDone event.
+ojson full_response(const ResponseMeta& m, const std::vector<StreamEvent>& deltas, const StreamEvent& done);
+
+/// usage {prompt_tokens, completion_tokens, total_tokens}.
+ojson usage_json(int64_t prompt_tokens, int64_t completion_tokens);
+
+}  // namespace hearth::server

@@ -1,0 +1,40 @@
+// Turns one request's generated tokens into client-visible events on the engine thread: routes
+// tool-call text away from content, applies stop strings with hold-back, bundles logprobs, and
+// decides finish_reason. Not the engine (tokens come in) and not JSON (events go out).
+#pragma once
+#include "generate/stop_strings.h"
+#include "server/engine.h"
+#include "server/stream_event.h"
+
+namespace hearth::server {
+
+/// Per-request output pipeline: token text -> tool router (when req.tools_active(): text from the
+/// engine's tool_call_open_tag() on is held for parse_tool_calls) -> StopMatcher(req.stop) ->
+/// kDelta events. Streaming and non-streaming responses are both built from these events, so
+/// they agree by construction.
+class OutputStream {
+ public:
+  OutputStream(const CompletionRequest& req, const Engine& engine, EventChannel& out);
+
+  /// Handles one generated token; returns false once a stop string matched (stop generating).
+  bool on_token(const TokenEvent& ev);
+
+  /// Ends the request: releases held text, parses tool calls, pushes the final delta (if any)
+  /// and kDone with finish_reason and counts.
+  void finish(const Finish& f, int64_t prompt_tokens);
+
+ private:
+  void emit(std::string text);
+
+  const CompletionRequest& req_;
+  const Engine& engine_;
+  EventChannel& out_;
+  bool tools_active_;
+  generate::StopMatcher tool_open_;  // matches the tool-call open tag (with hold-back)
+  generate::StopMatcher stops_;      // the request's stop strings
+  bool in_tool_ = false;
+  std::string tool_text_;  // from the open tag on
+  std::vector<TokenEvent> pending_logprobs_;
+};
+
+}  // namespace hearth::server

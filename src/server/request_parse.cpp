@@ -1,0 +1,298 @@
+// Validation and conversion of OpenAI chat/completions request bodies into native structs.
+// Not responsible for defaults or context limits (engine_loop.cpp) or for the response shape.
+#include "server/request_parse.h"
+
+#include <cmath>
+#include <limits>
+
+#include "server/api_error.h"
+
+namespace hearth::server {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+constexpr int64_t kMaxTokensLimit = std::numeric_limits<int32_t>::max();
+
+std::string type_name(const json& v) {
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
+  return "null";
+}
+
+[[noreturn]] void bad(const std::string& param, const std::string& msg) {
+  throw ApiError(400, msg, param, "invalid_value");
+}
+[[noreturn]] void bad_type(const std::string& param, const json& v, const char* expected) {
+  throw ApiError(400, "Invalid type for '" + param + "': expected " + expected + ", but got " +
+                          type_name(v) + ".",
+                 param, "invalid_type");
+}
+
+std::string num(double v) {
+  std::string s = json(v).dump();
+  if (s.size() > 2 && s.compare(s.size() - 2, 2, ".0") == 0) s.resize(s.size() - 2);
+  return s;
+}
+
+// The field's value, or nullptr when absent or null (explicit nulls count as absent).
+const json* field(const json& obj, const std::string& key) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::optional<double> number_in(const json& body, const std::string& key, double lo, double hi,
+                                bool lo_open = false) {
+  const json* v = field(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) bad_type(key, *v, "a number");
+  double d = v->get<double>();
+  if (!std::isfinite(d) || d < lo || (lo_open && d == lo) || d > hi)
+    bad(key, "Invalid '" + key + "': expected a value in " + (lo_open ? "(" : "[") + num(lo) + ", " +
+                 num(hi) + "], but got " + (std::isfinite(d) ? num(d) : v->dump()) + " instead.");
+  return d;
+}
+
+std::optional<int64_t> integer_in(const json& body, const std::string& key, int64_t lo, int64_t hi) {
+  const json* v = field(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) bad_type(key, *v, "an integer");
+  if (v->is_number_float()) {
+    double d = v->get<double>();
+    if (!std::isfinite(d) || d != std::floor(d)) bad_type(key, *v, "an integer");
+    if (d < static_cast<double>(lo) || d > static_cast<double>(hi))
+      bad(key, "Invalid '" + key + "': expected an integer in [" + std::to_string(lo) + ", " +
+                   std::to_string(hi) + "], but got " + v->dump() + " instead.");
+    return static_cast<int64_t>(d);
+  }
+  bool too_big = v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi);
+  int64_t i = too_big ? hi : v->get<int64_t>();
+  if (too_big || i < lo || i > hi)
+    bad(key, "Invalid '" + key + "': expected an integer in [" + std::to_string(lo) + ", " +
+                 std::to_string(hi) + "], but got " + v->dump() + " instead.");
+  return i;
+}
+
+std::optional<bool> boolean(const json& body, const std::string& key) {
+  const json* v = field(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) bad_type(key, *v, "a boolean");
+  return v->get<bool>();
+}
+
+std::optional<std::string> string_field(const json& obj, const std::string& key,
+                                        const std::string& param) {
+  const json* v = field(obj, key);
+  if (!v) return std::nullopt;
+  if (!v->is_string()) bad_type(param, *v, "a string");
+  return v->get<std::string>();
+}
+
+// Content: a string, or an array of {"type": "text", "text": ...} parts (concatenated).
+std::optional<std::string> parse_content(const json& msg, const std::string& p) {
+  const json* c = field(msg, "content");
+  if (!c) return std::nullopt;
+  if (c->is_string()) return c->get<std::string>();
+  if (!c->is_array()) bad_type(p + ".content", *c, "a string or an array of content parts");
+  std::string text;
+  for (size_t j = 0; j < c->size(); ++j) {
+    const json& part = (*c)[j];
+    std::string pp = p + ".content[" + std::to_string(j) + "]";
+    if (!part.is_object()) bad_type(pp, part, "an object");
+    auto type = string_field(part, "type", pp + ".type");
+    if (!type) bad(pp + ".type", "Missing required parameter: '" + pp + ".type'.");
+    if (*type != "text")
+      bad(pp + ".type", "Unsupported content part type '" + *type + "' in '" + pp +
+                            "': this server accepts text parts only.");
+    auto t = string_field(part, "text", pp + ".text");
+    if (!t) bad(pp + ".text", "Missing required parameter: '" + pp + ".text'.");
+    text += *t;
+  }
+  return text;
+}
+
+ToolCall parse_tool_call(const json& tc, const std::string& p) {
+  if (!tc.is_object()) bad_type(p, tc, "an object");
+  ToolCall call;
+  call.id = string_field(tc, "id", p + ".id").value_or("");
+  auto type = string_field(tc, "type", p + ".type").value_or("function");
+  if (type != "function") bad(p + ".type", "Invalid '" + p + ".type': only 'function' is supported.");
+  const json* fn = field(tc, "function");
+  if (!fn) bad(p + ".function", "Missing required parameter: '" + p + ".function'.");
+  if (!fn->is_object()) bad_type(p + ".function", *fn, "an object");
+  auto name = string_field(*fn, "name", p + ".function.name");
+  if (!name) bad(p + ".function.name", "Missing required parameter: '" + p + ".function.name'.");
+  call.name = *name;
+  const json* args = field(*fn, "arguments");
+  if (!args) call.arguments_json = "{}";
+  else if (args->is_string()) call.arguments_json = args->get<std::string>();
+  else if (args->is_object()) call.arguments_json = args->dump();
+  else bad_type(p + ".function.arguments", *args, "a string");
+  return call;
+}
+
+std::vector<ChatMessage> parse_messages(const json& body) {
+  const json* ms = field(body, "messages");
+  if (!ms) throw ApiError(400, "Missing required parameter: 'messages'.", "messages", "missing_required_parameter");
+  if (!ms->is_array()) bad_type("messages", *ms, "an array");
+  if (ms->empty()) bad("messages", "Invalid 'messages': empty array. Expected an array with minimum length 1.");
+  std::vector<ChatMessage> out;
+  for (size_t i = 0; i < ms->size(); ++i) {
+    const json& m = (*ms)[i];
+    std::string p = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) bad_type(p, m, "an object");
+    ChatMessage msg;
+    auto role = string_field(m, "role", p + ".role");
+    if (!role) bad(p + ".role", "Missing required parameter: '" + p + ".role'.");
+    msg.role = *role == "developer" ? "system" : *role;
+    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool")
+      bad(p + ".role", "Invalid value for '" + p + ".role': '" + *role +
+                           "'. Supported values are: 'system', 'developer', 'user', 'assistant', and 'tool'.");
+    msg.content = parse_content(m, p);
+    msg.name = string_field(m, "name", p + ".name").value_or("");
+    msg.tool_call_id = string_field(m, "tool_call_id", p + ".tool_call_id").value_or("");
+    if (const json* tcs = field(m, "tool_calls")) {
+      if (!tcs->is_array()) bad_type(p + ".tool_calls", *tcs, "an array");
+      for (size_t k = 0; k < tcs->size(); ++k)
+        msg.tool_calls.push_back(parse_tool_call((*tcs)[k], p + ".tool_calls[" + std::to_string(k) + "]"));
+    }
+    if (!msg.content && msg.role != "assistant")
+      bad(p + ".content", "Missing required parameter: '" + p + ".content'.");
+    out.push_back(std::move(msg));
+  }
+  return out;
+}
+
+void parse_tools(const json& body, CompletionRequest& req) {
+  if (const json* tools = field(body, "tools")) {
+    if (!tools->is_array()) bad_type("tools", *tools, "an array");
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const json& t = (*tools)[i];
+      std::string p = "tools[" + std::to_string(i) + "]";
+      if (!t.is_object()) bad_type(p, t, "an object");
+      auto type = string_field(t, "type", p + ".type").value_or("function");
+      if (type != "function") bad(p + ".type", "Invalid '" + p + ".type': only 'function' is supported.");
+      const json* fn = field(t, "function");
+      if (!fn || !fn->is_object()) bad(p + ".function", "Missing required parameter: '" + p + ".function'.");
+      if (!string_field(*fn, "name", p + ".function.name"))
+        bad(p + ".function.name", "Missing required parameter: '" + p + ".function.name'.");
+    }
+    req.tools = *tools;
+  }
+  if (const json* tc = field(body, "tool_choice")) {
+    if (tc->is_string()) {
+      std::string s = tc->get<std::string>();
+      if (s != "none" && s != "auto" && s != "required")
+        bad("tool_choice", "Invalid value for 'tool_choice': '" + s + "'. Supported values are: 'none', 'auto', and 'required'.");
+      req.tool_choice = s;
+    } else if (tc->is_object()) {
+      const json* fn = field(*tc, "function");
+      auto name = fn && fn->is_object() ? string_field(*fn, "name", "tool_choice.function.name") : std::nullopt;
+      if (!name) bad("tool_choice.function.name", "Missing required parameter: 'tool_choice.function.name'.");
+      req.tool_choice = *name;
+    } else {
+      bad_type("tool_choice", *tc, "a string or an object");
+    }
+  }
+}
+
+// Fields shared by both endpoints.
+void parse_common(const json& body, CompletionRequest& req) {
+  req.model = string_field(body, "model", "model").value_or("");
+  auto max_tokens = integer_in(body, "max_tokens", 1, kMaxTokensLimit);
+  auto max_completion = integer_in(body, "max_completion_tokens", 1, kMaxTokensLimit);
+  req.max_tokens = max_completion ? max_completion : max_tokens;
+  auto& s = req.sampling;
+  s.temperature = number_in(body, "temperature", 0, 2);
+  s.top_p = number_in(body, "top_p", 0, 1);
+  s.top_k = integer_in(body, "top_k", 0, kMaxTokensLimit);
+  s.min_p = number_in(body, "min_p", 0, 1);
+  s.seed = integer_in(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
+  s.repetition_penalty = number_in(body, "repetition_penalty", 0, 100, /*lo_open=*/true);
+  s.presence_penalty = number_in(body, "presence_penalty", -2, 2);
+  s.frequency_penalty = number_in(body, "frequency_penalty", -2, 2);
+  if (auto n = integer_in(body, "n", 1, kMaxTokensLimit); n && *n != 1)
+    bad("n", "Invalid 'n': only n = 1 is supported by this server, but got " + std::to_string(*n) + ".");
+  if (const json* stop = field(body, "stop")) {
+    if (stop->is_string()) {
+      req.stop.push_back(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      if (stop->size() > 16) bad("stop", "Invalid 'stop': at most 16 stop strings are supported.");
+      for (size_t i = 0; i < stop->size(); ++i) {
+        if (!(*stop)[i].is_string()) bad_type("stop[" + std::to_string(i) + "]", (*stop)[i], "a string");
+        req.stop.push_back((*stop)[i].get<std::string>());
+      }
+    } else {
+      bad_type("stop", *stop, "a string or an array of strings");
+    }
+    std::erase_if(req.stop, [](const std::string& x) { return x.empty(); });
+  }
+  req.stream = boolean(body, "stream").value_or(false);
+  if (const json* so = field(body, "stream_options")) {
+    if (!so->is_object()) bad_type("stream_options", *so, "an object");
+    if (const json* iu = field(*so, "include_usage")) {
+      if (!iu->is_boolean()) bad_type("stream_options.include_usage", *iu, "a boolean");
+      req.include_usage = iu->get<bool>();
+    }
+  }
+  req.adapter = string_field(body, "adapter", "adapter");
+}
+
+}  // namespace
+
+nlohmann::ordered_json parse_body(std::string_view body) {
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    auto colon = what.find("]");  // drop nlohmann's "[json.exception.parse_error.101]" prefix
+    throw ApiError(400, "Invalid JSON body: " + (colon == std::string::npos ? what : what.substr(colon + 2)),
+                   "", "invalid_json");
+  }
+  if (!j.is_object()) throw ApiError(400, "Invalid JSON body: expected an object, but got " + type_name(j) + ".", "", "invalid_json");
+  return j;
+}
+
+CompletionRequest parse_chat_request(const nlohmann::ordered_json& body) {
+  CompletionRequest req;
+  req.chat = true;
+  req.messages = parse_messages(body);
+  parse_common(body, req);
+  parse_tools(body, req);
+  req.logprobs = boolean(body, "logprobs").value_or(false);
+  if (auto k = integer_in(body, "top_logprobs", 0, 20)) {
+    if (!req.logprobs && *k > 0) bad("top_logprobs", "Invalid 'top_logprobs': requires 'logprobs' to be true.");
+    req.top_logprobs = static_cast<int>(*k);
+  }
+  if (const json* kw = field(body, "chat_template_kwargs")) {
+    if (!kw->is_object()) bad_type("chat_template_kwargs", *kw, "an object");
+    req.chat_template_kwargs = *kw;
+  }
+  return req;
+}
+
+CompletionRequest parse_completion_request(const nlohmann::ordered_json& body) {
+  CompletionRequest req;
+  req.chat = false;
+  const json* p = field(body, "prompt");
+  if (!p) throw ApiError(400, "Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter");
+  if (!p->is_string()) bad_type("prompt", *p, "a string (arrays of prompts are not supported)");
+  req.prompt = p->get<std::string>();
+  if (req.prompt.empty()) bad("prompt", "Invalid 'prompt': empty string.");
+  parse_common(body, req);
+  if (auto k = integer_in(body, "logprobs", 0, 5)) {
+    req.logprobs = true;
+    req.top_logprobs = static_cast<int>(*k);
+  }
+  if (boolean(body, "echo").value_or(false)) bad("echo", "Invalid 'echo': echo is not supported by this server.");
+  if (auto b = integer_in(body, "best_of", 1, kMaxTokensLimit); b && *b != 1)
+    bad("best_of", "Invalid 'best_of': only best_of = 1 is supported by this server.");
+  return req;
+}
+
+}  // namespace hearth::server

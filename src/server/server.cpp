@@ -1,0 +1,292 @@
+// HTTP transport for the OpenAI-compatible API and the web UI: routes, auth, error mapping, and
+// the bridge from a Job's event channel to a JSON body or an SSE stream.
+// Not request validation (request_parse.cpp) nor response shapes (openai_format.cpp).
+#include "server/server.h"
+
+#include <httplib.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <chrono>
+
+#include "core/error.h"
+#include "server/api_error.h"
+#include "server/engine_loop.h"
+#include "server/openai_format.h"
+#include "server/request_parse.h"
+#include "server/web_assets.h"
+
+namespace hearth::server {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr const char* kJson = "application/json";
+
+void send_error(httplib::Response& res, int status, const std::string& message, const std::string& param = {},
+                const std::string& code = {}) {
+  res.status = status;
+  res.set_content(dump_json(error_json(status, message, param, code)), kJson);
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+bool constant_time_equal(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+// Routes and the methods they accept (for 404 vs 405).
+bool known_path(const std::string& path, std::string& allow) {
+  allow = "POST";
+  if (path == "/v1/chat/completions" || path == "/v1/completions") return true;
+  allow = "GET";
+  if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0 || path == "/health" || path == "/") return true;
+  for (const auto& a : web_assets())
+    if (path == a.path) return true;
+  return false;
+}
+
+// httplib listens with a backlog of 5, which drops connections (1 s SYN retries) when many clients
+// connect at once; this subclass exposes the socket so bind() can re-listen with a deep backlog.
+class HttpServer : public httplib::Server {
+ public:
+  void deepen_backlog(int backlog) { ::listen(svr_sock_, backlog); }
+};
+
+// Streaming state shared by the content provider and its releaser.
+struct StreamState {
+  std::shared_ptr<Job> job;
+  ResponseMeta meta;
+  bool first_sent = false;
+  bool finished = false;
+};
+
+}  // namespace
+
+struct Server::Impl {
+  Engine& engine;
+  ServerOptions opts;
+  EngineLoop loop;
+  HttpServer http;
+  int64_t started_at = unix_now();
+  std::atomic<bool> stopped{false};
+
+  Impl(Engine& e, ServerOptions o)
+      : engine(e),
+        opts(std::move(o)),
+        loop(e, EngineLoopOptions{opts.max_queue, opts.default_max_tokens, 512}) {
+    size_t threads = opts.http_threads ? opts.http_threads : opts.max_queue + 16;
+    http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    http.set_payload_max_length(opts.max_body_bytes);
+    http.set_keep_alive_timeout(2);
+    http.set_keep_alive_max_count(1000);
+    http.set_read_timeout(30);
+    http.set_write_timeout(30);
+    routes();
+  }
+
+  ojson model_json() const {
+    return ojson{{"id", engine.model_id()},
+                 {"object", "model"},
+                 {"created", started_at},
+                 {"owned_by", "hearth"},
+                 {"context_window", engine.context_length()}};
+  }
+
+  void routes() {
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (opts.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+      std::string auth = req.get_header_value("Authorization");
+      const std::string prefix = "Bearer ";
+      if (auth.rfind(prefix, 0) == 0 && constant_time_equal(auth.substr(prefix.size()), opts.api_key))
+        return httplib::Server::HandlerResponse::Unhandled;
+      send_error(res, 401, auth.empty() ? "Missing API key: send 'Authorization: Bearer <key>'." : "Incorrect API key provided.",
+                 "", "invalid_api_key");
+      res.set_header("WWW-Authenticate", "Bearer");
+      return httplib::Server::HandlerResponse::Handled;
+    });
+
+    http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("{\"status\": \"ok\"}", kJson);
+    });
+    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(dump_json(ojson{{"object", "list"}, {"data", ojson::array({model_json()})}}), kJson);
+    });
+    http.Get("/v1/models/(.+)", [this](const httplib::Request& req, httplib::Response& res) {
+      if (req.matches[1] != engine.model_id())
+        return send_error(res, 404, "The model '" + std::string(req.matches[1]) + "' does not exist; this server serves '" +
+                                        engine.model_id() + "'.", "model", "model_not_found");
+      res.set_content(dump_json(model_json()), kJson);
+    });
+    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, true); });
+    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, false); });
+    http.Get("/", [](const httplib::Request&, httplib::Response& res) { serve_asset("/index.html", res); });
+    for (const auto& a : web_assets()) {
+      std::string path(a.path);
+      http.Get(path, [path](const httplib::Request&, httplib::Response& res) { serve_asset(path, res); });
+    }
+    auto fallback = [](const httplib::Request& req, httplib::Response& res) {
+      std::string allow;
+      if (known_path(req.path, allow)) {
+        res.set_header("Allow", allow);
+        return send_error(res, 405, "Method " + req.method + " is not allowed for " + req.path + "; use " + allow + ".");
+      }
+      send_error(res, 404, "Unknown route: " + req.method + " " + req.path + ".", "", "unknown_url");
+    };
+    http.Get(".*", fallback);
+    http.Post(".*", fallback);
+    http.Put(".*", fallback);
+    http.Patch(".*", fallback);
+    http.Delete(".*", fallback);
+    http.Options(".*", fallback);
+
+    // httplib's own errors (413 payload too large, 400 malformed request, ...) get an OpenAI body.
+    http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
+      if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+      std::string msg = res.status == 413 ? "Request body too large." : std::string("HTTP error ") + std::to_string(res.status) + ".";
+      send_error(res, res.status, msg);
+      return httplib::Server::HandlerResponse::Handled;
+    }));
+    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      try {
+        std::rethrow_exception(ep);
+      } catch (const ApiError& e) {
+        send_error(res, e.status(), e.what(), e.param(), e.code());
+      } catch (const std::exception& e) {
+        send_error(res, 500, std::string("Internal server error: ") + e.what());
+      } catch (...) {
+        send_error(res, 500, "Internal server error.");
+      }
+    });
+  }
+
+  static void serve_asset(const std::string& path, httplib::Response& res) {
+    for (const auto& a : web_assets()) {
+      if (a.path == path) {
+        res.set_content(std::string(a.body), std::string(a.content_type));
+        res.set_header("Cache-Control", "no-cache");
+        return;
+      }
+    }
+    send_error(res, 404, "Unknown route: GET " + path + ".", "", "unknown_url");
+  }
+
+  void completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+    CompletionRequest creq;
+    try {
+      ojson body = parse_body(req.body);
+      creq = chat ? parse_chat_request(body) : parse_completion_request(body);
+    } catch (const ApiError& e) {
+      return send_error(res, e.status(), e.what(), e.param(), e.code());
+    }
+    ResponseMeta meta{new_response_id(chat), unix_now(), engine.model_id(), chat, creq.stream && creq.include_usage,
+                      creq.logprobs};
+    const bool stream = creq.stream;
+    std::shared_ptr<Job> job = loop.submit(std::move(creq));
+    if (!job) {
+      if (stopped) return send_error(res, 503, "The server is shutting down.");
+      return send_error(res, 429, "Too many requests waiting (" + std::to_string(opts.max_queue) +
+                                      " queued); retry later.", "", "queue_full");
+    }
+    // The first event decides the status: kStarted (200) or kError (4xx/5xx before any output).
+    std::optional<StreamEvent> first;
+    while (!(first = job->events.pop(200ms))) {
+    }
+    if (first->kind == StreamEvent::Kind::kError) return send_error(res, first->status, first->message);
+
+    if (!stream) {
+      std::vector<StreamEvent> deltas;
+      for (;;) {
+        auto ev = job->events.pop(200ms);
+        if (!ev) continue;
+        if (ev->kind == StreamEvent::Kind::kDelta) {
+          deltas.push_back(std::move(*ev));
+        } else if (ev->kind == StreamEvent::Kind::kDone) {
+          res.set_content(dump_json(full_response(meta, deltas, *ev)), kJson);
+          return;
+        } else {
+          return send_error(res, ev->status, ev->message);
+        }
+      }
+    }
+
+    auto st = std::make_shared<StreamState>();
+    st->job = job;
+    st->meta = std::move(meta);
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [st](size_t, httplib::DataSink& sink) {
+          std::string out;
+          if (!st->first_sent) {
+            st->first_sent = true;
+            ojson f = first_chunk(st->meta);
+            if (!f.is_null()) out += sse(f);
+          }
+          // Wait briefly for an event, then take every event already queued (one write).
+          auto ev = st->job->events.pop(out.empty() ? 200ms : 0ms);
+          bool end = false;
+          while (ev) {
+            if (ev->kind == StreamEvent::Kind::kDelta) {
+              out += sse(delta_chunk(st->meta, *ev));
+            } else if (ev->kind == StreamEvent::Kind::kDone) {
+              for (const auto& c : final_chunks(st->meta, *ev)) out += sse(c);
+              out += "data: [DONE]\n\n";
+              end = true;
+              break;
+            } else if (ev->kind == StreamEvent::Kind::kError) {
+              out += sse(error_json(ev->status, ev->message));
+              end = true;
+              break;
+            }
+            ev = st->job->events.pop(0ms);
+          }
+          if (!out.empty() && !sink.write(out.data(), out.size())) {
+            st->job->cancelled = true;  // the client went away: stop generating
+            return false;
+          }
+          if (end) {
+            st->finished = true;
+            sink.done();
+          }
+          return true;
+        },
+        [st](bool) {
+          if (!st->finished) st->job->cancelled = true;
+        });
+  }
+};
+
+Server::Server(Engine& engine, ServerOptions opts) : impl_(std::make_unique<Impl>(engine, std::move(opts))) {}
+
+Server::~Server() { stop(); }
+
+int Server::bind() {
+  auto& o = impl_->opts;
+  if (o.port == 0) {
+    int port = impl_->http.bind_to_any_port(o.host);
+    HEARTH_CHECK(port > 0, "serve: cannot bind ", o.host, " to a free port");
+    impl_->http.deepen_backlog(1024);
+    return port;
+  }
+  HEARTH_CHECK(impl_->http.bind_to_port(o.host, o.port), "serve: cannot bind ", o.host, ":", o.port,
+               " (in use, or not a local address); pick another --port or --host");
+  impl_->http.deepen_backlog(1024);
+  return o.port;
+}
+
+void Server::serve() { impl_->http.listen_after_bind(); }
+
+void Server::stop() {
+  if (impl_->stopped.exchange(true)) return;
+  impl_->loop.shutdown();
+  impl_->http.stop();
+}
+
+}  // namespace hearth::server

@@ -1,0 +1,46 @@
+// `hearth serve`'s HTTP server: OpenAI-compatible routes (chat, completions, models, health), the
+// embedded web UI, auth, limits, SSE streaming, over cpp-httplib, feeding one EngineLoop.
+// Not the engine and not JSON parsing details (request_parse.h, openai_format.h).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "server/engine.h"
+
+namespace hearth::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";  ///< bind address (loopback by default)
+  int port = 8080;                 ///< 0 = pick a free port (see Server::bind)
+  std::string api_key;             ///< when set, /v1/* needs "Authorization: Bearer <key>" (else 401)
+  size_t max_queue = 64;           ///< requests waiting for the engine; more -> 429
+  size_t max_body_bytes = 16u << 20;  ///< larger request bodies -> 413
+  size_t http_threads = 0;         ///< 0 = max_queue + 16 (every queued request holds a thread)
+  int64_t default_max_tokens = 0;  ///< chat limit when a request sets none; 0 = context length
+};
+
+/// The server. Lifecycle: construct, bind(), serve() (blocks) — stop() from any thread (or a
+/// signal watcher) cancels the running generation, fails queued requests with 503, and makes
+/// serve() return. Every error is answered in OpenAI's shape and the server keeps serving.
+class Server {
+ public:
+  Server(Engine& engine, ServerOptions opts);
+  ~Server();  ///< stop()
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  /// Binds host:port; returns the bound port (useful with port 0). Throws hearth::Error when the
+  /// address cannot be bound.
+  int bind();
+  /// Serves until stop(). Requires bind().
+  void serve();
+  /// Stops serving; thread-safe and idempotent.
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace hearth::server

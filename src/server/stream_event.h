@@ -1,0 +1,65 @@
+// What flows from the engine thread to an HTTP handler for one request: native events (started,
+// text delta, done, error) through a small blocking queue. Not JSON: routes format events.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "server/engine.h"
+
+namespace hearth::server {
+
+/// One event of a request's output, in order: kStarted, kDelta*, then kDone or kError (an
+/// error can also come first, e.g. a prompt longer than the context).
+struct StreamEvent {
+  enum class Kind { kStarted, kDelta, kDone, kError };
+  Kind kind = Kind::kDelta;
+  int64_t prompt_tokens = 0;         ///< kStarted, kDone
+  std::string text;                  ///< kDelta: client-visible text (after stop/tool hold-back)
+  std::vector<TokenEvent> logprobs;  ///< kDelta: tokens accounted for since the last delta
+  std::vector<ToolCall> tool_calls;  ///< kDone
+  std::string finish_reason;         ///< kDone: "stop" | "length" | "tool_calls"
+  int64_t completion_tokens = 0;     ///< kDone
+  int status = 0;                    ///< kError: HTTP status
+  std::string message;               ///< kError
+};
+
+/// A single-producer single-consumer queue of StreamEvents.
+class EventChannel {
+ public:
+  void push(StreamEvent ev) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      q_.push_back(std::move(ev));
+    }
+    cv_.notify_one();
+  }
+  /// The next event, or nullopt after `timeout` without one.
+  std::optional<StreamEvent> pop(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [&] { return !q_.empty(); })) return std::nullopt;
+    StreamEvent ev = std::move(q_.front());
+    q_.pop_front();
+    return ev;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<StreamEvent> q_;
+};
+
+/// A request in flight: the parsed request, its output channel, and a cancel flag the HTTP side
+/// sets when the client disconnects (the engine checks it per token).
+struct Job {
+  CompletionRequest request;
+  EventChannel events;
+  std::atomic<bool> cancelled{false};
+};
+
+}  // namespace hearth::server

@@ -1,0 +1,151 @@
+// The official `openai` npm client against `hearth serve --fake-engine`: chat (plain and streamed),
+// completions, a tool-call round trip, models, errors surfaced as the client's error classes, and a
+// clean SIGTERM exit. Run by ctest as e2e_openai (node --test).
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { startServer, npmPackage } from './serve_helper.mjs';
+
+const { OpenAI } = npmPackage('openai');
+let server;
+let client;
+
+before(async () => {
+  server = await startServer();
+  client = new OpenAI({ baseURL: server.url + '/v1', apiKey: 'unused', maxRetries: 0 });
+});
+
+after(async () => {
+  const { code, ms } = await server.stop();
+  assert.equal(code, 0, 'hearth serve exits 0 on SIGTERM');
+  assert.ok(ms < 3000, `exited in ${ms} ms`);
+});
+
+test('models.list returns the served model', async () => {
+  const page = await client.models.list();
+  assert.equal(page.data.length, 1);
+  assert.equal(page.data[0].id, 'fake-model');
+});
+
+test('chat completion, non-streaming', async () => {
+  const r = await client.chat.completions.create({
+    model: 'whatever', messages: [{ role: 'system', content: 'sys' }, { role: 'user', content: 'hello from node' }],
+  });
+  assert.equal(r.object, 'chat.completion');
+  assert.equal(r.model, 'fake-model');
+  assert.equal(r.choices[0].message.role, 'assistant');
+  assert.equal(r.choices[0].message.content, 'hello from node');
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  // "system: sys\nuser: hello from node\nassistant:" = 7 fake tokens; 3 words + EOS.
+  assert.deepEqual(r.usage, { prompt_tokens: 7, completion_tokens: 4, total_tokens: 11 });
+});
+
+test('chat completion, streaming with usage', async () => {
+  const stream = await client.chat.completions.create({
+    model: 'm', messages: [{ role: 'user', content: 'one two three' }], stream: true,
+    stream_options: { include_usage: true },
+  });
+  let content = '';
+  let finish = null;
+  let usage = null;
+  let chunks = 0;
+  for await (const chunk of stream) {
+    chunks++;
+    assert.equal(chunk.object, 'chat.completion.chunk');
+    if (chunk.usage) usage = chunk.usage;
+    const c = chunk.choices[0];
+    if (!c) continue;
+    content += c.delta.content ?? '';
+    if (c.finish_reason) finish = c.finish_reason;
+  }
+  assert.equal(content, 'one two three');
+  assert.equal(finish, 'stop');
+  assert.equal(usage.completion_tokens, 4);
+  assert.equal(chunks, 6);  // role, 3 tokens, finish, usage
+});
+
+test('chat stop strings and max_tokens', async () => {
+  const r = await client.chat.completions.create({
+    model: 'm', messages: [{ role: 'user', content: 'emit:first line\nsecond line' }], stop: ['\n'],
+  });
+  assert.equal(r.choices[0].message.content, 'first line');
+  const l = await client.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: 'a b c d' }], max_completion_tokens: 2 });
+  assert.equal(l.choices[0].message.content, 'a b');
+  assert.equal(l.choices[0].finish_reason, 'length');
+});
+
+test('text completions', async () => {
+  const r = await client.completions.create({ model: 'm', prompt: 'alpha beta gamma', max_tokens: 2 });
+  assert.equal(r.object, 'text_completion');
+  assert.equal(r.choices[0].text, 'alpha beta');
+  assert.equal(r.choices[0].finish_reason, 'length');
+  const s = await client.completions.create({ model: 'm', prompt: 'x y', stream: true });
+  let text = '';
+  for await (const chunk of s) text += chunk.choices[0]?.text ?? '';
+  assert.equal(text, 'x y');
+});
+
+const tools = [{
+  type: 'function',
+  function: { name: 'get_weather', description: 'Weather for a city',
+    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } },
+}];
+const toolCallText = 'emit:<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>';
+
+test('tool-call round trip', async () => {
+  const messages = [{ role: 'user', content: toolCallText }];
+  const r1 = await client.chat.completions.create({ model: 'm', messages, tools });
+  assert.equal(r1.choices[0].finish_reason, 'tool_calls');
+  const msg = r1.choices[0].message;
+  assert.equal(msg.content, null);
+  assert.equal(msg.tool_calls.length, 1);
+  const call = msg.tool_calls[0];
+  assert.equal(call.type, 'function');
+  assert.match(call.id, /^call_[0-9a-f]{24}$/);
+  assert.equal(call.function.name, 'get_weather');
+  assert.deepEqual(JSON.parse(call.function.arguments), { city: 'Paris' });
+
+  messages.push(msg, { role: 'tool', tool_call_id: call.id, content: '18 C and sunny' });
+  const r2 = await client.chat.completions.create({ model: 'm', messages, tools });
+  assert.equal(r2.choices[0].message.content, 'Tool result: 18 C and sunny');
+  assert.equal(r2.choices[0].finish_reason, 'stop');
+});
+
+test('tool call, streamed, through the client stream helper', async () => {
+  const runner = client.chat.completions.stream({ model: 'm', messages: [{ role: 'user', content: toolCallText }], tools });
+  const final = await runner.finalChatCompletion();
+  assert.equal(final.choices[0].finish_reason, 'tool_calls');
+  const call = final.choices[0].message.tool_calls[0];
+  assert.equal(call.function.name, 'get_weather');
+  assert.deepEqual(JSON.parse(call.function.arguments), { city: 'Paris' });
+});
+
+test('bad temperature surfaces as BadRequestError (400)', async () => {
+  await assert.rejects(
+    client.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: 'x' }], temperature: 5 }),
+    (err) => {
+      assert.ok(err instanceof OpenAI.BadRequestError, `got ${err.constructor.name}`);
+      assert.equal(err.status, 400);
+      assert.equal(err.param, 'temperature');
+      assert.match(err.message, /temperature/);
+      return true;
+    });
+});
+
+test('n > 1 and unknown routes are rejected', async () => {
+  await assert.rejects(
+    client.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: 'x' }], n: 2 }),
+    (err) => err instanceof OpenAI.BadRequestError && err.param === 'n');
+  await assert.rejects(client.embeddings.create({ model: 'm', input: 'x' }), (err) => err instanceof OpenAI.NotFoundError);
+});
+
+test('API key is enforced when set', async () => {
+  const keyed = await startServer(['--api-key', 'k123']);
+  try {
+    const bad = new OpenAI({ baseURL: keyed.url + '/v1', apiKey: 'wrong', maxRetries: 0 });
+    await assert.rejects(bad.models.list(), (err) => err instanceof OpenAI.AuthenticationError && err.status === 401);
+    const good = new OpenAI({ baseURL: keyed.url + '/v1', apiKey: 'k123', maxRetries: 0 });
+    assert.equal((await good.models.list()).data[0].id, 'fake-model');
+  } finally {
+    assert.equal((await keyed.stop()).code, 0);
+  }
+});

@@ -1,0 +1,144 @@
+// Request parsing: OpenAI bodies -> native structs, and the 400s for bad fields.
+#include <gtest/gtest.h>
+
+#include "server/api_error.h"
+#include "server/request_parse.h"
+
+namespace hearth::server {
+namespace {
+
+using J = nlohmann::ordered_json;
+
+CompletionRequest chat(const std::string& body) { return parse_chat_request(parse_body(body)); }
+
+// Returns the ApiError's param for a body that must be rejected with 400.
+std::string rejected_param(const std::string& body, bool is_chat = true) {
+  try {
+    J j = parse_body(body);
+    if (is_chat) parse_chat_request(j);
+    else parse_completion_request(j);
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 400) << body;
+    EXPECT_FALSE(std::string(e.what()).empty());
+    return e.param().empty() ? "<none>" : e.param();
+  }
+  ADD_FAILURE() << "accepted: " << body;
+  return "";
+}
+
+TEST(RequestParse, MessagesAndContentParts) {
+  auto r = chat(R"({"model": "x", "messages": [
+      {"role": "developer", "content": "be brief"},
+      {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+        "function": {"name": "f", "arguments": {"k": 1}}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "42"}]})");
+  ASSERT_EQ(r.messages.size(), 4u);
+  EXPECT_EQ(r.messages[0].role, "system");
+  EXPECT_EQ(r.messages[1].content.value(), "ab");
+  EXPECT_FALSE(r.messages[2].content.has_value());
+  ASSERT_EQ(r.messages[2].tool_calls.size(), 1u);
+  EXPECT_EQ(r.messages[2].tool_calls[0].arguments_json, R"({"k":1})");
+  EXPECT_EQ(r.messages[3].tool_call_id, "call_1");
+  EXPECT_EQ(r.model, "x");
+  EXPECT_TRUE(r.chat);
+}
+
+TEST(RequestParse, OmittedAndNullFieldsStayUnset) {
+  auto r = chat(R"({"messages": [{"role": "user", "content": "hi"}], "temperature": null, "stop": null})");
+  EXPECT_FALSE(r.sampling.temperature);
+  EXPECT_FALSE(r.sampling.top_p);
+  EXPECT_FALSE(r.sampling.top_k);
+  EXPECT_FALSE(r.sampling.seed);
+  EXPECT_FALSE(r.max_tokens);
+  EXPECT_TRUE(r.stop.empty());
+  EXPECT_FALSE(r.stream);
+}
+
+TEST(RequestParse, FieldsMapToNativeValues) {
+  auto r = chat(R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "max_completion_tokens": 20,
+      "temperature": 0, "top_p": 0.5, "top_k": 40, "min_p": 0.1, "seed": -3, "repetition_penalty": 1.1,
+      "presence_penalty": -2, "frequency_penalty": 2, "stop": ["a", "", "b"], "stream": true,
+      "stream_options": {"include_usage": true}, "logprobs": true, "top_logprobs": 3, "n": 1,
+      "tools": [{"type": "function", "function": {"name": "f", "parameters": {"z": 1, "a": 2}}}],
+      "tool_choice": "none", "adapter": "mine", "chat_template_kwargs": {"enable_thinking": false}})");
+  EXPECT_EQ(r.max_tokens.value(), 20);  // max_completion_tokens wins
+  EXPECT_EQ(r.sampling.temperature.value(), 0.0);
+  EXPECT_EQ(r.sampling.top_p.value(), 0.5);
+  EXPECT_EQ(r.sampling.top_k.value(), 40);
+  EXPECT_EQ(r.sampling.min_p.value(), 0.1);
+  EXPECT_EQ(r.sampling.seed.value(), -3);
+  EXPECT_EQ(r.sampling.repetition_penalty.value(), 1.1);
+  EXPECT_EQ(r.sampling.presence_penalty.value(), -2);
+  EXPECT_EQ(r.sampling.frequency_penalty.value(), 2);
+  EXPECT_EQ(r.stop, (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(r.stream && r.include_usage && r.logprobs);
+  EXPECT_EQ(r.top_logprobs, 3);
+  EXPECT_EQ(r.tool_choice, "none");
+  EXPECT_FALSE(r.tools_active());
+  // Tools are kept verbatim, key order included (the chat template serializes them).
+  EXPECT_EQ(r.tools.dump(), R"([{"type":"function","function":{"name":"f","parameters":{"z":1,"a":2}}}])");
+  EXPECT_EQ(r.adapter.value(), "mine");
+  EXPECT_EQ(r.chat_template_kwargs["enable_thinking"], false);
+}
+
+TEST(RequestParse, StopAsStringAndCompletions) {
+  auto c = parse_completion_request(parse_body(R"({"prompt": "Once", "stop": "\n", "logprobs": 2, "max_tokens": 5})"));
+  EXPECT_FALSE(c.chat);
+  EXPECT_EQ(c.prompt, "Once");
+  EXPECT_EQ(c.stop, (std::vector<std::string>{"\n"}));
+  EXPECT_TRUE(c.logprobs);
+  EXPECT_EQ(c.top_logprobs, 2);
+  EXPECT_EQ(c.max_tokens.value(), 5);
+}
+
+TEST(RequestParse, BadFieldsAreRejectedNamingTheField) {
+  const std::string m = R"("messages": [{"role": "user", "content": "hi"}])";
+  EXPECT_EQ(rejected_param("{"), "<none>");
+  EXPECT_EQ(rejected_param("[1]"), "<none>");
+  EXPECT_EQ(rejected_param("{}"), "messages");
+  EXPECT_EQ(rejected_param(R"({"messages": []})"), "messages");
+  EXPECT_EQ(rejected_param(R"({"messages": "hi"})"), "messages");
+  EXPECT_EQ(rejected_param(R"({"messages": [{"role": "wizard", "content": "x"}]})"), "messages[0].role");
+  EXPECT_EQ(rejected_param(R"({"messages": [{"content": "x"}]})"), "messages[0].role");
+  EXPECT_EQ(rejected_param(R"({"messages": [{"role": "user"}]})"), "messages[0].content");
+  EXPECT_EQ(rejected_param(R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})"),
+            "messages[0].content[0].type");
+  EXPECT_EQ(rejected_param(R"({"messages": [{"role": "user", "content": 5}]})"), "messages[0].content");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "temperature": "hot"})"), "temperature");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "temperature": 2.01})"), "temperature");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "temperature": -0.1})"), "temperature");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "top_p": 1.5})"), "top_p");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "top_k": -1})"), "top_k");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "min_p": 2})"), "min_p");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "max_tokens": -1})"), "max_tokens");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "max_tokens": 0})"), "max_tokens");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "max_tokens": 1e12})"), "max_tokens");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "max_tokens": 99999999999999999999999})"), "max_tokens");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "max_tokens": 1.5})"), "max_tokens");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "max_completion_tokens": "10"})"), "max_completion_tokens");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "n": 2})"), "n");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "stream": "yes"})"), "stream");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "stop": 5})"), "stop");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "stop": ["a", 1]})"), "stop[1]");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "seed": 1.5})"), "seed");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "presence_penalty": 3})"), "presence_penalty");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "frequency_penalty": -2.5})"), "frequency_penalty");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "repetition_penalty": 0})"), "repetition_penalty");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "logprobs": 1})"), "logprobs");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "logprobs": true, "top_logprobs": 21})"), "top_logprobs");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "top_logprobs": 2})"), "top_logprobs");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "tools": {}})"), "tools");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "tools": [{"type": "function", "function": {}}]})"), "tools[0].function.name");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "tool_choice": "always"})"), "tool_choice");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "stream_options": {"include_usage": 1}})"), "stream_options.include_usage");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "model": 3})"), "model");
+  EXPECT_EQ(rejected_param(R"({"prompt": ["a", "b"]})", false), "prompt");
+  EXPECT_EQ(rejected_param(R"({"prompt": ""})", false), "prompt");
+  EXPECT_EQ(rejected_param(R"({})", false), "prompt");
+  EXPECT_EQ(rejected_param(R"({"prompt": "a", "logprobs": 6})", false), "logprobs");
+  EXPECT_EQ(rejected_param(R"({"prompt": "a", "echo": true})", false), "echo");
+}
+
+}  // namespace
+}  // namespace hearth::server

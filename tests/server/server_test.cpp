@@ -1,0 +1,472 @@
+// The HTTP server end to end, in process: FakeEngine + Server on an ephemeral port, driven by
+// cpp-httplib's client. Routes, SSE framing, errors and their statuses, auth, limits, queueing,
+// disconnects and shutdown.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "server/fake_engine.h"
+#include "server/server.h"
+
+namespace hearth::server {
+namespace {
+
+using J = nlohmann::json;
+using namespace std::chrono_literals;
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void start(ServerOptions opts = {}, FakeEngineOptions fo = {}) {
+    opts.host = "127.0.0.1";
+    opts.port = 0;
+    engine_ = std::make_unique<FakeEngine>(fo);
+    server_ = std::make_unique<Server>(*engine_, opts);
+    port_ = server_->bind();
+    thread_ = std::thread([this] { server_->serve(); });
+  }
+  void TearDown() override {
+    if (server_) server_->stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  httplib::Client client() {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(10, 0);
+    return c;
+  }
+  httplib::Result post(const std::string& path, const std::string& body, const httplib::Headers& h = {}) {
+    return client().Post(path.c_str(), h, body, "application/json");
+  }
+  static std::string chat_body(const std::string& user, const std::string& extra = "") {
+    return R"({"model": "gpt-4o", "messages": [{"role": "user", "content": )" + J(user).dump() + "}]" + extra + "}";
+  }
+  // Checks SSE framing and returns the JSON payloads (without the final [DONE]).
+  static std::vector<J> sse_events(const std::string& body, bool expect_done = true) {
+    std::vector<J> out;
+    size_t pos = 0;
+    bool done = false;
+    while (pos < body.size()) {
+      size_t end = body.find("\n\n", pos);
+      EXPECT_NE(end, std::string::npos) << "unterminated event at " << pos;
+      if (end == std::string::npos) break;
+      std::string ev = body.substr(pos, end - pos);
+      pos = end + 2;
+      EXPECT_EQ(ev.rfind("data: ", 0), 0u) << ev;
+      EXPECT_FALSE(done) << "event after [DONE]";
+      if (ev == "data: [DONE]") done = true;
+      else out.push_back(J::parse(ev.substr(6)));
+    }
+    EXPECT_EQ(done, expect_done);
+    return out;
+  }
+  static void expect_error(const httplib::Result& r, int status, const std::string& param = "") {
+    ASSERT_TRUE(r) << "no response";
+    EXPECT_EQ(r->status, status) << r->body;
+    J j = J::parse(r->body);
+    ASSERT_TRUE(j.contains("error")) << r->body;
+    EXPECT_TRUE(j["error"]["message"].is_string());
+    EXPECT_FALSE(j["error"]["message"].get<std::string>().empty());
+    EXPECT_TRUE(j["error"]["type"].is_string());
+    EXPECT_TRUE(j["error"].contains("param"));
+    EXPECT_TRUE(j["error"].contains("code"));
+    if (!param.empty()) EXPECT_EQ(j["error"]["param"], param) << r->body;
+  }
+
+  std::unique_ptr<FakeEngine> engine_;
+  std::unique_ptr<Server> server_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+TEST_F(ServerTest, HealthIsExactlyTheMlxLmBody) {
+  start();
+  auto r = client().Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->body, "{\"status\": \"ok\"}");
+}
+
+TEST_F(ServerTest, ModelsListsTheServedModel) {
+  start({}, FakeEngineOptions{"tiny-llama", 2048, 0});
+  auto r = client().Get("/v1/models");
+  ASSERT_TRUE(r);
+  J j = J::parse(r->body);
+  EXPECT_EQ(j["object"], "list");
+  ASSERT_EQ(j["data"].size(), 1u);
+  EXPECT_EQ(j["data"][0]["id"], "tiny-llama");
+  EXPECT_EQ(j["data"][0]["object"], "model");
+  EXPECT_EQ(j["data"][0]["context_window"], 2048);
+  EXPECT_EQ(client().Get("/v1/models/tiny-llama")->status, 200);
+  expect_error(client().Get("/v1/models/other"), 404, "model");
+}
+
+TEST_F(ServerTest, ChatNonStreaming) {
+  start();
+  auto r = post("/v1/chat/completions", chat_body("hello there world"));
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->get_header_value("Content-Type"), "application/json");
+  J j = J::parse(r->body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(j["model"], "fake-model");  // the loaded id is echoed, not the request's "gpt-4o"
+  EXPECT_EQ(j["choices"][0]["index"], 0);
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "hello there world");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());
+  // Prompt "user: hello there world\nassistant:" = 5 fake tokens; 3 words + EOS generated.
+  EXPECT_EQ(j["usage"], (J{{"prompt_tokens", 5}, {"completion_tokens", 4}, {"total_tokens", 9}}));
+}
+
+TEST_F(ServerTest, ChatStreamingFramingAndAgreementWithNonStreaming) {
+  start();
+  auto r = post("/v1/chat/completions", chat_body("one two three four", R"(, "stream": true)"));
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
+  auto evs = sse_events(r->body);
+  ASSERT_GE(evs.size(), 3u);
+  EXPECT_EQ(evs[0]["choices"][0]["delta"], (J{{"role", "assistant"}, {"content", ""}}));
+  std::string content;
+  for (size_t i = 0; i < evs.size(); ++i) {
+    EXPECT_EQ(evs[i]["object"], "chat.completion.chunk");
+    EXPECT_EQ(evs[i]["id"], evs[0]["id"]);
+    EXPECT_EQ(evs[i]["model"], "fake-model");
+    EXPECT_FALSE(evs[i].contains("usage"));  // no include_usage
+    ASSERT_EQ(evs[i]["choices"].size(), 1u);
+    auto& c = evs[i]["choices"][0];
+    if (i + 1 < evs.size()) EXPECT_TRUE(c["finish_reason"].is_null());
+    if (c["delta"].contains("content")) content += c["delta"]["content"].get<std::string>();
+  }
+  EXPECT_EQ(evs.back()["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(evs.back()["choices"][0]["delta"], J::object());
+  EXPECT_EQ(content, "one two three four");
+  EXPECT_EQ(evs.size(), 1u + 4u + 1u);  // role chunk, one per token, finish chunk
+}
+
+TEST_F(ServerTest, IncludeUsageAddsAFinalUsageChunk) {
+  start();
+  auto r = post("/v1/chat/completions",
+                chat_body("a b", R"(, "stream": true, "stream_options": {"include_usage": true})"));
+  auto evs = sse_events(r->body);
+  ASSERT_GE(evs.size(), 2u);
+  const J& last = evs.back();
+  EXPECT_EQ(last["choices"], J::array());
+  EXPECT_EQ(last["usage"], (J{{"prompt_tokens", 4}, {"completion_tokens", 3}, {"total_tokens", 7}}));
+  for (size_t i = 0; i + 1 < evs.size(); ++i) EXPECT_TRUE(evs[i]["usage"].is_null()) << evs[i];
+  EXPECT_EQ(evs[evs.size() - 2]["choices"][0]["finish_reason"], "stop");
+}
+
+TEST_F(ServerTest, CompletionsNonStreamingAndStreaming) {
+  start();
+  auto r = post("/v1/completions", R"({"prompt": "alpha beta gamma", "max_tokens": 2})");
+  ASSERT_EQ(r->status, 200) << r->body;
+  J j = J::parse(r->body);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+  EXPECT_EQ(j["choices"][0]["text"], "alpha beta");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 3);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 2);
+
+  auto s = post("/v1/completions", R"({"prompt": "alpha beta gamma", "stream": true})");
+  auto evs = sse_events(s->body);
+  std::string text;
+  for (auto& e : evs) {
+    EXPECT_EQ(e["object"], "text_completion");
+    text += e["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, "alpha beta gamma");
+  EXPECT_EQ(evs.back()["choices"][0]["finish_reason"], "stop");
+}
+
+TEST_F(ServerTest, MaxTokensLimitsAndMaxCompletionTokensWins) {
+  start();
+  J j = J::parse(post("/v1/chat/completions", chat_body("a b c d e", R"(, "max_tokens": 2)"))->body);
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "a b");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 2);
+  j = J::parse(post("/v1/chat/completions", chat_body("a b c d e", R"(, "max_tokens": 2, "max_completion_tokens": 3)"))->body);
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "a b c");
+  EXPECT_EQ(engine_->last_request().max_tokens.value(), 3);
+}
+
+TEST_F(ServerTest, MaxTokensIsClampedToTheContext) {
+  start({}, FakeEngineOptions{"m", 10, 0});
+  post("/v1/chat/completions", chat_body("a b", R"(, "max_tokens": 1000)"));
+  // Prompt "user: a b\nassistant:" is 4 tokens; 10 - 4 = 6 may be generated.
+  EXPECT_EQ(engine_->last_request().max_tokens.value(), 6);
+}
+
+TEST_F(ServerTest, SamplingFieldsReachTheEngineAndOmittedOnesStayUnset) {
+  start();
+  auto r = post("/v1/chat/completions", chat_body("x", R"(, "temperature": 0.5, "top_p": 0.9, "top_k": 40,
+      "min_p": 0.05, "seed": 7, "repetition_penalty": 1.2, "presence_penalty": 0.5, "frequency_penalty": -0.5)"));
+  ASSERT_EQ(r->status, 200);
+  auto s = engine_->last_request().sampling;
+  EXPECT_EQ(s.temperature.value(), 0.5);
+  EXPECT_EQ(s.top_p.value(), 0.9);
+  EXPECT_EQ(s.top_k.value(), 40);
+  EXPECT_EQ(s.min_p.value(), 0.05);
+  EXPECT_EQ(s.seed.value(), 7);
+  EXPECT_EQ(s.repetition_penalty.value(), 1.2);
+  EXPECT_EQ(s.presence_penalty.value(), 0.5);
+  EXPECT_EQ(s.frequency_penalty.value(), -0.5);
+  post("/v1/chat/completions", chat_body("x"));
+  auto u = engine_->last_request().sampling;
+  EXPECT_FALSE(u.temperature || u.top_p || u.top_k || u.min_p || u.seed || u.repetition_penalty ||
+               u.presence_penalty || u.frequency_penalty);
+}
+
+TEST_F(ServerTest, StopStringsStreamedAndNonStreamedAgree) {
+  start();
+  // The fake engine emits 3 characters per token, so "END" straddles token boundaries.
+  const std::string msg = "emit:The answer is 42. xxEND and more text";
+  for (const char* stop : {R"("END")", R"(["zzz", "END", "more"])"}) {
+    std::string extra = std::string(R"(, "stop": )") + stop;
+    J j = J::parse(post("/v1/chat/completions", chat_body(msg, extra))->body);
+    EXPECT_EQ(j["choices"][0]["message"]["content"], "The answer is 42. xx");
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+    auto evs = sse_events(post("/v1/chat/completions", chat_body(msg, extra + R"(, "stream": true)"))->body);
+    std::string streamed;
+    for (auto& e : evs)
+      if (e["choices"][0]["delta"].contains("content")) streamed += e["choices"][0]["delta"]["content"].get<std::string>();
+    EXPECT_EQ(streamed, "The answer is 42. xx");
+    EXPECT_EQ(evs.back()["choices"][0]["finish_reason"], "stop");
+  }
+  // Generation stopped at the stop string: the 8th of 14 tokens ("xxE", "ND ") completes "END".
+  J j = J::parse(post("/v1/chat/completions", chat_body(msg, R"(, "stop": "END")"))->body);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 8);
+}
+
+TEST_F(ServerTest, PartialStopMatchIsReleasedAtTheEnd) {
+  start();
+  J j = J::parse(post("/v1/chat/completions", chat_body("emit:ends with EN", R"(, "stop": "END")"))->body);
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "ends with EN");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+}
+
+TEST_F(ServerTest, LogprobsInOpenAiShapeStreamedAndNot) {
+  start();
+  J j = J::parse(post("/v1/chat/completions", chat_body("a bb c", R"(, "logprobs": true, "top_logprobs": 2)"))->body);
+  const J& content = j["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 3u);
+  EXPECT_EQ(content[1]["token"], " bb");
+  EXPECT_FLOAT_EQ(content[1]["logprob"].get<float>(), -1.0f);
+  EXPECT_EQ(content[1]["bytes"], (J{32, 98, 98}));
+  ASSERT_EQ(content[1]["top_logprobs"].size(), 2u);
+  EXPECT_EQ(content[1]["top_logprobs"][1]["token"], "alt1");
+  EXPECT_FLOAT_EQ(content[1]["top_logprobs"][1]["logprob"].get<float>(), -2.0f);
+  EXPECT_EQ(content[1]["top_logprobs"][1]["bytes"], (J{97, 108, 116, 49}));
+
+  auto evs = sse_events(post("/v1/chat/completions", chat_body("a bb c", R"(, "logprobs": true, "top_logprobs": 2, "stream": true)"))->body);
+  J streamed = J::array();
+  for (auto& e : evs)
+    if (e["choices"][0]["logprobs"].is_object())
+      for (auto& x : e["choices"][0]["logprobs"]["content"]) streamed.push_back(x);
+  EXPECT_EQ(streamed, content);
+}
+
+const char* kTools = R"(, "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])";
+const char* kToolEmit = R"(emit:Let me check. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>)";
+
+TEST_F(ServerTest, ToolCallNonStreaming) {
+  start();
+  J j = J::parse(post("/v1/chat/completions", chat_body(kToolEmit, kTools))->body);
+  const J& msg = j["choices"][0]["message"];
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(msg["content"], "Let me check. ");
+  ASSERT_EQ(msg["tool_calls"].size(), 1u);
+  EXPECT_EQ(msg["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(msg["tool_calls"][0]["id"].get<std::string>().rfind("call_", 0), 0u);
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(J::parse(msg["tool_calls"][0]["function"]["arguments"].get<std::string>()), (J{{"city", "Paris"}}));
+}
+
+TEST_F(ServerTest, ToolCallStreamingHidesTheBlockAndSendsToolCallsDelta) {
+  start();
+  auto evs = sse_events(post("/v1/chat/completions", chat_body(kToolEmit, std::string(kTools) + R"(, "stream": true)"))->body);
+  std::string content;
+  J calls;
+  for (auto& e : evs) {
+    const J& d = e["choices"][0]["delta"];
+    if (d.contains("content")) content += d["content"].get<std::string>();
+    if (d.contains("tool_calls")) calls = d["tool_calls"];
+  }
+  EXPECT_EQ(content, "Let me check. ");
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["index"], 0);
+  EXPECT_EQ(calls[0]["type"], "function");
+  EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(J::parse(calls[0]["function"]["arguments"].get<std::string>()), (J{{"city", "Paris"}}));
+  EXPECT_EQ(evs.back()["choices"][0]["finish_reason"], "tool_calls");
+}
+
+TEST_F(ServerTest, ToolChoiceNoneLeavesTextAlone) {
+  start();
+  J j = J::parse(post("/v1/chat/completions", chat_body(kToolEmit, std::string(kTools) + R"(, "tool_choice": "none")"))->body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_FALSE(j["choices"][0]["message"].contains("tool_calls"));
+  EXPECT_EQ(j["choices"][0]["message"]["content"], std::string(kToolEmit).substr(5));
+}
+
+TEST_F(ServerTest, BadRequestsGet400InOpenAiShapeAndTheServerKeepsServing) {
+  start();
+  const std::string m = R"("messages": [{"role": "user", "content": "hi"}])";
+  expect_error(post("/v1/chat/completions", "{not json"), 400);
+  expect_error(post("/v1/chat/completions", "{}"), 400, "messages");
+  expect_error(post("/v1/chat/completions", R"({"messages": [{"role": "robot", "content": "x"}]})"), 400, "messages[0].role");
+  expect_error(post("/v1/chat/completions", "{" + m + R"(, "temperature": "warm"})"), 400, "temperature");
+  expect_error(post("/v1/chat/completions", "{" + m + R"(, "temperature": 2.5})"), 400, "temperature");
+  expect_error(post("/v1/chat/completions", "{" + m + R"(, "max_tokens": -5})"), 400, "max_tokens");
+  expect_error(post("/v1/chat/completions", "{" + m + R"(, "max_tokens": 1e15})"), 400, "max_tokens");
+  expect_error(post("/v1/chat/completions", "{" + m + R"(, "n": 3})"), 400, "n");
+  expect_error(post("/v1/chat/completions", "{" + m + R"(, "adapter": "nope"})"), 400);  // engine's prepare()
+  expect_error(post("/v1/completions", R"({"prompt": ["a"]})"), 400, "prompt");
+  auto r = post("/v1/chat/completions", chat_body("still alive"));
+  ASSERT_EQ(r->status, 200);
+  EXPECT_EQ(J::parse(r->body)["choices"][0]["message"]["content"], "still alive");
+}
+
+TEST_F(ServerTest, EngineFailureIs500OrAMidStreamErrorEvent) {
+  start();
+  expect_error(post("/v1/chat/completions", chat_body("a b c __fail_generate__")), 500);
+  auto r = post("/v1/chat/completions", chat_body("a b c __fail_generate__", R"(, "stream": true)"));
+  ASSERT_EQ(r->status, 200);  // headers were sent before the failure
+  auto evs = sse_events(r->body, /*expect_done=*/false);
+  ASSERT_GE(evs.size(), 3u);
+  EXPECT_EQ(evs[1]["choices"][0]["delta"]["content"], "a");
+  EXPECT_EQ(evs.back()["error"]["type"], "server_error");
+  EXPECT_NE(evs.back()["error"]["message"].get<std::string>().find("failed on purpose"), std::string::npos);
+  expect_error(post("/v1/chat/completions", chat_body("__bad_prompt__")), 400);
+  EXPECT_EQ(post("/v1/chat/completions", chat_body("fine"))->status, 200);
+}
+
+TEST_F(ServerTest, UnknownRouteIs404AndWrongMethodIs405) {
+  start();
+  expect_error(client().Get("/v1/nothing"), 404);
+  expect_error(post("/v2/chat", "{}"), 404);
+  auto r = client().Get("/v1/chat/completions");
+  expect_error(r, 405);
+  EXPECT_EQ(r->get_header_value("Allow"), "POST");
+  expect_error(client().Delete("/health"), 405);
+}
+
+TEST_F(ServerTest, ApiKeyIsRequiredOnV1RoutesWhenSet) {
+  ServerOptions o;
+  o.api_key = "s3cret";
+  start(o);
+  expect_error(post("/v1/chat/completions", chat_body("x")), 401);
+  expect_error(post("/v1/chat/completions", chat_body("x"), {{"Authorization", "Bearer wrong"}}), 401);
+  expect_error(client().Get("/v1/models"), 401);
+  auto ok = post("/v1/chat/completions", chat_body("x"), {{"Authorization", "Bearer s3cret"}});
+  EXPECT_EQ(ok->status, 200);
+  EXPECT_EQ(client().Get("/health")->status, 200);  // health and the UI stay open
+  EXPECT_EQ(client().Get("/")->status, 200);
+}
+
+TEST_F(ServerTest, BodyTooLargeIs413) {
+  ServerOptions o;
+  o.max_body_bytes = 2048;
+  start(o);
+  expect_error(post("/v1/chat/completions", chat_body(std::string(4096, 'a'))), 413);
+  EXPECT_EQ(post("/v1/chat/completions", chat_body("small"))->status, 200);
+}
+
+TEST_F(ServerTest, PromptLongerThanTheContextIs413) {
+  start({}, FakeEngineOptions{"m", 8, 0});
+  expect_error(post("/v1/chat/completions", chat_body("one two three four five six seven")), 413);
+  expect_error(post("/v1/chat/completions", chat_body("one two three four five six seven", R"(, "stream": true)")), 413);
+  EXPECT_EQ(post("/v1/chat/completions", chat_body("one"))->status, 200);
+}
+
+TEST_F(ServerTest, FullQueueIs429) {
+  ServerOptions o;
+  o.max_queue = 1;
+  start(o, FakeEngineOptions{"m", 4096, 30});
+  const std::string slow = chat_body("emit:" + std::string(60, 'x'));  // 20 tokens * 30 ms
+  std::thread a([&] { EXPECT_EQ(post("/v1/chat/completions", slow)->status, 200); });
+  for (int i = 0; i < 200 && !engine_->busy(); ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_TRUE(engine_->busy());
+  // One of b and c waits in the queue (200), the other finds it full (429).
+  std::atomic<int> ok{0}, full{0};
+  auto run = [&] {
+    auto r = post("/v1/chat/completions", slow);
+    ASSERT_TRUE(r);
+    if (r->status == 200) ++ok;
+    if (r->status == 429) {
+      ++full;
+      expect_error(r, 429);
+    }
+  };
+  std::thread b(run), c(run);
+  a.join();
+  b.join();
+  c.join();
+  EXPECT_EQ(ok, 1);
+  EXPECT_EQ(full, 1);
+  engine_->set_token_delay_ms(0);
+  EXPECT_EQ(post("/v1/chat/completions", chat_body("after"))->status, 200);
+}
+
+TEST_F(ServerTest, ClientDisconnectMidStreamStopsGeneration) {
+  start({}, FakeEngineOptions{"m", 4096, 20});
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/chat/completions";
+  req.set_header("Content-Type", "application/json");
+  req.body = chat_body("emit:" + std::string(300, 'y'), R"(, "stream": true)");  // 100 tokens, 2 s
+  int chunks = 0;
+  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };
+  auto t0 = std::chrono::steady_clock::now();
+  client().send(req);
+  for (int i = 0; i < 200 && (engine_->busy() || engine_->generations() == 0); ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_FALSE(engine_->busy());
+  EXPECT_EQ(engine_->stopped_early(), 1);
+  EXPECT_LT(engine_->tokens_emitted(), 20);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms);
+  engine_->set_token_delay_ms(0);
+  EXPECT_EQ(post("/v1/chat/completions", chat_body("next"))->status, 200);
+}
+
+TEST_F(ServerTest, StopEndsAStreamAndFailsQueuedRequestsPromptly) {
+  ServerOptions o;
+  start(o, FakeEngineOptions{"m", 4096, 20});
+  const std::string slow = chat_body("emit:" + std::string(300, 'z'), R"(, "stream": true)");
+  std::optional<httplib::Result> ra, rb;
+  std::thread a([&] { ra.emplace(post("/v1/chat/completions", slow)); });
+  for (int i = 0; i < 200 && !engine_->busy(); ++i) std::this_thread::sleep_for(5ms);
+  std::thread b([&] { rb.emplace(post("/v1/chat/completions", chat_body("queued"))); });
+  std::this_thread::sleep_for(100ms);
+  auto t0 = std::chrono::steady_clock::now();
+  server_->stop();
+  thread_.join();
+  a.join();
+  b.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2000ms);
+  ASSERT_TRUE(ra && *ra);
+  EXPECT_EQ((*ra)->status, 200);
+  auto evs = sse_events((*ra)->body);  // cut short but well formed, ending in [DONE]
+  EXPECT_LT(engine_->tokens_emitted(), 100);
+  ASSERT_TRUE(rb && *rb);
+  expect_error(*rb, 503);
+}
+
+TEST_F(ServerTest, WebUiIsServed) {
+  start();
+  auto r = client().Get("/");
+  ASSERT_EQ(r->status, 200);
+  EXPECT_EQ(r->get_header_value("Content-Type"), "text/html; charset=utf-8");
+  EXPECT_NE(r->body.find("<title>Hearth chat</title>"), std::string::npos);
+  auto js = client().Get("/app.js");
+  ASSERT_EQ(js->status, 200);
+  EXPECT_EQ(js->get_header_value("Content-Type"), "text/javascript; charset=utf-8");
+  EXPECT_NE(js->body.find("textContent"), std::string::npos);
+  EXPECT_EQ(client().Get("/style.css")->status, 200);
+}
+
+}  // namespace
+}  // namespace hearth::server
