@@ -43,6 +43,10 @@ def main():
     ap.add_argument("models", nargs="+")
     a = ap.parse_args()
     for m in a.models:
+        cfg = json.load(open(os.path.join(m, "config.json")))
+        if "quantization" in cfg or "quantization_config" in cfg:
+            print("skipped (transformers cannot run MLX-quantized folders):", m)
+            continue
         folder = os.path.join(a.out, os.path.basename(m.rstrip("/")))
         os.makedirs(folder, exist_ok=True)
         gold = json.load(open(os.path.join(m, "golden.json"))) if os.path.exists(os.path.join(m, "golden.json")) else None
