@@ -25,7 +25,8 @@ for step in "$@"; do
       m=/tmp/l1b
       [[ -d $m ]] || python3 "$root/tools/make_random_model.py" --shape llama-3.2-1b --out $m --mlx-q4 > "$out/make_model.log" 2>&1 \
         || tail -20 "$out/make_model.log"
-      for args in ${HEARTH_BENCH_ARGS:-"--prompt-tokens 512 --gen-tokens 128" "--prompt-tokens 4096 --gen-tokens 128"}; do
+      for n in ${HEARTH_BENCH_PROMPTS:-512 4096}; do
+        args="--prompt-tokens $n --gen-tokens 128"
         echo "== transformers sdpa bf16 $args"; python3 "$root/tools/bench_transformers.py" --model $m $args 2>/dev/null | tail -1
         echo "== hearth bf16 $args"; "$b/hearth" bench --model $m --device cuda --dtype bfloat16 $args 2>&1 | tail -6
         echo "== hearth mlx4 $args"; "$b/hearth" bench --model $m-mlx4 --device cuda --dtype bfloat16 $args 2>&1 | tail -6
