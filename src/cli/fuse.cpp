@@ -1,6 +1,7 @@
 // `hearth fuse`: merges a LoRA adapter (mlx-lm or PEFT layout) into a model folder's weights and
 // writes a new, complete model folder (mlx_lm.fuse). Not runtime mounting (generate/serve
 // --adapter-path) and not a GGUF exporter.
+#include <c10/core/GradMode.h>
 #include <iostream>
 
 #include "adapters/adapter.h"
@@ -24,7 +25,7 @@ std::function<int()> setup_fuse(CLI::App& app) {
   app.add_flag("--dequantize,--de-quantize", a->dequantize,
                "Write dense weights for quantized modules and drop config.json's quantization block");
   return [a] {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     const auto adapter = hearth::adapters::load_adapter(a->adapter);
     hearth::adapters::FuseOptions opts;
     opts.dequantize = a->dequantize;

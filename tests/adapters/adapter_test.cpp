@@ -1,6 +1,7 @@
 // Adapter folders: reading PEFT 0.21's files, mlx-lm ↔ PEFT round trips (tensors transposed, values
 // identical), config variants (rsLoRA, rank/alpha patterns), and one-line errors for broken
 // folders. Optionally exports Hearth-saved adapters + logits for tools/check_peft_load.py.
+#include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -211,7 +212,7 @@ TEST(AdapterFormat, ExportForPeftCheck) {
     cfg.num_layers = num_layers;
     auto ad = adapters::attach_trainable(*model, cfg, 17, name);
     {
-      at::NoGradGuard g;
+      c10::NoGradGuard g;
       at::manual_seed(23);
       for (auto& [p, m] : ad.modules) m.b.copy_(at::randn_like(m.b) * 0.1);
     }

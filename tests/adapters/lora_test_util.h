@@ -2,6 +2,7 @@
 // the tiny transformers models), the golden batch, a token-mean CE over labels as transformers
 // computes it, and merging an adapter into a model's dense weights. Not library code.
 #pragma once
+#include <c10/core/GradMode.h>
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -55,7 +56,7 @@ inline at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& lab
 
 /// Adds scale · B A to the dense weights of `model` in place (the reference for a mounted adapter).
 inline void merge_into(models::Model& model, const adapters::Adapter& ad) {
-  at::NoGradGuard g;
+  c10::NoGradGuard g;
   for (auto& [path, lin] : model.linear_modules()) {
     auto it = ad.modules.find(path);
     if (it == ad.modules.end()) continue;
@@ -64,7 +65,7 @@ inline void merge_into(models::Model& model, const adapters::Adapter& ad) {
 }
 
 inline at::Tensor logits_of(models::Model& m, const at::Tensor& ids) {
-  at::NoGradGuard g;
+  c10::NoGradGuard g;
   return m.forward(ids, 0, nullptr);
 }
 

@@ -1,6 +1,7 @@
 // Mounting LoRA adapters on a model: the PEFT golden adapter reproduces PEFT's loss and the
 // merged-weight forward, selection is per thread (inactive = byte-identical base), stacking sums,
 // bad adapters leave the model untouched, trainable leaves get PEFT's gradients, dropout replays.
+#include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 
 #include <iostream>
@@ -251,7 +252,7 @@ TEST(Trainable, AttachSelectsModulesAndInitsLikePeft) {
     nn::ActiveAdapters scope({"train"});
     EXPECT_TRUE(at::equal(logits_of(*model, ids), base));
     {
-      at::NoGradGuard g;
+      c10::NoGradGuard g;
       ad.modules.begin()->second.b.fill_(0.05);
     }
     EXPECT_GT(max_abs_diff(logits_of(*model, ids), base), 1e-4);
