@@ -5,8 +5,11 @@
 #include <ATen/ATen.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cache/kv_cache.h"
+#include "core/error.h"
 #include "nn/param_source.h"
 
 namespace hearth::models {
@@ -45,6 +48,14 @@ class Model {
   virtual const nn::LoadOptions& placement() const = 0;
   /// Bytes held by weights.
   virtual int64_t weight_bytes() const = 0;
+
+  /// Every dense floating weight by Hugging Face name ("model.layers.0.self_attn.q_proj.weight"),
+  /// each the model's own tensor (requires_grad_ or an in-place update changes the model): the
+  /// parameters of a full fine-tune. A tied lm_head appears once, as model.embed_tokens.weight.
+  /// Throws hearth::Error when a weight is quantized or the family does not expose them.
+  virtual std::vector<std::pair<std::string, at::Tensor>> named_parameters() {
+    throw Error(cat(model_type(), ": this model family does not expose its parameters for full fine-tuning"));
+  }
 };
 
 }  // namespace hearth::models
