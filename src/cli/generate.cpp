@@ -2,6 +2,8 @@
 // continuation to stdout and print mlx_lm-style stats to stderr. Not a server (see `serve`).
 #include <iostream>
 
+#include "adapters/adapter.h"
+#include "adapters/mount.h"
 #include "cli/verb.h"
 #include "core/error.h"
 #include "core/torch_compat.h"
@@ -13,7 +15,7 @@
 namespace {
 
 struct GenerateArgs {
-  std::string model, prompt, device, dtype = "float32";
+  std::string model, prompt, device, dtype = "float32", adapter_path;
   int64_t max_tokens = 256;
   hearth::generate::SamplingParams sampling;
 };
@@ -48,11 +50,19 @@ std::function<int()> setup_generate(CLI::App& app) {
   app.add_option("--seed", a->sampling.seed, "Sampling seed (default 0)");
   app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
   app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default float32)");
+  app.add_option("--adapter-path,--adapter", a->adapter_path, "LoRA adapter folder (mlx-lm or PEFT layout) to apply");
   return [a] {
     at::NoGradGuard no_grad;
     const hearth::nn::LoadOptions where{parse_device(a->device), parse_dtype(a->dtype)};
     auto tokenizer = hearth::tokenizer::Tokenizer::from_dir(a->model);
     auto model = hearth::models::load_model(a->model, where);
+    std::vector<std::string> active;
+    if (!a->adapter_path.empty()) {
+      auto adapter = hearth::adapters::load_adapter(a->adapter_path);
+      hearth::adapters::mount(*model, adapter);
+      active.push_back(adapter.id);
+    }
+    hearth::nn::ActiveAdapters adapter_scope(active);
     std::vector<int32_t> ids32 = tokenizer.encode(a->prompt, /*add_special_tokens=*/true);
     std::vector<int64_t> prompt(ids32.begin(), ids32.end());
     hearth::generate::GenerateOptions opts;

@@ -10,6 +10,7 @@
 
 #include "cache/kv_cache.h"
 #include "core/error.h"
+#include "nn/linear.h"
 #include "nn/param_source.h"
 
 namespace hearth::models {
@@ -48,6 +49,12 @@ class Model {
   virtual const nn::LoadOptions& placement() const = 0;
   /// Bytes held by weights.
   virtual int64_t weight_bytes() const = 0;
+
+  /// Every nn::Linear of the model with its Hugging Face module path, in model order
+  /// ("model.layers.3.self_attn.q_proj", "model.layers.3.mlp.down_proj", "lm_head"). The pointers
+  /// stay valid for the model's lifetime; adapters/ attaches LoRA through them. A tied lm_head is
+  /// listed (it is its own Linear sharing the embedding's weight).
+  virtual std::vector<std::pair<std::string, nn::Linear*>> linear_modules() = 0;
 
   /// Every dense floating weight by Hugging Face name ("model.layers.0.self_attn.q_proj.weight"),
   /// each the model's own tensor (requires_grad_ or an in-place update changes the model): the

@@ -1,9 +1,64 @@
-// nn::Linear: dense or MLX-quantized weight matmul (+ bias, + LoRA adapters), and its loading.
+// nn::Linear: dense or MLX-quantized weight matmul (+ bias, + active LoRA adapters), its loading,
+// and the thread-local adapter selection / LoRA dropout state.
 #include "nn/linear.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
 
 #include "core/error.h"
 
 namespace hearth::nn {
+
+namespace {
+thread_local std::vector<std::string> t_active;
+
+struct DropoutState {
+  bool on = false;
+  at::Generator gen;
+};
+thread_local DropoutState t_dropout;
+
+// dropout(x) as torch.nn.Dropout in training: zero with probability p, scale kept by 1/(1-p).
+at::Tensor lora_dropout(const at::Tensor& x, double p) {
+  if (p <= 0.0 || !t_dropout.on) return x;
+  if (p >= 1.0) return at::zeros_like(x);
+  at::Tensor keep = at::empty(x.sizes(), at::TensorOptions().dtype(at::kFloat));
+  keep.bernoulli_(1.0 - p, t_dropout.gen);
+  return x * (keep.to(x.device(), x.scalar_type()) / (1.0 - p));
+}
+}  // namespace
+
+ActiveAdapters::ActiveAdapters(std::vector<std::string> ids) : saved_(std::move(t_active)) {
+  t_active = std::move(ids);
+}
+ActiveAdapters::~ActiveAdapters() { t_active = std::move(saved_); }
+const std::vector<std::string>& ActiveAdapters::current() { return t_active; }
+
+std::vector<std::string> parse_adapter_spec(const std::string& spec) {
+  std::vector<std::string> ids;
+  if (spec.empty() || spec == "none") return ids;
+  size_t start = 0;
+  while (true) {
+    size_t end = spec.find_first_of("+,", start);
+    std::string id = spec.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    HEARTH_CHECK_T(InvalidArgument, !id.empty(), "adapter selection '", spec, "': empty adapter id");
+    ids.push_back(std::move(id));
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return ids;
+}
+
+LoraDropoutScope::LoraDropoutScope(uint64_t seed) {
+  t_dropout.on = true;
+  t_dropout.gen = at::detail::createCPUGenerator(seed);
+}
+LoraDropoutScope::~LoraDropoutScope() { t_dropout = DropoutState{}; }
+void LoraDropoutScope::reseed(uint64_t seed) {
+  if (t_dropout.on) t_dropout.gen = at::detail::createCPUGenerator(seed);
+}
+bool LoraDropoutScope::enabled() { return t_dropout.on; }
 
 Linear::Linear(at::Tensor weight, std::optional<at::Tensor> bias) : weight_(std::move(weight)), bias_(std::move(bias)) {
   HEARTH_CHECK(weight_.dim() == 2, "Linear: weight must be [out, in], got ", shape_str(weight_.sizes()));
@@ -45,7 +100,15 @@ at::Tensor Linear::forward(const at::Tensor& x) const {
   } else {
     y = bias_ ? at::linear(x, weight_, *bias_) : at::linear(x, weight_);
   }
-  for (const LoraAdapter& ad : adapters_) y = y + at::linear(at::linear(x, ad.a), ad.b) * ad.scale;
+  if (adapters_.empty()) return y;
+  for (const std::string& id : t_active) {
+    const LoraAdapter* ad = find_adapter(id);
+    if (!ad) continue;
+    at::Tensor xin = lora_dropout(x, ad->dropout);
+    if (xin.scalar_type() != ad->a.scalar_type()) xin = xin.to(ad->a.scalar_type());
+    at::Tensor z = at::linear(at::linear(xin, ad->a), ad->b) * ad->scale;
+    y = y + (z.scalar_type() == y.scalar_type() ? z : z.to(y.scalar_type()));
+  }
   return y;
 }
 
@@ -59,12 +122,26 @@ const at::Tensor& Linear::weight() const {
 
 at::Tensor Linear::dequantized_weight() const { return qweight_ ? dequantize(*qweight_) : weight_; }
 
-void Linear::add_adapter(LoraAdapter adapter) {
+void Linear::add_adapter(const std::string& id, LoraAdapter adapter) {
   HEARTH_CHECK(adapter.a.dim() == 2 && adapter.b.dim() == 2 && adapter.a.size(1) == in_features() &&
                    adapter.b.size(0) == out_features() && adapter.a.size(0) == adapter.b.size(1),
-               "Linear::add_adapter: A ", shape_str(adapter.a.sizes()), " / B ", shape_str(adapter.b.sizes()),
-               " do not fit a [", out_features(), ", ", in_features(), "] linear");
-  adapters_.push_back(std::move(adapter));
+               "Linear::add_adapter: adapter '", id, "' A ", shape_str(adapter.a.sizes()), " / B ",
+               shape_str(adapter.b.sizes()), " do not fit a [", out_features(), ", ", in_features(), "] linear");
+  HEARTH_CHECK(!find_adapter(id), "Linear::add_adapter: adapter '", id, "' is already mounted");
+  adapters_.emplace_back(id, std::move(adapter));
+}
+
+bool Linear::remove_adapter(const std::string& id) {
+  auto it = std::find_if(adapters_.begin(), adapters_.end(), [&](const auto& p) { return p.first == id; });
+  if (it == adapters_.end()) return false;
+  adapters_.erase(it);
+  return true;
+}
+
+const LoraAdapter* Linear::find_adapter(const std::string& id) const {
+  for (const auto& [name, ad] : adapters_)
+    if (name == id) return &ad;
+  return nullptr;
 }
 
 int64_t Linear::nbytes() const {

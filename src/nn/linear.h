@@ -1,11 +1,14 @@
 // nn::Linear, THE seam for weight matmuls: y = x Wᵀ (+ b) with W dense [out, in] or MLX-affine
-// quantized, plus inference-time LoRA adapters. Model files call forward() and never learn which.
-// Not a trainer: LoRA training (trainable A/B leaves) arrives with src/adapters and src/train.
+// quantized, plus named LoRA adapters applied only when active on the calling thread
+// (ActiveAdapters), trainable when their A/B tensors require grad. Model files call forward() and
+// never learn which. Not an adapter file format or registry (src/adapters/).
 #pragma once
 #include <ATen/ATen.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nn/param_source.h"
@@ -13,13 +16,56 @@
 
 namespace hearth::nn {
 
-/// One LoRA adapter on a Linear: y += scale · (x Aᵀ) Bᵀ with A [r, in], B [out, r].
-/// (mlx-lm stores lora_a [in, r] / lora_b [r, out]; PEFT stores A [r, in] / B [out, r]: the
-/// adapters/ loader converts to this PEFT orientation.)
+/// One LoRA adapter on a Linear: y += scale · (dropout(x) Aᵀ) Bᵀ with A [r, in], B [out, r]
+/// (PEFT's LoraLayer and mlx-lm's LoRALinear). mlx-lm stores lora_a [in, r] / lora_b [r, out];
+/// PEFT stores A [r, in] / B [out, r]: the adapters/ loader converts to this PEFT orientation.
+/// For training, A and B are requires_grad leaves (in the model's compute dtype); the optimizer
+/// must update them in place so the Linear sees the new values.
 struct LoraAdapter {
-  at::Tensor a;  // [r, in]
-  at::Tensor b;  // [out, r]
-  double scale = 1.0;
+  at::Tensor a;          // [r, in]
+  at::Tensor b;          // [out, r]
+  double scale = 1.0;    // effective multiplier (PEFT lora_alpha / r, or alpha / sqrt(r) with rsLoRA)
+  double dropout = 0.0;  // probability of zeroing an input element of the LoRA branch; applied only
+                         // inside a LoraDropoutScope (training), as PEFT / torch.nn.Dropout does
+};
+
+/// RAII: the adapter ids active on this thread while the scope lives (restores the previous list
+/// on exit; scopes nest). Linear::forward applies, in this order and summed, the active adapters it
+/// holds; ids it does not hold are skipped (an adapter may target only some modules). With no
+/// scope no adapter applies. Whoever runs the model sets it: the server's engine thread per
+/// request, the trainer, the generate CLI. Thread-local: a scope on one thread never affects
+/// another.
+class ActiveAdapters {
+ public:
+  explicit ActiveAdapters(std::vector<std::string> ids);
+  ~ActiveAdapters();
+  ActiveAdapters(const ActiveAdapters&) = delete;
+  ActiveAdapters& operator=(const ActiveAdapters&) = delete;
+  /// The ids active on the calling thread (empty when none).
+  static const std::vector<std::string>& current();
+
+ private:
+  std::vector<std::string> saved_;
+};
+
+/// Parses an adapter selection: "a+b" or "a,b" → {"a", "b"} (stacked, applied in order), "" or
+/// "none" → {} (base model). Throws hearth::InvalidArgument on an empty id ("a++b").
+std::vector<std::string> parse_adapter_spec(const std::string& spec);
+
+/// RAII: turns LoRA dropout on for this thread (training) with a CPU generator seeded by `seed`,
+/// so a recompute that reseeds identically (segmented backward's on_segment) draws the same masks.
+/// Masks are drawn on CPU (then moved to x's device): reproducible across devices, not fast.
+/// Outside a scope LoRA dropout is off (inference, evaluation).
+class LoraDropoutScope {
+ public:
+  explicit LoraDropoutScope(uint64_t seed);
+  ~LoraDropoutScope();
+  LoraDropoutScope(const LoraDropoutScope&) = delete;
+  LoraDropoutScope& operator=(const LoraDropoutScope&) = delete;
+  /// Restarts the mask stream of the active scope from `seed` (no-op outside a scope).
+  static void reseed(uint64_t seed);
+  /// Whether dropout is on for the calling thread.
+  static bool enabled();
 };
 
 class Linear {
@@ -37,7 +83,9 @@ class Linear {
   static Linear load(const ParamSource& src, const std::string& path, int64_t in, int64_t out, bool bias,
                      const std::optional<QuantSpec>& spec, const LoadOptions& opts);
 
-  /// y [..., out] = x [..., in] · Wᵀ + b, then each LoRA adapter adds scale · (x Aᵀ) Bᵀ.
+  /// y [..., out] = x [..., in] · Wᵀ + b, then each adapter active on this thread (ActiveAdapters)
+  /// that this Linear holds adds scale · (dropout(x) Aᵀ) Bᵀ, computed in the adapter's dtype and
+  /// cast to y's. A Linear without adapters does no adapter work at all.
   at::Tensor forward(const at::Tensor& x) const;
 
   bool quantized() const { return qweight_.has_value(); }
@@ -50,12 +98,19 @@ class Linear {
   const std::optional<at::Tensor>& bias() const { return bias_; }
   const std::optional<QuantizedWeight>& qweight() const { return qweight_; }
 
-  // --- LoRA (inference) ---------------------------------------------------------------------
-  // The place adapters plug in. Today: a list applied additively on every forward. Later issues
-  // (per-request adapter selection, training) extend this list, not the model files.
-  void add_adapter(LoraAdapter adapter);
+  // --- LoRA ---------------------------------------------------------------------------------
+  /// Adds adapter `id` (tensors used as given: the caller places them on the weight's device).
+  /// Throws hearth::Error when A/B do not fit [out, in] (A [r, in], B [out, r]) or `id` is held.
+  /// Not thread-safe against a concurrent forward: mount from the thread that runs the model.
+  void add_adapter(const std::string& id, LoraAdapter adapter);
+  /// Removes adapter `id`; false when not held.
+  bool remove_adapter(const std::string& id);
+  /// Adapter `id`, or nullptr.
+  const LoraAdapter* find_adapter(const std::string& id) const;
+  bool has_adapters() const { return !adapters_.empty(); }
   void clear_adapters() { adapters_.clear(); }
-  const std::vector<LoraAdapter>& adapters() const { return adapters_; }
+  /// Held adapters in insertion order.
+  const std::vector<std::pair<std::string, LoraAdapter>>& adapters() const { return adapters_; }
 
   /// Bytes held by the base weight (+ bias), for memory accounting.
   int64_t nbytes() const;
@@ -64,7 +119,7 @@ class Linear {
   at::Tensor weight_;
   std::optional<QuantizedWeight> qweight_;
   std::optional<at::Tensor> bias_;
-  std::vector<LoraAdapter> adapters_;
+  std::vector<std::pair<std::string, LoraAdapter>> adapters_;
 };
 
 /// Loads an MLX-quantized [out, in] matrix "<path>.weight/.scales/.biases" with shape checks.

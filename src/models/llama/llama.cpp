@@ -137,6 +137,24 @@ int64_t LlamaModel::weight_bytes() const {
   return n;
 }
 
+std::vector<std::pair<std::string, nn::Linear*>> LlamaModel::linear_modules() {
+  std::vector<std::pair<std::string, nn::Linear*>> out;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const std::string p = cat("model.layers.", i, ".");
+    LlamaAttention& a = layers_[i].self_attn;
+    nn::GatedMLP& m = layers_[i].mlp;
+    out.emplace_back(p + "self_attn.q_proj", &a.q_proj);
+    out.emplace_back(p + "self_attn.k_proj", &a.k_proj);
+    out.emplace_back(p + "self_attn.v_proj", &a.v_proj);
+    out.emplace_back(p + "self_attn.o_proj", &a.o_proj);
+    out.emplace_back(p + "mlp.gate_proj", &m.gate_proj);
+    out.emplace_back(p + "mlp.up_proj", &m.up_proj);
+    out.emplace_back(p + "mlp.down_proj", &m.down_proj);
+  }
+  out.emplace_back("lm_head", &lm_head_);
+  return out;
+}
+
 std::vector<std::pair<std::string, at::Tensor>> LlamaModel::named_parameters() {
   std::vector<std::pair<std::string, at::Tensor>> out;
   auto dense = [&](const std::string& path, const nn::Linear& lin) {

@@ -62,6 +62,7 @@ class LlamaModel : public Model {
   int64_t hidden_size() const override { return config_.hidden_size; }
   const nn::LoadOptions& placement() const override { return placement_; }
   int64_t weight_bytes() const override;
+  std::vector<std::pair<std::string, nn::Linear*>> linear_modules() override;
   std::vector<std::pair<std::string, at::Tensor>> named_parameters() override;
 
   const LlamaConfig& config() const { return config_; }

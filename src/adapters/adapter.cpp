@@ -1,0 +1,316 @@
+// Reading and writing LoRA adapter folders in mlx-lm's and PEFT's layouts (see adapter.h).
+// Follows mlx-lm tuner/utils.py (load_adapters, linear_to_lora_layers) and peft 0.21's
+// LoraConfig / save_pretrained naming. Not attaching to models (mount.cpp).
+#include "adapters/adapter.h"
+
+#include <cmath>
+#include <regex>
+#include <set>
+
+#include "adapters/atomic_dir.h"
+#include "core/error.h"
+#include "io/atomic_file.h"
+#include "io/hf_config.h"
+#include "io/safetensors.h"
+#include "nn/param_source.h"
+
+namespace hearth::adapters {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kMlxWeights = "adapters.safetensors";
+constexpr const char* kPeftWeights = "adapter_model.safetensors";
+constexpr const char* kConfig = "adapter_config.json";
+constexpr const char* kPeftPrefix = "base_model.model.";
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// JSON field readers that turn type errors into one-line hearth::Errors naming file and field.
+double num_field(const json& j, const char* key, double dflt, const std::string& where) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return dflt;
+  HEARTH_CHECK(it->is_number(), where, ": field '", key, "' must be a number, got ", it->dump());
+  return it->get<double>();
+}
+bool bool_field(const json& j, const char* key, bool dflt, const std::string& where) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return dflt;
+  HEARTH_CHECK(it->is_boolean(), where, ": field '", key, "' must be true or false, got ", it->dump());
+  return it->get<bool>();
+}
+std::string str_field(const json& j, const char* key, const std::string& dflt, const std::string& where) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return dflt;
+  HEARTH_CHECK(it->is_string(), where, ": field '", key, "' must be a string, got ", it->dump());
+  return it->get<std::string>();
+}
+std::vector<std::string> str_list(const json& j, const char* key, const std::string& where) {
+  std::vector<std::string> out;
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return out;
+  if (it->is_string()) return {it->get<std::string>()};
+  HEARTH_CHECK(it->is_array(), where, ": field '", key, "' must be a list of strings, got ", it->dump());
+  for (const auto& v : *it) {
+    HEARTH_CHECK(v.is_string(), where, ": field '", key, "' must be a list of strings, got ", it->dump());
+    out.push_back(v.get<std::string>());
+  }
+  return out;
+}
+
+// Pairs "<module>.<a-suffix>" / "<module>.<b-suffix>" tensors into modules; any other name fails.
+struct RawPair {
+  at::Tensor a, b;
+};
+std::map<std::string, RawPair> pair_tensors(const io::SafetensorsFile& file, const std::string& prefix,
+                                            const std::string& a_suffix, const std::string& b_suffix) {
+  std::map<std::string, RawPair> out;
+  const std::string where = file.path().string();
+  for (const auto& info : file.tensors()) {
+    std::string name = info.name;
+    if (!prefix.empty()) {
+      HEARTH_CHECK(name.rfind(prefix, 0) == 0, where, ": tensor ", name, " does not start with '", prefix, "'");
+      name = name.substr(prefix.size());
+    }
+    const bool is_a = ends_with(name, a_suffix), is_b = ends_with(name, b_suffix);
+    HEARTH_CHECK(is_a || is_b, where, ": tensor ", info.name, " is not a LoRA '", a_suffix, "'/'", b_suffix,
+                 "' tensor (DoRA, biases and embedding adapters are not supported)");
+    const std::string module = name.substr(0, name.size() - (is_a ? a_suffix : b_suffix).size());
+    HEARTH_CHECK(info.shape.size() == 2, where, ": tensor ", info.name, " has shape ",
+                 nn::shape_str(info.shape), ", expected 2-D");
+    at::Tensor t = file.tensor(info.name).clone();
+    HEARTH_CHECK(at::isFloatingType(t.scalar_type()), where, ": tensor ", info.name, " is not floating point");
+    (is_a ? out[module].a : out[module].b) = t;
+  }
+  for (const auto& [module, p] : out) {
+    HEARTH_CHECK(p.a.defined(), where, ": module ", module, " has ", b_suffix, " but no ", a_suffix);
+    HEARTH_CHECK(p.b.defined(), where, ": module ", module, " has ", a_suffix, " but no ", b_suffix);
+  }
+  HEARTH_CHECK(!out.empty(), where, ": no LoRA tensors");
+  return out;
+}
+
+// PEFT's get_pattern_key: the first pattern key k with re.match(r"(.*\.)?(k)$", module).
+const json* pattern_value(const json& patterns, const std::string& module, const std::string& where) {
+  if (!patterns.is_object()) return nullptr;
+  for (auto it = patterns.begin(); it != patterns.end(); ++it) {
+    try {
+      if (std::regex_match(module, std::regex("(.*\\.)?(" + it.key() + ")"))) return &it.value();
+    } catch (const std::regex_error&) {
+      throw Error(cat(where, ": pattern '", it.key(), "' is not a valid regular expression"));
+    }
+  }
+  return nullptr;
+}
+
+Adapter load_mlx(const fs::path& dir, const json& cfg, const std::string& where) {
+  Adapter ad;
+  ad.fine_tune_type = str_field(cfg, "fine_tune_type", "lora", where);
+  HEARTH_CHECK(ad.fine_tune_type == "lora", where, ": fine_tune_type '", ad.fine_tune_type,
+               "' is not supported (only \"lora\")");
+  HEARTH_CHECK(!bool_field(cfg, "use_dora", false, where), where, ": DoRA adapters are not supported");
+  ad.config.num_layers = static_cast<int64_t>(num_field(cfg, "num_layers", num_field(cfg, "lora_layers", -1, where), where));
+  json lp = cfg.contains("lora_parameters") ? cfg["lora_parameters"] : json::object();
+  HEARTH_CHECK(lp.is_object(), where, ": field 'lora_parameters' must be an object");
+  ad.config.rank = static_cast<int64_t>(num_field(lp, "rank", 8, where));
+  ad.config.scale = num_field(lp, "scale", 20.0, where);
+  if (bool_field(lp, "rs_lora", false, where)) ad.config.scale /= std::sqrt(double(ad.config.rank));
+  ad.config.dropout = num_field(lp, "dropout", 0.0, where);
+  ad.config.keys = str_list(lp, "keys", where);
+  ad.base_model = str_field(cfg, "base_model_name_or_path", str_field(cfg, "model", "", where), where);
+  auto file = io::SafetensorsFile::open(dir / kMlxWeights);
+  for (auto& [module, p] : pair_tensors(*file, "", ".lora_a", ".lora_b")) {
+    // mlx-lm orientation: lora_a [in, r], lora_b [r, out].
+    HEARTH_CHECK(p.a.size(1) == p.b.size(0), file->path().string(), ": module ", module, ": lora_a ",
+                 nn::shape_str(p.a.sizes()), " and lora_b ", nn::shape_str(p.b.sizes()), " disagree on the rank");
+    HEARTH_CHECK(p.a.size(1) == ad.config.rank, file->path().string(), ": module ", module, ": rank ", p.a.size(1),
+                 " but ", kConfig, " lora_parameters.rank is ", ad.config.rank);
+    ad.modules[module] = nn::LoraAdapter{p.a.t().contiguous(), p.b.t().contiguous(), ad.config.scale, ad.config.dropout};
+  }
+  return ad;
+}
+
+Adapter load_peft(const fs::path& dir, const json& cfg, const std::string& where) {
+  Adapter ad;
+  const std::string type = str_field(cfg, "peft_type", "", where);
+  HEARTH_CHECK(type == "LORA", where, ": peft_type '", type, "' is not supported (only \"LORA\")");
+  HEARTH_CHECK(!bool_field(cfg, "use_dora", false, where), where, ": DoRA adapters are not supported");
+  HEARTH_CHECK(!bool_field(cfg, "fan_in_fan_out", false, where), where, ": fan_in_fan_out adapters are not supported");
+  HEARTH_CHECK(!bool_field(cfg, "lora_bias", false, where), where, ": lora_bias adapters are not supported");
+  const std::string bias = str_field(cfg, "bias", "none", where);
+  HEARTH_CHECK(bias == "none", where, ": bias '", bias, "' is not supported (only \"none\")");
+  HEARTH_CHECK(!cfg.contains("modules_to_save") || cfg["modules_to_save"].is_null() ||
+                   (cfg["modules_to_save"].is_array() && cfg["modules_to_save"].empty()),
+               where, ": modules_to_save is not supported (the adapter carries full module weights)");
+  const double r = num_field(cfg, "r", 8, where);
+  const double alpha = num_field(cfg, "lora_alpha", 8, where);
+  const bool rslora = bool_field(cfg, "use_rslora", false, where);
+  HEARTH_CHECK(r > 0, where, ": field 'r' must be positive");
+  auto scale_of = [&](double rank, double a) { return rslora ? a / std::sqrt(rank) : a / rank; };
+  ad.config.rank = static_cast<int64_t>(r);
+  ad.config.scale = scale_of(r, alpha);
+  ad.config.dropout = num_field(cfg, "lora_dropout", 0.0, where);
+  ad.config.keys = str_list(cfg, "target_modules", where);
+  ad.base_model = str_field(cfg, "base_model_name_or_path", "", where);
+  const json rank_pattern = cfg.value("rank_pattern", json::object());
+  const json alpha_pattern = cfg.value("alpha_pattern", json::object());
+  auto file = io::SafetensorsFile::open(dir / kPeftWeights);
+  const std::string fwhere = file->path().string();
+  for (auto& [module, p] : pair_tensors(*file, kPeftPrefix, ".lora_A.weight", ".lora_B.weight")) {
+    HEARTH_CHECK(p.a.size(0) == p.b.size(1), fwhere, ": module ", module, ": lora_A ", nn::shape_str(p.a.sizes()),
+                 " and lora_B ", nn::shape_str(p.b.sizes()), " disagree on the rank");
+    double rank = r, a = alpha;
+    if (const json* v = pattern_value(rank_pattern, module, where)) {
+      HEARTH_CHECK(v->is_number(), where, ": rank_pattern value for ", module, " must be a number");
+      rank = v->get<double>();
+    }
+    if (const json* v = pattern_value(alpha_pattern, module, where)) {
+      HEARTH_CHECK(v->is_number(), where, ": alpha_pattern value for ", module, " must be a number");
+      a = v->get<double>();
+    }
+    HEARTH_CHECK(p.a.size(0) == static_cast<int64_t>(rank), fwhere, ": module ", module, ": rank ", p.a.size(0),
+                 " but ", kConfig, " gives r = ", rank);
+    ad.modules[module] = nn::LoraAdapter{p.a, p.b, scale_of(rank, a), ad.config.dropout};
+  }
+  return ad;
+}
+
+// Module path → (block-relative suffix, layer) for "model.layers.N.<suffix>"; layer -1 otherwise.
+std::pair<std::string, int64_t> split_block(const std::string& path) {
+  static const std::regex re(R"(^(.*\.)?layers\.(\d+)\.(.+)$)");
+  std::smatch m;
+  if (std::regex_match(path, m, re)) return {m[3].str(), std::stoll(m[2].str())};
+  return {path, -1};
+}
+
+// Keys that select exactly the adapter's modules when applied to every block (mlx-lm keys are
+// block-relative; PEFT target_modules match by suffix); `grid` tells whether the modules form the
+// full grid {layers 0..max} × {suffixes}.
+std::vector<std::string> derive_keys(const Adapter& ad, bool* grid) {
+  std::set<std::string> keys;
+  std::map<int64_t, std::set<std::string>> per_layer;
+  std::set<std::string> block_suffixes;
+  for (const auto& [path, m] : ad.modules) {
+    auto [suffix, layer] = split_block(path);
+    keys.insert(suffix);
+    if (layer >= 0) {
+      per_layer[layer].insert(suffix);
+      block_suffixes.insert(suffix);
+    }
+  }
+  bool g = true;
+  if (!per_layer.empty()) {
+    g = per_layer.rbegin()->first + 1 == static_cast<int64_t>(per_layer.size());
+    for (const auto& [layer, s] : per_layer) g = g && s == block_suffixes;
+  }
+  if (grid) *grid = g;
+  return {keys.begin(), keys.end()};
+}
+
+json number_json(double v) {
+  if (std::nearbyint(v) == v && std::fabs(v) < 1e15) return json(static_cast<int64_t>(v));
+  return json(v);
+}
+
+void save_mlx(const fs::path& tmp, const Adapter& ad) {
+  std::map<std::string, at::Tensor> tensors;
+  for (const auto& [path, m] : ad.modules) {
+    HEARTH_CHECK(m.a.size(0) == ad.config.rank && std::fabs(m.scale - ad.config.scale) <= 1e-12 * std::fabs(ad.config.scale),
+                 "save_adapter '", ad.id, "': module ", path,
+                 " has its own rank/scale; the mlx-lm layout holds one rank and scale (save as PEFT)");
+    tensors[path + ".lora_a"] = m.a.detach().t().contiguous();
+    tensors[path + ".lora_b"] = m.b.detach().t().contiguous();
+  }
+  io::save_safetensors(tmp / kMlxWeights, tensors, {{"format", "mlx"}});
+  json lp = {{"rank", ad.config.rank}, {"scale", ad.config.scale}, {"dropout", ad.config.dropout},
+             {"keys", derive_keys(ad, nullptr)}};
+  json cfg = {{"fine_tune_type", ad.fine_tune_type}, {"num_layers", ad.config.num_layers}, {"lora_parameters", lp}};
+  if (!ad.base_model.empty()) cfg["base_model_name_or_path"] = ad.base_model;
+  io::write_file_atomic(tmp / kConfig, cfg.dump(2) + "\n");
+}
+
+void save_peft(const fs::path& tmp, const Adapter& ad) {
+  std::map<std::string, at::Tensor> tensors;
+  json rank_pattern = json::object(), alpha_pattern = json::object();
+  const double base_alpha = ad.config.scale * double(ad.config.rank);
+  for (const auto& [path, m] : ad.modules) {
+    tensors[kPeftPrefix + path + ".lora_A.weight"] = m.a.detach().contiguous();
+    tensors[kPeftPrefix + path + ".lora_B.weight"] = m.b.detach().contiguous();
+    const int64_t r = m.a.size(0);
+    // Per-module patterns: the full path, matched by PEFT's "(.*\.)?(key)$" rule.
+    if (r != ad.config.rank) rank_pattern[path] = r;
+    const double alpha = m.scale * double(r);
+    if (std::fabs(alpha - base_alpha) > 1e-9 * std::fabs(base_alpha)) alpha_pattern[path] = number_json(alpha);
+  }
+  io::save_safetensors(tmp / kPeftWeights, tensors, {{"format", "pt"}});
+  bool grid = false;
+  std::vector<std::string> targets = derive_keys(ad, &grid);
+  if (!grid || ad.config.num_layers != -1) {
+    targets.clear();
+    for (const auto& [path, m] : ad.modules) targets.push_back(path);
+  }
+  json cfg = {{"peft_type", "LORA"},
+              {"task_type", "CAUSAL_LM"},
+              {"base_model_name_or_path", ad.base_model.empty() ? json(nullptr) : json(ad.base_model)},
+              {"r", ad.config.rank},
+              {"lora_alpha", number_json(base_alpha)},
+              {"lora_dropout", ad.config.dropout},
+              {"target_modules", targets},
+              {"bias", "none"},
+              {"fan_in_fan_out", false},
+              {"use_rslora", false},
+              {"use_dora", false},
+              {"init_lora_weights", true},
+              {"inference_mode", true},
+              {"modules_to_save", nullptr},
+              {"layers_to_transform", nullptr},
+              {"layers_pattern", nullptr},
+              {"rank_pattern", rank_pattern},
+              {"alpha_pattern", alpha_pattern},
+              {"revision", nullptr}};
+  io::write_file_atomic(tmp / kConfig, cfg.dump(2) + "\n");
+}
+
+}  // namespace
+
+const std::vector<std::string>& default_keys() {
+  static const std::vector<std::string> keys = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                                "mlp.down_proj"};
+  return keys;
+}
+
+bool key_matches(const std::string& path, const std::string& key) {
+  return path == key || (path.size() > key.size() && ends_with(path, key) && path[path.size() - key.size() - 1] == '.');
+}
+
+Adapter load_adapter(const fs::path& dir_in) {
+  const fs::path dir = dir_in.has_filename() ? dir_in : dir_in.parent_path();
+  HEARTH_CHECK_T(NotFound, fs::is_directory(dir), dir.string(), ": adapter folder does not exist");
+  const bool mlx = fs::exists(dir / kMlxWeights), peft = fs::exists(dir / kPeftWeights);
+  HEARTH_CHECK_T(NotFound, mlx || peft, dir.string(), ": no ", kMlxWeights, " or ", kPeftWeights);
+  const fs::path cfg_path = dir / kConfig;
+  HEARTH_CHECK_T(NotFound, fs::exists(cfg_path), cfg_path.string(), ": missing (every adapter folder needs it)");
+  const json cfg = io::read_json(cfg_path);
+  const std::string where = cfg_path.string();
+  HEARTH_CHECK(cfg.is_object(), where, ": must be a JSON object");
+  Adapter ad = mlx ? load_mlx(dir, cfg, where) : load_peft(dir, cfg, where);
+  ad.id = dir.filename().string();
+  HEARTH_CHECK(ad.config.rank > 0, where, ": rank must be positive, got ", ad.config.rank);
+  HEARTH_CHECK(ad.config.dropout >= 0.0 && ad.config.dropout < 1.0, where, ": dropout must be in [0, 1), got ",
+               ad.config.dropout);
+  return ad;
+}
+
+void save_adapter(const fs::path& dir, const Adapter& adapter, Format format) {
+  HEARTH_CHECK(!adapter.modules.empty(), "save_adapter '", adapter.id, "': the adapter has no modules");
+  detail::write_dir_atomic(dir, /*replace=*/true, [&](const fs::path& tmp) {
+    if (format == Format::Mlx) save_mlx(tmp, adapter);
+    else save_peft(tmp, adapter);
+  });
+}
+
+}  // namespace hearth::adapters

@@ -1,0 +1,74 @@
+// LoRA adapters as data: the config, the per-module A/B tensors, and reading/writing the two
+// on-disk layouts in the wild (mlx-lm's adapters.safetensors, PEFT's adapter_model.safetensors).
+// Not attaching to a model (mount.h) or merging into weights (fuse.h).
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "nn/linear.h"
+
+namespace hearth::adapters {
+
+/// LoRA hyper-parameters. `scale` is the effective multiplier of B·A: mlx-lm's
+/// lora_parameters.scale; PEFT's lora_alpha / r (lora_alpha / sqrt(r) with use_rslora).
+struct LoraConfig {
+  int64_t rank = 8;
+  double scale = 20.0;
+  double dropout = 0.0;
+  /// Module-path suffixes ("self_attn.q_proj", "q_proj", "lm_head"): a module matches when its
+  /// path equals a key or ends with "." + key (PEFT's target_modules rule). Empty = the q, k, v, o,
+  /// gate, up, down projections.
+  std::vector<std::string> keys;
+  /// Only the last N decoder blocks ("model.layers.N."); -1 = all.
+  int64_t num_layers = -1;
+};
+
+/// A loaded or trained adapter: module path ("model.layers.0.self_attn.q_proj") → A [r, in],
+/// B [out, r], effective scale, dropout. Tensors keep the file's dtype on CPU after load_adapter;
+/// mount() places them on the model's device and dtype.
+struct Adapter {
+  std::string id;
+  std::string fine_tune_type = "lora";
+  LoraConfig config;
+  std::string base_model;  // base_model_name_or_path when recorded; informational
+  std::map<std::string, nn::LoraAdapter> modules;
+};
+
+enum class Format { Mlx, Peft };
+
+/// The default LoRA targets when LoraConfig::keys is empty.
+const std::vector<std::string>& default_keys();
+
+/// True when module `path` matches `key` (path == key or path ends with "." + key).
+bool key_matches(const std::string& path, const std::string& key);
+
+/// Reads an adapter folder, detecting the layout:
+///   mlx-lm: adapters.safetensors ("<module>.lora_a" [in, r], "<module>.lora_b" [r, out]) +
+///           adapter_config.json {fine_tune_type, num_layers, lora_parameters: {rank, scale,
+///           dropout, keys?, rs_lora?}} (mlx-lm tuner/utils.py load_adapters);
+///   PEFT:   adapter_model.safetensors ("base_model.model.<module>.lora_A.weight" [r, in],
+///           ".lora_B.weight" [out, r]) + adapter_config.json {peft_type "LORA", r, lora_alpha,
+///           target_modules, lora_dropout, use_rslora, rank_pattern, alpha_pattern, ...}.
+/// `id` = the folder's name. Tensors are CPU copies in the file's dtype, PEFT orientation.
+/// Throws hearth::Error (one line naming the file and module) on: missing folder/files, bad JSON,
+/// unsupported variants (DoRA, full fine-tune, bias != "none", modules_to_save, fan_in_fan_out),
+/// an unknown tensor name, a module with A but no B (or the reverse), non-2-D tensors, A/B ranks
+/// that disagree with each other or with the config's rank (rank_pattern honoured).
+Adapter load_adapter(const std::filesystem::path& dir);
+
+/// Writes `adapter` to `dir` in `format` (tensors as stored, transposed to the layout's
+/// orientation). The folder is built under a temp name and renamed into place; an existing `dir`
+/// is replaced only after the new one is complete. mlx-lm: adapters.safetensors + adapter_config.json
+/// with lora_parameters {rank, scale, dropout, keys} (keys relative to the block, so mlx-lm's
+/// load_adapters finds every module). PEFT (loads in peft 0.21): adapter_model.safetensors +
+/// adapter_config.json with r, lora_alpha = scale·r, target_modules (block-relative suffixes when
+/// num_layers == -1, else full module paths), bias "none", task_type "CAUSAL_LM".
+/// Throws hearth::Error on an empty adapter or I/O failure.
+void save_adapter(const std::filesystem::path& dir, const Adapter& adapter, Format format);
+
+}  // namespace hearth::adapters

@@ -1,0 +1,46 @@
+// Writing a whole folder atomically: fill a temp folder beside the target, then rename it into
+// place. Not a general file API (io/atomic_file.h writes single files).
+#pragma once
+#include <unistd.h>
+
+#include <filesystem>
+#include <functional>
+#include <string>
+
+#include "core/error.h"
+
+namespace hearth::adapters::detail {
+
+/// Calls `fill(tmp)` on a fresh temp folder "<dir>.tmp.<pid>" and renames it to `dir`. When
+/// `replace` and `dir` exists, the old folder is moved aside and removed after the rename; when
+/// not `replace`, an existing `dir` is an error. On exception the temp folder is removed.
+inline void write_dir_atomic(const std::filesystem::path& dir, bool replace,
+                             const std::function<void(const std::filesystem::path&)>& fill) {
+  namespace fs = std::filesystem;
+  const fs::path target = dir.has_filename() ? dir : dir.parent_path();
+  HEARTH_CHECK(replace || !fs::exists(target), target.string(), ": already exists (choose a new output folder)");
+  if (target.has_parent_path() && !fs::exists(target.parent_path())) fs::create_directories(target.parent_path());
+  const fs::path tmp = fs::path(target.string() + ".tmp." + std::to_string(::getpid()));
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  HEARTH_CHECK(fs::create_directory(tmp, ec), tmp.string(), ": cannot create folder (", ec.message(), ")");
+  try {
+    fill(tmp);
+    fs::path old;
+    if (fs::exists(target)) {
+      old = fs::path(target.string() + ".old." + std::to_string(::getpid()));
+      fs::rename(target, old);
+    }
+    fs::rename(tmp, target, ec);
+    if (ec) {
+      if (!old.empty()) fs::rename(old, target);
+      throw Error(cat(target.string(), ": cannot rename temp folder into place (", ec.message(), ")"));
+    }
+    if (!old.empty()) fs::remove_all(old, ec);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+}  // namespace hearth::adapters::detail

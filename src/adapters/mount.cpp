@@ -1,0 +1,142 @@
+// Mounting LoRA adapters onto a model's Linear modules, and creating trainable ones (mount.h).
+// Not file formats (adapter.cpp) or weight merging (fuse.cpp).
+#include "adapters/mount.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <map>
+#include <regex>
+
+#include "core/error.h"
+#include "nn/param_source.h"
+
+namespace hearth::adapters {
+
+namespace {
+
+std::map<std::string, nn::Linear*> module_map(models::Model& model) {
+  std::map<std::string, nn::Linear*> out;
+  for (auto& [path, lin] : model.linear_modules()) out[path] = lin;
+  return out;
+}
+
+}  // namespace
+
+int64_t layer_index(const std::string& path) {
+  static const std::regex re(R"(^(.*\.)?layers\.(\d+)\..+$)");
+  std::smatch m;
+  return std::regex_match(path, m, re) ? std::stoll(m[2].str()) : -1;
+}
+
+void validate_against(const Adapter& adapter, models::Model& model) {
+  const std::string who = cat("adapter '", adapter.id, "'");
+  HEARTH_CHECK_T(InvalidArgument, !adapter.id.empty() && adapter.id.find_first_of("+,") == std::string::npos &&
+                                      adapter.id != "none",
+                 who, ": an id must be non-empty, not \"none\", and contain no '+' or ','");
+  HEARTH_CHECK_T(InvalidArgument, !adapter.modules.empty(), who, ": has no modules");
+  const auto modules = module_map(model);
+  for (const auto& [path, m] : adapter.modules) {
+    auto it = modules.find(path);
+    HEARTH_CHECK_T(InvalidArgument, it != modules.end(), who, ": ", path, ": no such module in the model (",
+                   model.model_type(), ", ", model.num_layers(), " layers)");
+    const nn::Linear& lin = *it->second;
+    HEARTH_CHECK_T(InvalidArgument, m.a.defined() && m.b.defined() && m.a.dim() == 2 && m.b.dim() == 2, who, ": ",
+                   path, ": A and B must be 2-D");
+    const int64_t r = m.a.size(0);
+    HEARTH_CHECK_T(InvalidArgument, r > 0 && m.b.size(1) == r, who, ": ", path, ": rank mismatch: A ",
+                   nn::shape_str(m.a.sizes()), " vs B ", nn::shape_str(m.b.sizes()));
+    HEARTH_CHECK_T(InvalidArgument, m.a.size(1) == lin.in_features(), who, ": ", path, ": A is ",
+                   nn::shape_str(m.a.sizes()), ", expected [", r, ", ", lin.in_features(), "] (in_features)");
+    HEARTH_CHECK_T(InvalidArgument, m.b.size(0) == lin.out_features(), who, ": ", path, ": B is ",
+                   nn::shape_str(m.b.sizes()), ", expected [", lin.out_features(), ", ", r, "] (out_features)");
+    HEARTH_CHECK_T(InvalidArgument, std::isfinite(m.scale), who, ": ", path, ": scale is not finite");
+    HEARTH_CHECK_T(InvalidArgument, !lin.find_adapter(adapter.id), who, ": already mounted (unmount it first)");
+  }
+}
+
+void mount(models::Model& model, const Adapter& adapter) {
+  validate_against(adapter, model);
+  const nn::LoadOptions& where = model.placement();
+  // Place every tensor before touching the model, so a failure (e.g. out of memory) changes nothing.
+  std::vector<std::pair<nn::Linear*, nn::LoraAdapter>> placed;
+  const auto modules = module_map(model);
+  for (const auto& [path, m] : adapter.modules) {
+    nn::LoraAdapter p = m;
+    // Trainable leaves are used as they are (they must stay the same tensors as the optimizer's).
+    if (!m.a.requires_grad()) p.a = m.a.to(where.device, where.dtype).contiguous();
+    if (!m.b.requires_grad()) p.b = m.b.to(where.device, where.dtype).contiguous();
+    placed.emplace_back(modules.at(path), std::move(p));
+  }
+  for (auto& [lin, p] : placed) lin->add_adapter(adapter.id, std::move(p));
+}
+
+int64_t unmount(models::Model& model, const std::string& id) {
+  int64_t n = 0;
+  for (auto& [path, lin] : model.linear_modules()) n += lin->remove_adapter(id) ? 1 : 0;
+  return n;
+}
+
+Adapter attach_trainable(models::Model& model, const LoraConfig& config, uint64_t seed, const std::string& id) {
+  HEARTH_CHECK_T(InvalidArgument, config.rank > 0, "attach_trainable: rank must be positive, got ", config.rank);
+  HEARTH_CHECK_T(InvalidArgument, config.dropout >= 0.0 && config.dropout < 1.0,
+                 "attach_trainable: dropout must be in [0, 1), got ", config.dropout);
+  const std::vector<std::string>& keys = config.keys.empty() ? default_keys() : config.keys;
+  const int64_t first_layer = config.num_layers < 0 ? 0 : std::max<int64_t>(0, model.num_layers() - config.num_layers);
+  Adapter ad;
+  ad.id = id;
+  ad.config = config;
+  if (ad.config.keys.empty()) ad.config.keys = keys;
+  const auto modules = module_map(model);  // sorted by path: the draw order
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  const nn::LoadOptions& where = model.placement();
+  for (const auto& [path, lin] : modules) {
+    const int64_t layer = layer_index(path);
+    if (layer >= 0 && layer < first_layer) continue;
+    bool match = false;
+    for (const auto& k : keys) match = match || key_matches(path, k);
+    if (!match) continue;
+    const int64_t in = lin->in_features(), out = lin->out_features();
+    // PEFT: nn.init.kaiming_uniform_(A, a=sqrt(5)) → bound = sqrt(6 / ((1 + 5) · in)) = 1/sqrt(in).
+    const double bound = 1.0 / std::sqrt(double(in));
+    at::Tensor a = at::empty({config.rank, in}, at::kFloat);
+    a.uniform_(-bound, bound, gen);
+    a = a.to(where.device, where.dtype).contiguous();
+    at::Tensor b = at::zeros({out, config.rank}, at::TensorOptions().dtype(where.dtype).device(where.device));
+    a.set_requires_grad(true);
+    b.set_requires_grad(true);
+    ad.modules[path] = nn::LoraAdapter{a, b, config.scale, config.dropout};
+  }
+  if (ad.modules.empty()) {
+    std::string joined;
+    for (const auto& k : keys) joined += (joined.empty() ? "" : ", ") + k;
+    throw InvalidArgument(cat("attach_trainable: no module of the model matches keys [", joined, "]"));
+  }
+  mount(model, ad);
+  return ad;
+}
+
+std::vector<at::Tensor> layer_params(const Adapter& adapter, int64_t begin, int64_t end) {
+  std::vector<at::Tensor> out;
+  for (const auto& [path, m] : adapter.modules) {
+    const int64_t l = layer_index(path);
+    if (l >= begin && l < end) {
+      out.push_back(m.a);
+      out.push_back(m.b);
+    }
+  }
+  return out;
+}
+
+std::vector<at::Tensor> head_params(const Adapter& adapter) {
+  std::vector<at::Tensor> out;
+  for (const auto& [path, m] : adapter.modules) {
+    if (layer_index(path) < 0) {
+      out.push_back(m.a);
+      out.push_back(m.b);
+    }
+  }
+  return out;
+}
+
+}  // namespace hearth::adapters
