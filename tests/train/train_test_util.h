@@ -39,8 +39,8 @@ inline double rel_err(const at::Tensor& a, const at::Tensor& b) {
 }
 
 /// A llama model with random weights (seeded), L layers, fp32 CPU: C 32, 4 heads (2 KV) of 8,
-/// intermediate 64, vocab 97.
-inline std::unique_ptr<models::Model> random_llama(int64_t L, uint64_t seed) {
+/// intermediate 64, vocab 97, placed per `where`.
+inline std::unique_ptr<models::Model> random_llama(int64_t L, uint64_t seed, nn::LoadOptions where = {}) {
   const int64_t C = 32, H = 4, Hkv = 2, D = 8, I = 64, V = 97;
   nlohmann::json cfg = {{"model_type", "llama"}, {"vocab_size", V}, {"hidden_size", C},
                         {"intermediate_size", I}, {"num_hidden_layers", L}, {"num_attention_heads", H},
@@ -65,7 +65,7 @@ inline std::unique_ptr<models::Model> random_llama(int64_t L, uint64_t seed) {
   w["model.norm.weight"] = 1 + rnd({C}, 0.1);
   w["lm_head.weight"] = rnd({V, C}, 0.2);
   nn::TensorMapSource src(std::move(w), "random_llama");
-  return models::build_model(models::BuildArgs{cfg, "random_llama", src, std::nullopt, nn::LoadOptions{}});
+  return models::build_model(models::BuildArgs{cfg, "random_llama", src, std::nullopt, where});
 }
 
 }  // namespace hearth::train::testing

@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "adapters/adapter.h"
 #include "io/safetensors.h"
 #include "train/optimizer.h"
 #include "train/trainer.h"
@@ -126,11 +127,9 @@ TEST(NamedAdamW, StateRoundTripContinuesIdentically) {
   EXPECT_GT((straight - at::arange(6, at::kFloat).reshape({2, 3})).abs().max().item<float>(), 0.1f);
 }
 
-TEST(Trainer, ResumeGivesTheSameLosses) {
-  TempDir d("resume");
-  write_data(d.path);
+void check_resume(TrainConfig c, const TempDir& d) {
+  c.adapter_path = d.path / "straight";
   auto tok = tiny_tok();
-  TrainConfig c = base_config(d.path, d.path / "straight");
   TrainResult straight;
   {
     auto m = tiny_model();
@@ -167,6 +166,7 @@ TEST(Trainer, ResumeGivesTheSameLosses) {
   }
   // the final weights agree too
   auto a = hearth::io::SafetensorsFile::open(d.path / "straight/adapters.safetensors");
+  EXPECT_GT(a->tensors().size(), 0u);
   auto b = hearth::io::SafetensorsFile::open(d.path / "split/adapters.safetensors");
   for (const auto& info : a->tensors()) EXPECT_TRUE(a->tensor(info.name).equal(b->tensor(info.name))) << info.name;
   // val loss is reported at steps 1, 2, 4, 6 and metrics.jsonl has a line per report
@@ -177,6 +177,45 @@ TEST(Trainer, ResumeGivesTheSameLosses) {
   int lines = 0;
   for (std::string l; std::getline(m, l);) ++lines;
   EXPECT_EQ(lines, 6);
+}
+
+TEST(Trainer, ResumeGivesTheSameLossesFull) {
+  TempDir d("resume_full");
+  write_data(d.path);
+  check_resume(base_config(d.path, d.path), d);
+}
+
+TEST(Trainer, ResumeGivesTheSameLossesLoraWithDropout) {
+  TempDir d("resume_lora");
+  write_data(d.path);
+  TrainConfig c = base_config(d.path, d.path);
+  c.fine_tune_type = "lora";
+  c.lora_rank = 4;
+  c.lora_dropout = 0.1;
+  c.learning_rate = 1e-2;
+  c.segment_size = 1;  // dropout masks replayed in the recompute
+  check_resume(c, d);
+}
+
+TEST(Trainer, LoraSavesMlxAndPeftAdaptersThatLoad) {
+  TempDir d("lora_save");
+  write_data(d.path);
+  auto tok = tiny_tok();
+  for (const char* fmt : {"mlx", "peft"}) {
+    TrainConfig c = base_config(d.path, d.path / fmt);
+    c.fine_tune_type = "lora";
+    c.iters = 2;
+    c.learning_rate = 1e-2;
+    c.adapter_format = fmt;
+    auto m = tiny_model();
+    run_training(c, *m, tok);
+    auto ad = hearth::adapters::load_adapter(d.path / fmt);
+    EXPECT_EQ(ad.modules.size(), 14u) << fmt;  // 7 projections x 2 layers
+    double bnorm = 0;
+    for (const auto& [path, lm] : ad.modules) bnorm += lm.b.norm().item<double>();
+    EXPECT_GT(bnorm, 0) << fmt << ": B left at its zero init";
+    EXPECT_TRUE(fs::exists(d.path / fmt / "checkpoint.json"));
+  }
 }
 
 TEST(Trainer, BadConfigAndCheckpointErrors) {
