@@ -67,6 +67,7 @@ TrainConfig base_config(const fs::path& data, const fs::path& out) {
   c.val_batches = -1;
   c.save_every = 0;
   c.seed = 7;
+  c.max_seq_length = 12;  // full fine-tune packs text rows: several 12-token pieces
   return c;
 }
 
@@ -265,7 +266,7 @@ TEST(TrainCli, SigintWritesALoadableCheckpointAndExitsZero) {
   int fd = -1;
   pid_t pid = spawn({HEARTH_BINARY, "train", "--model", golden("models/llama_mha").string(), "--data", d.path.string(),
                      "--adapter-path", out.string(), "--fine-tune-type", "full", "--num-layers", "-1", "--iters",
-                     "100000", "--batch-size", "2", "--steps-per-report", "1", "--save-every", "0", "--device", "cpu"},
+                     "100000", "--batch-size", "2", "--max-seq-length", "12", "--steps-per-report", "1", "--save-every", "0", "--device", "cpu"},
                     &fd);
   ASSERT_GT(pid, 0);
   FILE* f = fdopen(fd, "r");
@@ -307,7 +308,7 @@ TEST(TrainCli, EndToEndLossFalls) {
   const fs::path out = d.path / "out";
   const std::string cmd = std::string(HEARTH_BINARY) + " train --model " + golden("models/llama_mha").string() +
                           " --data " + d.path.string() + " --adapter-path " + out.string() +
-                          " --fine-tune-type full --num-layers -1 --iters 30 --batch-size 4 --learning-rate 1e-3"
+                          " --fine-tune-type full --num-layers -1 --iters 30 --batch-size 4 --max-seq-length 16 --learning-rate 1e-3"
                           " --steps-per-report 5 --steps-per-eval 10 --device cpu > " +
                           (d.path / "log.txt").string() + " 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << hearth::io::read_file(d.path / "log.txt");
