@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cache/kv_cache.h"
+#include "core/error.h"
 #include "nn/linear.h"
 #include "nn/param_source.h"
 
@@ -54,6 +55,14 @@ class Model {
   /// stay valid for the model's lifetime; adapters/ attaches LoRA through them. A tied lm_head is
   /// listed (it is its own Linear sharing the embedding's weight).
   virtual std::vector<std::pair<std::string, nn::Linear*>> linear_modules() = 0;
+
+  /// Every dense floating weight by Hugging Face name ("model.layers.0.self_attn.q_proj.weight"),
+  /// each the model's own tensor (requires_grad_ or an in-place update changes the model): the
+  /// parameters of a full fine-tune. A tied lm_head appears once, as model.embed_tokens.weight.
+  /// Throws hearth::Error when a weight is quantized or the family does not expose them.
+  virtual std::vector<std::pair<std::string, at::Tensor>> named_parameters() {
+    throw Error(cat(model_type(), ": this model family does not expose its parameters for full fine-tuning"));
+  }
 };
 
 }  // namespace hearth::models

@@ -155,6 +155,36 @@ std::vector<std::pair<std::string, nn::Linear*>> LlamaModel::linear_modules() {
   return out;
 }
 
+std::vector<std::pair<std::string, at::Tensor>> LlamaModel::named_parameters() {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  auto dense = [&](const std::string& path, const nn::Linear& lin) {
+    HEARTH_CHECK(!lin.quantized(), path, ": quantized weights cannot be fully fine-tuned (use LoRA)");
+    out.emplace_back(path + ".weight", lin.weight());
+    if (lin.bias()) out.emplace_back(path + ".bias", *lin.bias());
+  };
+  dense("model.embed_tokens", embed_tokens_.as_linear());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const std::string p = cat("model.layers.", i, ".");
+    const auto& l = layers_[i];
+    out.emplace_back(p + "input_layernorm.weight", l.input_layernorm.weight());
+    dense(p + "self_attn.q_proj", l.self_attn.q_proj);
+    dense(p + "self_attn.k_proj", l.self_attn.k_proj);
+    dense(p + "self_attn.v_proj", l.self_attn.v_proj);
+    dense(p + "self_attn.o_proj", l.self_attn.o_proj);
+    if (l.self_attn.q_norm) {
+      out.emplace_back(p + "self_attn.q_norm.weight", l.self_attn.q_norm->weight());
+      out.emplace_back(p + "self_attn.k_norm.weight", l.self_attn.k_norm->weight());
+    }
+    out.emplace_back(p + "post_attention_layernorm.weight", l.post_attention_layernorm.weight());
+    dense(p + "mlp.gate_proj", l.mlp.gate_proj);
+    dense(p + "mlp.up_proj", l.mlp.up_proj);
+    dense(p + "mlp.down_proj", l.mlp.down_proj);
+  }
+  out.emplace_back("model.norm.weight", norm_.weight());
+  if (!config_.tie_word_embeddings) dense("lm_head", lm_head_);
+  return out;
+}
+
 void LlamaModel::set_attention_backend(nn::AttentionBackend backend) {
   for (auto& l : layers_) l.self_attn.backend = backend;
 }

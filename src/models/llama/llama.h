@@ -63,6 +63,7 @@ class LlamaModel : public Model {
   const nn::LoadOptions& placement() const override { return placement_; }
   int64_t weight_bytes() const override;
   std::vector<std::pair<std::string, nn::Linear*>> linear_modules() override;
+  std::vector<std::pair<std::string, at::Tensor>> named_parameters() override;
 
   const LlamaConfig& config() const { return config_; }
   std::vector<LlamaDecoderLayer>& layers() { return layers_; }

@@ -1,0 +1,132 @@
+// `hearth train`: LoRA or full fine-tuning of a model folder on jsonl data, with mlx_lm.lora's
+// flag names; prints a progress line per report, SIGINT/SIGTERM write a last checkpoint and exit 0.
+// Not the training loop itself (train/trainer.h).
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <sstream>
+
+#include "cli/verb.h"
+#include "core/error.h"
+#include "core/torch_compat.h"
+#include "models/registry.h"
+#include "tokenizer/tokenizer.h"
+#include "train/trainer.h"
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+extern "C" void on_signal(int) { g_stop.store(true); }
+
+struct TrainArgs {
+  std::string model, data, adapter_path, resume, device, dtype = "float32", lora_keys;
+  bool grad_checkpoint = false, mask_prompt = false;  // --mask-prompt: accepted, always on (see dataset.h)
+  hearth::train::TrainConfig cfg;
+};
+
+at::ScalarType parse_dtype(const std::string& s) {
+  if (s == "float32") return at::kFloat;
+  if (s == "bfloat16") return at::kBFloat16;
+  if (s == "float16") return at::kHalf;
+  throw hearth::InvalidArgument(hearth::cat("--dtype: '", s, "' is not float32, bfloat16 or float16"));
+}
+
+at::Device parse_device(const std::string& s) {
+  if (s.empty()) return hearth::compat::cuda_available() ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  if (s == "cpu") return at::kCPU;
+  if (s == "cuda") {
+    HEARTH_CHECK(hearth::compat::cuda_available(), "--device cuda: no CUDA device in this build/machine");
+    return at::Device(at::kCUDA, 0);
+  }
+  throw hearth::InvalidArgument(hearth::cat("--device: '", s, "' is not cpu or cuda"));
+}
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+void print_report(const hearth::train::Report& r, int64_t iters) {
+  std::printf("step %lld/%lld", static_cast<long long>(r.step), static_cast<long long>(iters));
+  if (r.train_loss) std::printf("  train loss %.4f", *r.train_loss);
+  if (r.val_loss) std::printf("  val loss %.4f", *r.val_loss);
+  std::printf("  lr %.3e", r.learning_rate);
+  if (r.train_loss) std::printf("  %.1f tok/s", r.tokens_per_second);
+  std::printf("  peak mem %.3f GB\n", static_cast<double>(r.peak_memory_bytes) / 1e9);
+  std::fflush(stdout);
+}
+
+std::function<int()> setup_train(CLI::App& app) {
+  auto a = std::make_shared<TrainArgs>();
+  auto& c = a->cfg;
+  app.add_option("--model", a->model, "Base model folder")->required();
+  app.add_option("--data", a->data, "Folder with train.jsonl (and optionally valid.jsonl)")->required();
+  app.add_option("--adapter-path", a->adapter_path, "Output folder (adapter, checkpoint, metrics.jsonl)");
+  app.add_option("--fine-tune-type", c.fine_tune_type, "lora | full (default lora)");
+  app.add_option("--num-layers", c.num_layers, "Train the last N blocks; -1 = all (default 16)");
+  app.add_option("--lora-rank", c.lora_rank, "LoRA rank (default 8)");
+  app.add_option("--lora-scale", c.lora_scale, "LoRA scale (default 20)");
+  app.add_option("--lora-dropout", c.lora_dropout, "LoRA input dropout (default 0)");
+  app.add_option("--lora-keys", a->lora_keys, "Comma list of module names (default q,k,v,o,gate,up,down _proj)");
+  app.add_option("--batch-size", c.batch_size, "Examples per micro-batch (default 4)");
+  app.add_option("--iters", c.iters, "Optimizer steps (default 1000)");
+  app.add_option("--learning-rate", c.learning_rate, "Peak learning rate (default 1e-5)");
+  app.add_option("--lr-schedule", c.lr_schedule, "constant | cosine (default constant)");
+  app.add_option("--warmup", c.warmup, "Linear warmup steps (default 0)");
+  app.add_option("--weight-decay", c.weight_decay, "AdamW decoupled weight decay (default 0)");
+  app.add_option("--grad-accumulation-steps", c.grad_accumulation_steps, "Micro-batches per step (default 1)");
+  app.add_option("--grad-clip", c.grad_clip, "Clip the global gradient norm to this (default 0 = off)");
+  app.add_option("--max-seq-length", c.max_seq_length, "Truncate examples to this many tokens (default 2048)");
+  app.add_option("--steps-per-report", c.steps_per_report, "Steps between progress lines (default 10)");
+  app.add_option("--steps-per-eval", c.steps_per_eval, "Steps between validations (default 200)");
+  app.add_option("--val-batches", c.val_batches, "Validation batches; -1 = all (default 25)");
+  app.add_option("--save-every", c.save_every, "Checkpoint every N steps (default 100)");
+  app.add_option("--resume", a->resume, "Continue from the checkpoint in this folder");
+  app.add_option("--seed", c.seed, "Seed for data order and LoRA init (default 0)");
+  app.add_flag("--mask-prompt", a->mask_prompt, "Loss on completions only (always on for chat/completion rows)");
+  app.add_flag("--grad-checkpoint", a->grad_checkpoint, "Recompute activations per layer (= --segment-size 1)");
+  app.add_option("--segment-size", c.segment_size, "Layers per backward segment (0 = full backward)");
+  app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
+  app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default float32)");
+  app.add_option("--adapter-format", c.adapter_format, "mlx | peft (default mlx)");
+  return [a] {
+    auto& c = a->cfg;
+    c.data_dir = a->data;
+    c.resume = a->resume;
+    c.adapter_path = !a->adapter_path.empty() ? a->adapter_path : a->resume;
+    HEARTH_CHECK(!c.adapter_path.empty(), "train: --adapter-path is required");
+    if (!a->lora_keys.empty()) c.lora_keys = split_commas(a->lora_keys);
+    if (a->grad_checkpoint) {
+      HEARTH_CHECK(c.segment_size <= 1, "train: --grad-checkpoint and --segment-size ", c.segment_size,
+                   " disagree (--grad-checkpoint is --segment-size 1)");
+      c.segment_size = 1;
+    }
+    const hearth::nn::LoadOptions where{parse_device(a->device), parse_dtype(a->dtype)};
+    auto tok = hearth::tokenizer::Tokenizer::from_dir(a->model);
+    auto model = hearth::models::load_model(a->model, where);
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
+    c.stop = &g_stop;
+    std::printf("training %s (%s, %lld layers) on %s, %s fine-tune, %lld steps\n", a->model.c_str(),
+                model->model_type().c_str(), static_cast<long long>(model->num_layers()), where.device.str().c_str(),
+                c.fine_tune_type.c_str(), static_cast<long long>(c.iters));
+    std::fflush(stdout);
+    const int64_t iters = c.iters;
+    auto res = hearth::train::run_training(c, *model, tok, [iters](const hearth::train::Report& r) { print_report(r, iters); });
+    std::signal(SIGINT, SIG_DFL);
+    std::signal(SIGTERM, SIG_DFL);
+    if (res.interrupted)
+      std::printf("interrupted: checkpoint at step %lld in %s\n", static_cast<long long>(res.steps_done),
+                  c.adapter_path.c_str());
+    else
+      std::printf("saved adapter to %s\n", c.adapter_path.c_str());
+    return 0;
+  };
+}
+
+}  // namespace
+HEARTH_REGISTER_VERB(train, "train", "Fine-tune a model (LoRA or full) on jsonl data", setup_train);

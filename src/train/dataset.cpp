@@ -1,0 +1,211 @@
+// jsonl fine-tuning data: format detection, tokenization with prompt masks, batching (dataset.h).
+#include "train/dataset.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <fstream>
+#include <numeric>
+#include <random>
+
+#include "chat/chat_template.h"
+#include "core/error.h"
+#include "train/loss.h"
+
+namespace hearth::train {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+// Number of leading ids a and b share.
+int64_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return static_cast<int64_t>(n);
+}
+
+DataFormat detect(const ojson& row) {
+  if (row.contains("prompt") && row.contains("completion")) return DataFormat::kCompletion;
+  if (row.contains("messages")) return DataFormat::kChat;
+  if (row.contains("text")) return DataFormat::kText;
+  throw Error("no \"prompt\"+\"completion\", \"messages\" or \"text\" key");
+}
+
+const std::string& need_string(const ojson& row, const char* key) {
+  auto it = row.find(key);
+  if (it == row.end()) throw Error(cat("missing key \"", key, "\""));
+  if (!it->is_string()) throw Error(cat("\"", key, "\" must be a string"));
+  return it->get_ref<const std::string&>();
+}
+
+void append_eos(std::vector<int32_t>& ids, const tokenizer::Tokenizer& tok) {
+  if (auto eos = tok.eos_id(); eos && (ids.empty() || ids.back() != *eos)) ids.push_back(*eos);
+}
+
+std::string render(const tokenizer::Tokenizer& tok, const ojson& messages, const ojson& tools, bool gen_prompt) {
+  return chat::render_chat_template(tok.chat_template(), messages, tools, gen_prompt, ojson::object(),
+                                    tok.bos_token(), tok.eos_token());
+}
+
+Example chat_example(const ojson& messages, const ojson& tools, const tokenizer::Tokenizer& tok) {
+  if (!messages.is_array() || messages.empty()) throw Error("\"messages\" must be a non-empty array");
+  int64_t last = -1;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ojson& m = messages[i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      throw Error(cat("messages[", i, "] must be an object with a string \"role\""));
+    if (m["role"] == "assistant") last = static_cast<int64_t>(i);
+  }
+  if (last < 0) throw Error("\"messages\" has no assistant message to train on");
+  if (tok.chat_template().empty()) throw Error("the tokenizer has no chat template for \"messages\" rows");
+  Example ex;
+  ex.tokens = tok.encode(render(tok, messages, tools, false), false);
+  if (last > 0) {
+    ojson before = ojson::array();
+    for (int64_t i = 0; i < last; ++i) before.push_back(messages[i]);
+    ex.prompt_len = common_prefix(tok.encode(render(tok, before, tools, true), false), ex.tokens);
+  }
+  return ex;
+}
+
+Example row_example(DataFormat f, const ojson& row, const tokenizer::Tokenizer& tok) {
+  const ojson tools = row.contains("tools") ? row["tools"] : ojson();
+  switch (f) {
+    case DataFormat::kChat:
+      if (!row.contains("messages")) throw Error("missing key \"messages\" (the file's first row has it)");
+      return chat_example(row["messages"], tools, tok);
+    case DataFormat::kCompletion: {
+      const std::string& prompt = need_string(row, "prompt");
+      const std::string& completion = need_string(row, "completion");
+      if (!tok.chat_template().empty()) {
+        ojson msgs = ojson::array({ojson{{"role", "user"}, {"content", prompt}},
+                                   ojson{{"role", "assistant"}, {"content", completion}}});
+        return chat_example(msgs, tools, tok);
+      }
+      Example ex;
+      ex.tokens = tok.encode(prompt + completion, true);
+      append_eos(ex.tokens, tok);
+      ex.prompt_len = common_prefix(tok.encode(prompt, true), ex.tokens);
+      return ex;
+    }
+    case DataFormat::kText: {
+      Example ex;
+      ex.tokens = tok.encode(need_string(row, "text"), true);
+      append_eos(ex.tokens, tok);
+      return ex;
+    }
+  }
+  throw Error("unknown data format");
+}
+
+}  // namespace
+
+Dataset load_jsonl(const std::filesystem::path& path, const tokenizer::Tokenizer& tok, const DataOptions& opts) {
+  HEARTH_CHECK(opts.max_seq_length >= 2, "data: max_seq_length must be >= 2, got ", opts.max_seq_length);
+  std::ifstream in(path);
+  HEARTH_CHECK(in, path.string(), ": cannot open");
+  const std::string name = path.filename().string();
+  Dataset ds;
+  bool first = true;
+  std::string line;
+  std::vector<int32_t> stream;  // packed text
+  for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      ojson row;
+      try {
+        row = ojson::parse(line);
+      } catch (const nlohmann::json::exception& e) {
+        throw Error(cat("not valid JSON (", e.what(), ")"));
+      }
+      if (!row.is_object()) throw Error("row must be a JSON object");
+      if (first) ds.format = detect(row);
+      first = false;
+      Example ex = row_example(ds.format, row, tok);
+      if (ex.tokens.size() < 2) throw Error("fewer than 2 tokens: nothing to predict");
+      if (opts.pack_text && ds.format == DataFormat::kText) {
+        stream.insert(stream.end(), ex.tokens.begin(), ex.tokens.end());
+        continue;
+      }
+      if (static_cast<int64_t>(ex.tokens.size()) > opts.max_seq_length) ex.tokens.resize(opts.max_seq_length);
+      ex.prompt_len = std::min<int64_t>(ex.prompt_len, static_cast<int64_t>(ex.tokens.size()) - 1);
+      ds.examples.push_back(std::move(ex));
+    } catch (const Error& e) {
+      throw Error(cat(name, ":", lineno, ": ", e.what()));
+    }
+  }
+  HEARTH_CHECK(!first, path.string(), ": no rows");
+  for (size_t s = 0; s + 1 < stream.size(); s += opts.max_seq_length) {
+    const size_t e = std::min(stream.size(), s + opts.max_seq_length);
+    if (e - s < 2) break;
+    ds.examples.push_back(Example{std::vector<int32_t>(stream.begin() + s, stream.begin() + e), 0});
+  }
+  return ds;
+}
+
+Batch make_batch(const std::vector<const Example*>& rows) {
+  HEARTH_CHECK(!rows.empty(), "make_batch: no rows");
+  int64_t T = 0;
+  for (const Example* r : rows) T = std::max<int64_t>(T, r->tokens.size());
+  const int64_t B = static_cast<int64_t>(rows.size());
+  Batch b;
+  b.input_ids = at::zeros({B, T}, at::kLong);
+  b.labels = at::full({B, T}, kIgnoreIndex, at::kLong);
+  auto ids = b.input_ids.accessor<int64_t, 2>();
+  auto lab = b.labels.accessor<int64_t, 2>();
+  for (int64_t i = 0; i < B; ++i) {
+    const Example& e = *rows[i];
+    for (size_t j = 0; j < e.tokens.size(); ++j) {
+      ids[i][j] = e.tokens[j];
+      if (static_cast<int64_t>(j) >= e.prompt_len) lab[i][j] = e.tokens[j];
+    }
+    b.n_tokens += static_cast<int64_t>(e.tokens.size());
+  }
+  return b;
+}
+
+Batcher::Batcher(const Dataset& data, int64_t batch_size, uint64_t seed, bool shuffle)
+    : data_(data), seed_(seed), shuffle_(shuffle) {
+  const int64_t n = static_cast<int64_t>(data.examples.size());
+  HEARTH_CHECK(batch_size >= 1, "batch size must be >= 1, got ", batch_size);
+  HEARTH_CHECK(n >= batch_size, "dataset has ", n, " examples, fewer than the batch size ", batch_size);
+  std::vector<int64_t> idx(n);
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) {
+    return data.examples[a].tokens.size() < data.examples[b].tokens.size();
+  });
+  for (int64_t i = 0; i + batch_size <= n; i += batch_size)
+    windows_.emplace_back(idx.begin() + i, idx.begin() + i + batch_size);
+  reorder();
+}
+
+void Batcher::reorder() {
+  order_.resize(windows_.size());
+  std::iota(order_.begin(), order_.end(), 0);
+  if (!shuffle_) return;
+  std::mt19937_64 rng(seed_ + static_cast<uint64_t>(epoch_));
+  for (size_t i = order_.size(); i > 1; --i) std::swap(order_[i - 1], order_[rng() % i]);  // Fisher-Yates
+}
+
+void Batcher::seek(int64_t epoch, int64_t index) {
+  HEARTH_CHECK(epoch >= 0 && index >= 0 && index <= num_batches(), "data position (", epoch, ", ", index,
+               ") is outside the dataset's ", num_batches(), " batches");
+  epoch_ = epoch;
+  index_ = index;
+  reorder();
+}
+
+Batch Batcher::next() {
+  if (index_ >= num_batches()) {
+    ++epoch_;
+    index_ = 0;
+    reorder();
+  }
+  std::vector<const Example*> rows;
+  for (int64_t i : windows_[order_[index_]]) rows.push_back(&data_.examples[i]);
+  ++index_;
+  return make_batch(rows);
+}
+
+}  // namespace hearth::train

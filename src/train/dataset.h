@@ -1,0 +1,92 @@
+// Fine-tuning data: train.jsonl / valid.jsonl rows ({"messages"}, {"prompt","completion"}, {"text"})
+// tokenized into examples with a prompt length, and the batcher (length-sorted windows, shuffled
+// per epoch with the seed, right-padded, labels -100 off the loss). Not the loss (loss.h).
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "tokenizer/tokenizer.h"
+
+namespace hearth::train {
+
+/// Row format of a jsonl file, detected from its first row (mlx-lm create_dataset order:
+/// prompt+completion, then messages, then text); every row must then have the same keys.
+enum class DataFormat { kCompletion, kChat, kText };
+
+/// One tokenized example: loss on tokens[j] for prompt_len <= j < tokens.size().
+struct Example {
+  std::vector<int32_t> tokens;
+  int64_t prompt_len = 0;
+};
+
+/// How rows become token ids.
+struct DataOptions {
+  int64_t max_seq_length = 2048;  // longer examples are truncated (first tokens kept)
+  /// Text rows: pack all rows (each + EOS) into one stream cut into max_seq_length pieces
+  /// (for full fine-tuning; mlx-lm does not pack).
+  bool pack_text = false;
+};
+
+/// A tokenized jsonl file.
+struct Dataset {
+  DataFormat format = DataFormat::kText;
+  std::vector<Example> examples;
+};
+
+/// Tokenizes one jsonl file, following mlx-lm's tuner/datasets.py:
+/// - {"messages": [...], "tools"?}: full = chat template over all messages
+///   (add_generation_prompt=false); prompt = the template over the messages before the LAST
+///   assistant message with add_generation_prompt=true; tokens = encode(full, no specials);
+///   prompt_len = common prefix of encode(prompt) and tokens (mlx-lm uses len(encode(prompt)),
+///   equal when the prompt tokenizes as a prefix). Loss on the last assistant turn and after.
+/// - {"prompt", "completion"}: with a chat template, as messages [user: prompt, assistant:
+///   completion] (mlx-lm); without one, text concatenation prompt + completion encoded with
+///   special tokens, EOS appended when missing, prompt_len = common prefix with encode(prompt).
+/// - {"text"}: encode(text, with specials) + EOS when missing; prompt_len 0.
+/// The mask is always applied to messages / prompt-completion rows (the trainer's choice, see
+/// TrainConfig). Throws hearth::Error "<file>:<line>: <problem>" on malformed JSON, missing or
+/// mistyped keys, a conversation without an assistant message, or an empty file.
+Dataset load_jsonl(const std::filesystem::path& path, const tokenizer::Tokenizer& tok, const DataOptions& opts);
+
+/// One padded batch. input_ids [B, T] int64 (pad id 0), labels [B, T] int64 with kIgnoreIndex on
+/// the prompt and on padding (pass through shift_labels for next-token targets).
+struct Batch {
+  at::Tensor input_ids;
+  at::Tensor labels;
+  int64_t n_tokens = 0;  // real (non-pad) tokens
+};
+
+/// Builds a batch from examples (right padding to the longest). Throws on an empty list.
+Batch make_batch(const std::vector<const Example*>& rows);
+
+/// mlx-lm's iterate_batches order: examples sorted by length (stable), cut into consecutive
+/// windows of batch_size (a short tail is dropped), window order shuffled per epoch by a
+/// Fisher-Yates shuffle driven by mt19937_64(seed + epoch). The position is (epoch, index),
+/// so a resumed run continues the same sequence without saving RNG state.
+class Batcher {
+ public:
+  /// Throws hearth::Error when the dataset has fewer than batch_size examples.
+  Batcher(const Dataset& data, int64_t batch_size, uint64_t seed, bool shuffle = true);
+  /// The next batch, looping over epochs.
+  Batch next();
+  int64_t num_batches() const { return static_cast<int64_t>(windows_.size()); }
+  int64_t epoch() const { return epoch_; }
+  int64_t index() const { return index_; }
+  /// Moves to (epoch, index) as reported by epoch()/index(); throws when index is out of range.
+  void seek(int64_t epoch, int64_t index);
+
+ private:
+  void reorder();
+  const Dataset& data_;
+  uint64_t seed_;
+  bool shuffle_;
+  std::vector<std::vector<int64_t>> windows_;  // example indices per batch, sorted order
+  std::vector<int64_t> order_;                 // window order of the current epoch
+  int64_t epoch_ = 0, index_ = 0;
+};
+
+}  // namespace hearth::train

@@ -1,0 +1,334 @@
+// The fine-tuning loop (trainer.h): parameters, steps with accumulation, evaluation, reports,
+// checkpoints and resume.
+#include "train/trainer.h"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+
+#include "core/error.h"
+#include "core/torch_compat.h"
+#include "io/atomic_file.h"
+#include "io/hf_config.h"
+#include "io/safetensors.h"
+#include "train/dataset.h"
+#include "train/loss.h"
+#include "train/lora_params.h"
+#include "train/optimizer.h"
+
+namespace hearth::train {
+
+namespace {
+
+// Layer index of an HF name "model.layers.N.…" (or -1).
+int64_t layer_of(const std::string& name) {
+  static const std::string kPrefix = "model.layers.";
+  const auto pos = name.find(kPrefix);
+  if (pos == std::string::npos) return -1;
+  size_t i = pos + kPrefix.size(), j = i;
+  while (j < name.size() && std::isdigit(static_cast<unsigned char>(name[j]))) ++j;
+  return j > i ? std::stoll(name.substr(i, j - i)) : -1;
+}
+
+// Seed for the randomness (LoRA dropout) of one segment of one micro-batch of one step, so the
+// segmented recompute replays the forward's masks and a resumed run draws what it would have.
+uint64_t rng_seed(uint64_t seed, int64_t step, int64_t micro, size_t segment) {
+  uint64_t h = seed * 0x9E3779B97F4A7C15ull;
+  for (uint64_t v : {static_cast<uint64_t>(step), static_cast<uint64_t>(micro), static_cast<uint64_t>(segment)}) {
+    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+  }
+  return h & 0x7FFFFFFFFFFFFFFFull;
+}
+
+void check_config(const TrainConfig& c) {
+  HEARTH_CHECK(c.fine_tune_type == "lora" || c.fine_tune_type == "full", "--fine-tune-type: '", c.fine_tune_type,
+               "' is not lora or full");
+  HEARTH_CHECK(c.batch_size >= 1, "--batch-size must be >= 1, got ", c.batch_size);
+  HEARTH_CHECK(c.iters >= 1, "--iters must be >= 1, got ", c.iters);
+  HEARTH_CHECK(c.grad_accumulation_steps >= 1, "--grad-accumulation-steps must be >= 1, got ",
+               c.grad_accumulation_steps);
+  HEARTH_CHECK(c.learning_rate >= 0, "--learning-rate must be >= 0, got ", c.learning_rate);
+  HEARTH_CHECK(c.warmup >= 0, "--warmup must be >= 0, got ", c.warmup);
+  HEARTH_CHECK(c.steps_per_report >= 1, "--steps-per-report must be >= 1, got ", c.steps_per_report);
+  HEARTH_CHECK(c.steps_per_eval >= 1, "--steps-per-eval must be >= 1, got ", c.steps_per_eval);
+  HEARTH_CHECK(c.save_every >= 0, "--save-every must be >= 0, got ", c.save_every);
+  HEARTH_CHECK(c.segment_size >= 0, "--segment-size must be >= 0, got ", c.segment_size);
+  HEARTH_CHECK(c.adapter_format == "mlx" || c.adapter_format == "peft", "--adapter-format: '", c.adapter_format,
+               "' is not mlx or peft");
+  HEARTH_CHECK(!c.adapter_path.empty(), "--adapter-path is required");
+}
+
+// Token-mean CE over up to `max_batches` batches of `data` (no graph, no shuffling).
+double evaluate(models::Model& model, const Dataset& data, int64_t batch_size, int64_t max_batches, int64_t chunk) {
+  at::NoGradGuard no_grad;
+  Batcher b(data, batch_size, 0, /*shuffle=*/false);
+  const int64_t n = max_batches < 0 ? b.num_batches() : std::min(max_batches, b.num_batches());
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    Batch batch = b.next();
+    at::Tensor h = model.forward_layers(model.embed(batch.input_ids), 0, model.num_layers(), 0, nullptr);
+    HeadVjp r = chunked_cross_entropy(h, shift_labels(batch.labels), [&](const at::Tensor& x) { return model.head(x); },
+                                      chunk);
+    sum += r.loss_sum;
+    count += r.n_tokens;
+  }
+  return count > 0 ? sum / static_cast<double>(count) : 0.0;
+}
+
+// Writes the trained weights in the adapter folder: LoRA via the adapters module; full as
+// adapters.safetensors of HF-named weights + adapter_config.json (mlx-lm's full layout).
+void save_weights(const TrainConfig& cfg, const std::vector<TrainableParam>& params, LoraRun* lora) {
+  std::filesystem::create_directories(cfg.adapter_path);
+  if (lora) {
+    lora->save(cfg.adapter_path, cfg.adapter_format);
+    return;
+  }
+  std::map<std::string, at::Tensor> w;
+  for (const auto& p : params) w[p.name] = p.tensor.detach();
+  io::save_safetensors(cfg.adapter_path / "adapters.safetensors", w, {{"format", "pt"}});
+  nlohmann::json ac = {{"fine_tune_type", "full"}, {"num_layers", cfg.num_layers}};
+  io::write_file_atomic(cfg.adapter_path / "adapter_config.json", ac.dump(2) + "\n");
+}
+
+void save_checkpoint(const TrainConfig& cfg, int64_t step, const Batcher& batcher, const NamedAdamW& opt,
+                     const std::vector<TrainableParam>& params, LoraRun* lora) {
+  save_weights(cfg, params, lora);
+  std::map<std::string, at::Tensor> st = opt.state_tensors();
+  for (const auto& p : params) st["param." + p.name] = p.tensor.detach();
+  io::save_safetensors(cfg.adapter_path / "optimizer.safetensors", st, {{"step", std::to_string(step)}});
+  // checkpoint.json last: it is the record that the files above belong to `step`.
+  nlohmann::json ck = {{"step", step},
+                       {"epoch", batcher.epoch()},
+                       {"batch_index", batcher.index()},
+                       {"seed", cfg.seed},
+                       {"fine_tune_type", cfg.fine_tune_type},
+                       {"batch_size", cfg.batch_size},
+                       {"grad_accumulation_steps", cfg.grad_accumulation_steps}};
+  io::write_file_atomic(cfg.adapter_path / "checkpoint.json", ck.dump(2) + "\n");
+}
+
+// Restores parameters, optimizer state and data position; returns the checkpoint's step.
+int64_t load_checkpoint(const TrainConfig& cfg, Batcher& batcher, NamedAdamW& opt,
+                        const std::vector<TrainableParam>& params) {
+  const auto dir = cfg.resume;
+  nlohmann::json ck = io::read_json(dir / "checkpoint.json");
+  const std::string origin = (dir / "checkpoint.json").string();
+  for (const char* k : {"step", "epoch", "batch_index", "seed", "fine_tune_type", "batch_size"})
+    HEARTH_CHECK(ck.contains(k), origin, ": missing \"", k, "\"");
+  const int64_t step = ck["step"].get<int64_t>();
+  HEARTH_CHECK(ck["fine_tune_type"] == cfg.fine_tune_type, origin, ": the checkpoint is a ",
+               ck["fine_tune_type"].get<std::string>(), " fine-tune, this run is ", cfg.fine_tune_type);
+  HEARTH_CHECK(ck["seed"].get<uint64_t>() == cfg.seed && ck["batch_size"].get<int64_t>() == cfg.batch_size, origin,
+               ": --seed and --batch-size must match the checkpoint's (", ck["seed"], ", ", ck["batch_size"], ")");
+  auto f = io::SafetensorsFile::open(dir / "optimizer.safetensors");
+  auto it = f->metadata().find("step");
+  HEARTH_CHECK(it != f->metadata().end() && it->second == std::to_string(step), f->path().string(),
+               ": written for another step than checkpoint.json's ", step);
+  std::map<std::string, at::Tensor> st;
+  for (const auto& info : f->tensors()) st[info.name] = f->tensor(info.name);
+  {
+    at::NoGradGuard no_grad;
+    for (const auto& p : params) {
+      auto t = st.find("param." + p.name);
+      HEARTH_CHECK(t != st.end(), f->path().string(), ": no saved value for parameter ", p.name);
+      HEARTH_CHECK(t->second.sizes() == p.tensor.sizes(), f->path().string(), ": parameter ", p.name, " has shape ",
+                   t->second.sizes(), ", the model's ", p.tensor.sizes());
+      p.tensor.copy_(t->second);
+    }
+  }
+  opt.load_state_tensors(st, step, f->path().string());
+  batcher.seek(ck["epoch"].get<int64_t>(), ck["batch_index"].get<int64_t>());
+  return step;
+}
+
+void append_metrics(const std::filesystem::path& path, const Report& r) {
+  nlohmann::json j = {{"step", r.step}, {"learning_rate", r.learning_rate}, {"tokens_per_second", r.tokens_per_second},
+                      {"trained_tokens", r.trained_tokens}, {"peak_memory_bytes", r.peak_memory_bytes}};
+  if (r.train_loss) j["train_loss"] = *r.train_loss;
+  if (r.val_loss) j["val_loss"] = *r.val_loss;
+  std::ofstream out(path, std::ios::app);
+  HEARTH_CHECK(out, path.string(), ": cannot append");
+  out << j.dump() << "\n";
+}
+
+}  // namespace
+
+std::vector<TrainableParam> full_parameters(models::Model& model, int64_t num_layers) {
+  const int64_t L = model.num_layers();
+  const int64_t first = num_layers < 0 ? 0 : std::max<int64_t>(0, L - num_layers);
+  auto named = model.named_parameters();
+  bool has_lm_head = false;
+  for (const auto& [n, t] : named) has_lm_head |= n.rfind("lm_head.", 0) == 0;
+  std::vector<TrainableParam> out;
+  for (auto& [name, t] : named) {
+    TrainableParam p{name, t, layer_of(name)};
+    if (p.layer < 0) {
+      if (num_layers >= 0 && num_layers < L) continue;  // embed/norm/head only with all layers
+      p.in_embed = name.find("embed_tokens") != std::string::npos;
+      p.in_head = !p.in_embed || !has_lm_head;  // a tied table is also the head
+    } else if (p.layer < first) {
+      continue;
+    }
+    HEARTH_CHECK(at::isFloatingType(t.scalar_type()), name, ": not a floating tensor, cannot be trained");
+    p.tensor.requires_grad_(true);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+LayerStack make_layer_stack(models::Model& model, const std::vector<TrainableParam>& params) {
+  LayerStack s;
+  s.num_layers = model.num_layers();
+  s.embed = [&model](const at::Tensor& ids) { return model.embed(ids); };
+  s.layers = [&model](const at::Tensor& h, int64_t b, int64_t e) { return model.forward_layers(h, b, e, 0, nullptr); };
+  s.head = [&model](const at::Tensor& h) { return model.head(h); };
+  auto per_layer = std::make_shared<std::vector<std::vector<at::Tensor>>>(s.num_layers);
+  for (const auto& p : params) {
+    if (p.layer >= 0) {
+      HEARTH_CHECK(p.layer < s.num_layers, p.name, ": layer ", p.layer, " outside the model's ", s.num_layers);
+      (*per_layer)[p.layer].push_back(p.tensor);
+    }
+    if (p.in_embed) s.embed_params.push_back(p.tensor);
+    if (p.in_head) s.head_params.push_back(p.tensor);
+  }
+  s.layer_params = [per_layer](int64_t b, int64_t e) {
+    std::vector<at::Tensor> v;
+    for (int64_t l = b; l < e; ++l) v.insert(v.end(), (*per_layer)[l].begin(), (*per_layer)[l].end());
+    return v;
+  };
+  return s;
+}
+
+int64_t checkpoint_step(const std::filesystem::path& dir) {
+  nlohmann::json ck = io::read_json(dir / "checkpoint.json");
+  HEARTH_CHECK(ck.contains("step") && ck["step"].is_number_integer(), (dir / "checkpoint.json").string(),
+               ": missing integer \"step\"");
+  return ck["step"].get<int64_t>();
+}
+
+TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tokenizer::Tokenizer& tok,
+                         const std::function<void(const Report&)>& on_report) {
+  check_config(cfg);
+  const bool full = cfg.fine_tune_type == "full";
+  DataOptions dopt;
+  dopt.max_seq_length = cfg.max_seq_length;
+  dopt.pack_text = full;
+  const Dataset train = load_jsonl(cfg.data_dir / "train.jsonl", tok, dopt);
+  std::optional<Dataset> valid;
+  if (std::filesystem::exists(cfg.data_dir / "valid.jsonl")) valid = load_jsonl(cfg.data_dir / "valid.jsonl", tok, dopt);
+  if (valid && valid->examples.size() < static_cast<size_t>(cfg.batch_size)) valid.reset();
+
+  std::unique_ptr<LoraRun> lora;
+  std::vector<TrainableParam> params;
+  if (full) {
+    params = full_parameters(model, cfg.num_layers);
+  } else {
+    lora = std::make_unique<LoraRun>(model, cfg);
+    params = lora->params();
+  }
+  const LayerStack stack = make_layer_stack(model, params);
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  std::vector<at::Tensor> tensors;
+  for (const auto& p : params) {
+    named.emplace_back(p.name, p.tensor);
+    tensors.push_back(p.tensor);
+  }
+  AdamWConfig acfg;
+  acfg.lr = cfg.learning_rate;
+  acfg.weight_decay = cfg.weight_decay;
+  NamedAdamW opt(named, acfg);
+  Schedule sched;
+  sched.kind = Schedule::parse(cfg.lr_schedule);
+  sched.peak = cfg.learning_rate;
+  sched.warmup = cfg.warmup;
+  sched.total = cfg.iters;
+  Batcher batcher(train, cfg.batch_size, cfg.seed);
+
+  TrainResult res;
+  int64_t start = 0;
+  if (!cfg.resume.empty()) start = load_checkpoint(cfg, batcher, opt, params);
+  res.steps_done = start;
+  std::filesystem::create_directories(cfg.adapter_path);
+  const auto metrics = cfg.adapter_path / "metrics.jsonl";
+  if (lora) lora->set_training(true);
+  const at::Device device = model.placement().device;
+
+  BackwardOptions bopt;
+  bopt.segment_size = cfg.segment_size;
+  bopt.loss_chunk = cfg.loss_chunk;
+  double window_loss = 0, window_time = 0;
+  int64_t window_steps = 0, window_tokens = 0, trained_tokens = 0;
+  std::optional<double> pending_val;
+  for (int64_t step = start + 1; step <= cfg.iters; ++step) {
+    if (cfg.stop && cfg.stop->load()) {
+      res.interrupted = true;
+      break;
+    }
+    if (valid && (step == 1 || step % cfg.steps_per_eval == 0 || step == cfg.iters)) {
+      if (lora) lora->set_training(false);
+      pending_val = evaluate(model, *valid, cfg.batch_size, cfg.val_batches, cfg.loss_chunk);
+      if (lora) lora->set_training(true);
+    }
+    const auto tic = std::chrono::steady_clock::now();
+    double step_loss = 0;
+    int64_t counted = 0;
+    for (int64_t m = 0; m < cfg.grad_accumulation_steps; ++m) {
+      Batch batch = batcher.next();
+      at::Tensor targets = shift_labels(batch.labels);
+      const int64_t ntok = targets.ne(kIgnoreIndex).sum().item<int64_t>();
+      if (ntok == 0) continue;  // a batch of prompts only: nothing to learn from
+      bopt.scale = 1.0 / (static_cast<double>(ntok) * static_cast<double>(cfg.grad_accumulation_steps));
+      bopt.on_segment = [&, step, m](size_t s, bool) {
+        const uint64_t seed = rng_seed(cfg.seed, step, m, s);
+        at::manual_seed(seed);
+        LoraRun::reseed(seed);
+      };
+      BackwardResult r = backward(stack, batch.input_ids, targets, bopt);
+      step_loss += r.loss_sum / static_cast<double>(r.n_tokens);
+      ++counted;
+      window_tokens += r.n_tokens;
+    }
+    if (counted > 0) step_loss /= static_cast<double>(counted);
+    clip_grad_norm(tensors, cfg.grad_clip);
+    const double lr = sched.lr(step);
+    opt.set_lr(lr);
+    opt.step();
+    opt.zero_grad();
+    compat::synchronize(device);
+    window_time += std::chrono::duration<double>(std::chrono::steady_clock::now() - tic).count();
+    window_loss += step_loss;
+    ++window_steps;
+    res.step_losses.push_back(step_loss);
+    res.steps_done = step;
+
+    if (step % cfg.steps_per_report == 0 || step == cfg.iters || pending_val) {
+      Report rep;
+      rep.step = step;
+      rep.learning_rate = lr;
+      rep.val_loss = pending_val;
+      if (step % cfg.steps_per_report == 0 || step == cfg.iters) {
+        rep.train_loss = window_loss / static_cast<double>(window_steps);
+        rep.tokens_per_second = window_time > 0 ? static_cast<double>(window_tokens) / window_time : 0.0;
+        trained_tokens += window_tokens;
+        window_loss = window_time = 0;
+        window_steps = window_tokens = 0;
+      }
+      rep.trained_tokens = trained_tokens;
+      rep.peak_memory_bytes = compat::peak_memory_bytes(device);
+      pending_val.reset();
+      append_metrics(metrics, rep);
+      if (on_report) on_report(rep);
+      res.reports.push_back(rep);
+    }
+    if (cfg.save_every > 0 && step % cfg.save_every == 0 && step < cfg.iters)
+      save_checkpoint(cfg, step, batcher, opt, params, lora.get());
+  }
+  save_checkpoint(cfg, res.steps_done, batcher, opt, params, lora.get());
+  return res;
+}
+
+}  // namespace hearth::train

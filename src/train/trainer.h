@@ -1,0 +1,100 @@
+// The fine-tuning loop: LoRA or full fine-tune of a loaded Model on jsonl data, with gradient
+// accumulation, clipping, AdamW + schedule, periodic evaluation, checkpoints, resume and a stop
+// flag. Follows mlx-lm's tuner/trainer.py loop. Not the data formats (dataset.h), the backward
+// (segmented.h) or the CLI (cli/train.cpp).
+#pragma once
+#include <ATen/ATen.h>
+
+#include <atomic>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/model.h"
+#include "tokenizer/tokenizer.h"
+#include "train/segmented.h"
+
+namespace hearth::train {
+
+/// Every knob of a run (names follow mlx_lm.lora's flags; defaults are mlx-lm's).
+struct TrainConfig {
+  std::filesystem::path data_dir;      // train.jsonl (+ valid.jsonl)
+  std::filesystem::path adapter_path;  // output folder: adapter, checkpoint, metrics.jsonl
+  std::filesystem::path resume;        // a checkpoint folder to continue from ("" = fresh)
+  std::string fine_tune_type = "lora"; // lora | full
+  int64_t num_layers = 16;             // train the last N blocks; -1 = all (full: + embed/head)
+  int64_t lora_rank = 8;
+  double lora_scale = 20.0;
+  double lora_dropout = 0.0;
+  std::vector<std::string> lora_keys;  // module suffixes; empty = q,k,v,o,gate,up,down projections
+  int64_t batch_size = 4;
+  int64_t iters = 1000;                // optimizer steps (each of grad_accumulation_steps micro-batches)
+  double learning_rate = 1e-5;
+  std::string lr_schedule = "constant";  // constant | cosine
+  int64_t warmup = 0;
+  double weight_decay = 0.0;
+  int64_t grad_accumulation_steps = 1;
+  double grad_clip = 0.0;              // global L2 norm; 0 = off
+  int64_t max_seq_length = 2048;
+  int64_t steps_per_report = 10;
+  int64_t steps_per_eval = 200;
+  int64_t val_batches = 25;            // -1 = the whole validation set
+  int64_t save_every = 100;            // checkpoint every N steps; 0 = only at the end
+  uint64_t seed = 0;
+  int64_t segment_size = 0;            // layers per backward segment; 0 = full backward
+  int64_t loss_chunk = 1024;           // positions per loss-head chunk
+  std::string adapter_format = "mlx";  // mlx | peft
+  /// Checked between optimizer steps: when set, a last checkpoint is written and run() returns.
+  const std::atomic<bool>* stop = nullptr;
+};
+
+/// One progress report (also a metrics.jsonl line).
+struct Report {
+  int64_t step = 0;
+  std::optional<double> train_loss;  // mean of micro-batch token-mean losses since the last report
+  std::optional<double> val_loss;    // token-mean over val_batches, when evaluated at this step
+  double learning_rate = 0.0;
+  double tokens_per_second = 0.0;    // supervised tokens / training time since the last report
+  int64_t trained_tokens = 0;
+  int64_t peak_memory_bytes = 0;
+};
+
+/// What a run did.
+struct TrainResult {
+  int64_t steps_done = 0;            // last completed optimizer step
+  bool interrupted = false;          // stopped by the stop flag
+  std::vector<double> step_losses;   // train loss of each step run in this call
+  std::vector<Report> reports;
+};
+
+/// A named trainable tensor and where the model uses it.
+struct TrainableParam {
+  std::string name;   // HF name ("model.layers.0.self_attn.q_proj.weight") or adapter key
+  at::Tensor tensor;  // requires_grad leaf, owned by the model
+  int64_t layer = -1; // decoder layer index; -1 = not in a layer
+  bool in_embed = false, in_head = false;
+};
+
+/// Makes the full fine-tune parameters of `model` trainable: every dense weight of the last
+/// `num_layers` blocks (-1: all blocks plus embeddings, final norm and lm_head), by HF name.
+/// Throws hearth::Error for a quantized model.
+std::vector<TrainableParam> full_parameters(models::Model& model, int64_t num_layers);
+
+/// The LayerStack of `model` (embed / forward_layers without cache / head) over `params`.
+LayerStack make_layer_stack(models::Model& model, const std::vector<TrainableParam>& params);
+
+/// Runs the loop. `model` and `tok` are loaded by the caller (on the device and dtype wanted).
+/// Gradient accumulation follows mlx-lm: each micro-batch's loss is its own token mean and the
+/// step's gradient is the average over micro-batches (Σ_m ∇mean_m / N). Reports go to
+/// `on_report` (may be empty) and to <adapter_path>/metrics.jsonl. Throws hearth::Error on bad
+/// config, data or checkpoint.
+TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tokenizer::Tokenizer& tok,
+                         const std::function<void(const Report&)>& on_report = {});
+
+/// The step recorded in <dir>/checkpoint.json; throws hearth::Error when absent or malformed.
+int64_t checkpoint_step(const std::filesystem::path& dir);
+
+}  // namespace hearth::train
