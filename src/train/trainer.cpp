@@ -1,5 +1,6 @@
 // The fine-tuning loop (trainer.h): parameters, steps with accumulation, evaluation, reports,
 // checkpoints and resume.
+#include <c10/core/GradMode.h>
 #include "train/trainer.h"
 
 #include <nlohmann/json.hpp>
@@ -63,7 +64,7 @@ void check_config(const TrainConfig& c) {
 
 // Token-mean CE over up to `max_batches` batches of `data` (no graph, no shuffling).
 double evaluate(models::Model& model, const Dataset& data, int64_t batch_size, int64_t max_batches, int64_t chunk) {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   Batcher b(data, batch_size, 0, /*shuffle=*/false);
   const int64_t n = max_batches < 0 ? b.num_batches() : std::min(max_batches, b.num_batches());
   double sum = 0;
@@ -131,7 +132,7 @@ int64_t load_checkpoint(const TrainConfig& cfg, Batcher& batcher, NamedAdamW& op
   std::map<std::string, at::Tensor> st;
   for (const auto& info : f->tensors()) st[info.name] = f->tensor(info.name);
   {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     for (const auto& p : params) {
       auto t = st.find("param." + p.name);
       HEARTH_CHECK(t != st.end(), f->path().string(), ": no saved value for parameter ", p.name);

@@ -1,6 +1,7 @@
 // LoRA gradients vs PEFT 0.21 (tests/golden/lora/<variant>: adapter, batch.json, grads.safetensors),
 // CPU fp32, plain and segmented backward; segmented == full for every LoRA parameter on the tiny
 // models and a random 7-layer model.
+#include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 
 #include "adapters/adapter.h"
@@ -51,7 +52,7 @@ TEST_P(LoraParity, GradsMatchPeft) {
   auto adapter = hearth::adapters::attach_trainable(*model, lc, 0, "train");
   ASSERT_EQ(adapter.modules.size(), gold_adapter.modules.size());
   {
-    at::NoGradGuard ng;
+    c10::NoGradGuard ng;
     for (auto& [path, ad] : adapter.modules) {
       const auto& g = gold_adapter.modules.at(path);
       ad.a.copy_(g.a);
@@ -105,7 +106,7 @@ TEST(LoraSegmented, SegmentedEqualsFullOnModels) {
     lc.scale = 2.0;
     auto adapter = hearth::adapters::attach_trainable(*c.model, lc, 1, "train");
     {
-      at::NoGradGuard ng;  // B = 0 at init would make every A gradient zero: randomize B
+      c10::NoGradGuard ng;  // B = 0 at init would make every A gradient zero: randomize B
       for (auto& [path, ad] : adapter.modules) ad.b.normal_(0, 0.1);
     }
     hearth::nn::ActiveAdapters active({"train"});
