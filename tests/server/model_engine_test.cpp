@@ -306,6 +306,40 @@ TEST_F(ModelServerTest, RequestErrorsMapToStatuses) {
   EXPECT_NE(r->body.find("ghost"), std::string::npos);
 }
 
+// A hearth verb's stdout (stderr dropped), with `input` on stdin.
+std::string cli_run(const std::string& args, const std::string& input = "") {
+  std::string cmd = "printf '%s' '" + input + "' | " + std::string(HEARTH_BINARY) + " " + args + " 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  EXPECT_EQ(WEXITSTATUS(pclose(p)), 0) << cmd;
+  return out;
+}
+
+TEST_F(ModelServerTest, ChatAndGenerateCliShareThePromptPath) {
+  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kTemplate);
+  const std::string model = "--model '" + dir.string() + "' --device cpu --max-tokens 10";
+  // generate applies the chat template by default; the reference is the engine's own prompt.
+  std::string gen = cli_run("generate " + model + " --prompt hi");
+  ModelEngine engine(cpu_options(dir));
+  CompletionRequest req = chat_request("hi", 10);
+  Reference ref = reference_generate(dir, engine.prepare(req).ids, 10);
+  EXPECT_EQ(gen, ref.text + "\n");
+  EXPECT_EQ(cli_run("generate " + model + " --prompt -", "hi"), gen);  // '-' reads stdin
+  // --ignore-chat-template sends the raw text (with the post-processor's BOS).
+  std::vector<int32_t> raw = engine.tokenizer().encode("hi", true);
+  EXPECT_EQ(cli_run("generate " + model + " --prompt hi --ignore-chat-template"),
+            reference_generate(dir, std::vector<int64_t>(raw.begin(), raw.end()), 10).text + "\n");
+  // chat: the first turn equals generate; /reset starts over (same reply); a second turn without
+  // /reset sees the history (a different prompt); /exit ends before the last line.
+  std::string chat = cli_run("chat " + model, "hi\n/reset\nhi\nhi\n/exit\nignored\n");
+  ASSERT_EQ(chat.substr(0, 2 * gen.size()), gen + gen);
+  req.messages.push_back(ChatMessage{"assistant", ref.text, "", "", {}});
+  req.messages.push_back(ChatMessage{"user", "hi", "", "", {}});
+  EXPECT_EQ(chat.substr(2 * gen.size()), reference_generate(dir, engine.prepare(req).ids, 10).text + "\n");
+}
+
 // hearth generate's stdout (the continuation line), stderr dropped.
 std::string cli_generate(const std::string& args) {
   std::string cmd = std::string(HEARTH_BINARY) + " generate " + args + " 2>/dev/null";
