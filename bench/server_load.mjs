@@ -2,9 +2,11 @@
 // Server overhead / load benchmark: C concurrent clients send N chat requests (half streamed) to
 // `hearth serve` on loopback and check every reply. Prints throughput, latency p50/p99, failures,
 // and the server's RSS before/after. Not a model benchmark: run it against --fake-engine to measure
-// the HTTP + queue + SSE path alone.
+// the HTTP + queue + SSE path alone, or with --model DIR (a tiny model with a chat template) to add
+// the real engine: replies are then greedy (max_tokens = --words) and checked against a reference
+// reply per prompt fetched sequentially before the load.
 // Usage: node bench/server_load.mjs [--bin build/hearth] [--clients 32] [--requests 640] [--words 16]
-//        [--url http://127.0.0.1:8080 (use a running server; RSS then needs --pid)]
+//        [--model DIR] [--url http://127.0.0.1:8080 (use a running server; RSS then needs --pid)]
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 
@@ -24,7 +26,8 @@ function rssKiB(pid) {
 
 async function start() {
   if (args.url) return { url: args.url, pid: args.pid ? Number(args.pid) : null, stop: async () => {} };
-  const proc = spawn(bin, ['serve', '--fake-engine', '--port', '0'], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const engine = args.model ? ['--model', args.model, '--device', 'cpu'] : ['--fake-engine'];
+  const proc = spawn(bin, ['serve', ...engine, '--port', '0'], { stdio: ['ignore', 'pipe', 'inherit'] });
   const url = await new Promise((resolve, reject) => {
     let out = '';
     proc.stdout.on('data', (d) => {
@@ -40,17 +43,20 @@ async function start() {
   };
 }
 
-function expectedText(i) {
+function promptText(i) {
+  if (args.model) i %= 8;  // real model: 8 prompts, each with a reference reply
   return Array.from({ length: words }, (_, k) => `w${i}_${k}`).join(' ');
 }
+const references = new Map();  // real model: prompt -> greedy reply
 
-async function one(url, i) {
-  const text = expectedText(i);
-  const stream = i % 2 === 1;
+async function one(url, i, stream = i % 2 === 1) {
+  const prompt = promptText(i);
+  const text = args.model ? references.get(prompt) : prompt;  // the fake engine echoes
   const t0 = performance.now();
+  const extra = args.model ? { temperature: 0, max_tokens: words } : {};
   const r = await fetch(url + '/v1/chat/completions', {
     method: 'POST', headers: { 'Content-Type': 'application/json' },
-    body: JSON.stringify({ model: 'bench', messages: [{ role: 'user', content: text }], stream }),
+    body: JSON.stringify({ model: 'bench', messages: [{ role: 'user', content: prompt }], stream, ...extra }),
   });
   const body = await r.text();
   const ms = performance.now() - t0;
@@ -67,12 +73,20 @@ async function one(url, i) {
       got += c?.delta?.content ?? '';
     }
   }
+  if (text === undefined) return { ok: true, ms, stream, got };
   if (got !== text) return { ok: false, ms, why: `corrupted reply for ${i}: ${got.slice(0, 80)}` };
   return { ok: true, ms, stream };
 }
 
 const server = await start();
 await fetch(server.url + '/health');
+if (args.model) {
+  for (let i = 0; i < 8; i++) {
+    const ref = await one(server.url, i, false);
+    if (!ref.ok || !ref.got) throw new Error('reference request failed: ' + (ref.why ?? 'empty reply'));
+    references.set(promptText(i), ref.got);
+  }
+}
 const rssBefore = server.pid ? rssKiB(server.pid) : NaN;
 let next = 0;
 const results = [];
@@ -94,7 +108,8 @@ const code = await server.stop();
 const lat = results.filter((r) => r.ok).map((r) => r.ms).sort((a, b) => a - b);
 const pct = (p) => lat.length ? lat[Math.min(lat.length - 1, Math.floor(p * lat.length))] : NaN;
 const failed = results.filter((r) => !r.ok);
-console.log(`clients ${clients}, requests ${total} (half streamed), ${words} tokens each, loopback`);
+console.log(`clients ${clients}, requests ${total} (half streamed), ${words} tokens each, loopback, ` +
+  (args.model ? `model ${args.model} (greedy, checked against references)` : 'fake engine'));
 console.log(`throughput   ${(total / wall).toFixed(1)} req/s, ${((total * (words + 1)) / wall).toFixed(0)} tok/s (wall ${wall.toFixed(2)} s)`);
 console.log(`latency      p50 ${pct(0.5).toFixed(1)} ms, p99 ${pct(0.99).toFixed(1)} ms, max ${lat[lat.length - 1]?.toFixed(1)} ms`);
 console.log(`failed       ${failed.length}${failed.length ? ' e.g. ' + failed[0].why : ''}`);

@@ -51,21 +51,26 @@ async function loadModel() {
   }
 }
 
-// Hook for LoRA adapters: when the server lists them (GET /v1/adapters), fill the picker.
+// LoRA adapters: fill the picker from GET /v1/adapters (refreshed whenever it is opened, since
+// adapters can be mounted while the page is open); the choice is sent as `adapter`.
 async function loadAdapters() {
   try {
     const r = await fetch('/v1/adapters', { headers: headers() });
     if (!r.ok) return;
     const j = await r.json();
+    const chosen = settings.adapter.value;
+    for (const o of [...settings.adapter.options]) if (o.value !== '' && o.value !== 'none') o.remove();
     for (const a of j.adapters || []) {
       const o = document.createElement('option');
       o.value = a.id;
-      o.textContent = a.id;
+      o.textContent = `${a.id} (rank ${a.rank})`;
       settings.adapter.append(o);
     }
+    if ([...settings.adapter.options].some((o) => o.value === chosen)) settings.adapter.value = chosen;
     settings.adapter.disabled = false;
   } catch (_) { /* no adapter support */ }
 }
+settings.adapter.addEventListener('focus', loadAdapters);
 
 // Reads an SSE body and calls onEvent(parsedJson) per "data:" event until [DONE].
 async function readSse(response, onEvent) {

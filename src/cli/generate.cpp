@@ -1,87 +1,88 @@
-// `hearth generate`: load a model folder, encode a raw prompt (no chat template yet), stream the
-// continuation to stdout and print mlx_lm-style stats to stderr. Not a server (see `serve`).
+// `hearth generate`: load a model folder, build the prompt (the chat template by default when the
+// tokenizer has one, as mlx_lm.generate does), stream the continuation to stdout and print
+// mlx_lm-style stats to stderr. Not a server (see `serve`) nor an interactive chat (`chat`).
 #include <c10/core/GradMode.h>
-#include <iostream>
 
-#include "adapters/adapter.h"
-#include "adapters/mount.h"
+#include <iostream>
+#include <iterator>
+
 #include "cli/verb.h"
 #include "core/error.h"
-#include "core/torch_compat.h"
-#include "generate/generate.h"
-#include "io/hf_config.h"
-#include "models/registry.h"
-#include "tokenizer/tokenizer.h"
+#include "server/model_engine.h"
 
 namespace {
 
 struct GenerateArgs {
-  std::string model, prompt, device, dtype = "float32", adapter_path;
+  std::string model, prompt, system, device, dtype = "float32", adapter_path;
+  bool ignore_chat_template = false;
   int64_t max_tokens = 256;
   hearth::generate::SamplingParams sampling;
 };
 
-at::ScalarType parse_dtype(const std::string& s) {
-  if (s == "float32") return at::kFloat;
-  if (s == "bfloat16") return at::kBFloat16;
-  if (s == "float16") return at::kHalf;
-  throw hearth::InvalidArgument(hearth::cat("--dtype: '", s, "' is not float32, bfloat16 or float16"));
-}
-
-at::Device parse_device(const std::string& s) {
-  if (s.empty()) return hearth::compat::cuda_available() ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
-  if (s == "cpu") return at::kCPU;
-  if (s == "cuda") {
-    HEARTH_CHECK(hearth::compat::cuda_available(), "--device cuda: no CUDA device in this build/machine");
-    return at::Device(at::kCUDA, 0);
-  }
-  throw hearth::InvalidArgument(hearth::cat("--device: '", s, "' is not cpu or cuda"));
-}
-
 std::function<int()> setup_generate(CLI::App& app) {
   auto a = std::make_shared<GenerateArgs>();
   app.add_option("--model", a->model, "Model folder (config.json, *.safetensors, tokenizer.json)")->required();
-  app.add_option("--prompt", a->prompt, "Prompt text (raw, no chat template)")->required();
+  app.add_option("--prompt", a->prompt, "Prompt text ('-' reads stdin)")->required();
+  app.add_option("--system", a->system, "System message (chat template only)");
+  app.add_flag("--ignore-chat-template", a->ignore_chat_template, "Send the prompt as raw text, without the chat template");
   app.add_option("--max-tokens", a->max_tokens, "Maximum tokens to generate (default 256)");
   app.add_option("--temp", a->sampling.temperature, "Sampling temperature (default 0 = greedy)");
   app.add_option("--top-p", a->sampling.top_p, "Nucleus sampling threshold (0 = off)");
   app.add_option("--top-k", a->sampling.top_k, "Keep the k most likely tokens (0 = off)");
   app.add_option("--min-p", a->sampling.min_p, "Keep tokens with p >= min_p * p_max (0 = off)");
   app.add_option("--repetition-penalty", a->sampling.repetition_penalty, "Penalty for the last 20 tokens (off)");
+  app.add_option("--presence-penalty", a->sampling.presence_penalty, "Subtract from tokens seen in the last 20 (off)");
+  app.add_option("--frequency-penalty", a->sampling.frequency_penalty, "Subtract per occurrence in the last 20 (off)");
   app.add_option("--seed", a->sampling.seed, "Sampling seed (default 0)");
   app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
   app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default float32)");
   app.add_option("--adapter-path,--adapter", a->adapter_path, "LoRA adapter folder (mlx-lm or PEFT layout) to apply");
   return [a] {
+    using namespace hearth;
     c10::NoGradGuard no_grad;
-    const hearth::nn::LoadOptions where{parse_device(a->device), parse_dtype(a->dtype)};
-    auto tokenizer = hearth::tokenizer::Tokenizer::from_dir(a->model);
-    auto model = hearth::models::load_model(a->model, where);
-    std::vector<std::string> active;
+    if (a->prompt == "-") a->prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    server::ModelEngineOptions eo;
+    eo.model_dir = a->model;
+    eo.device = a->device;
+    eo.dtype = a->dtype;
     if (!a->adapter_path.empty()) {
-      auto adapter = hearth::adapters::load_adapter(a->adapter_path);
-      hearth::adapters::mount(*model, adapter);
-      active.push_back(adapter.id);
+      eo.adapters.emplace_back("cli", a->adapter_path);
+      eo.default_adapter = "cli";
     }
-    hearth::nn::ActiveAdapters adapter_scope(active);
-    std::vector<int32_t> ids32 = tokenizer.encode(a->prompt, /*add_special_tokens=*/true);
-    std::vector<int64_t> prompt(ids32.begin(), ids32.end());
-    hearth::generate::GenerateOptions opts;
-    opts.max_tokens = a->max_tokens;
-    opts.sampling = a->sampling;
-    opts.eos_ids = hearth::io::GenerationConfig::load(a->model).eos_token_ids;
-    if (auto eos = tokenizer.eos_id()) opts.eos_ids.push_back(*eos);
-    hearth::tokenizer::StreamDecoder stream(tokenizer, /*skip_special_tokens=*/true);
-    auto result = hearth::generate::generate(*model, prompt, opts, [&](int64_t id) {
-      std::cout << stream.push(static_cast<int32_t>(id)) << std::flush;
+    server::ModelEngine engine(std::move(eo));
+
+    server::CompletionRequest req;
+    req.chat = engine.has_chat_template() && !a->ignore_chat_template;
+    if (req.chat) {
+      if (!a->system.empty()) req.messages.push_back(server::ChatMessage{"system", a->system, "", "", {}});
+      req.messages.push_back(server::ChatMessage{"user", a->prompt, "", "", {}});
+    } else {
+      req.prompt = a->prompt;
+    }
+    const auto& s = a->sampling;
+    req.sampling.temperature = s.temperature;
+    req.sampling.top_p = s.top_p;
+    req.sampling.top_k = s.top_k;
+    req.sampling.min_p = s.min_p;
+    req.sampling.repetition_penalty = s.repetition_penalty;
+    req.sampling.presence_penalty = s.presence_penalty;
+    req.sampling.frequency_penalty = s.frequency_penalty;
+    req.sampling.seed = static_cast<int64_t>(s.seed);
+    req.max_tokens = a->max_tokens;
+    server::Prompt prompt = engine.prepare(req);
+    HEARTH_CHECK_T(InvalidArgument, static_cast<int64_t>(prompt.ids.size()) < engine.context_length(), "--prompt: ",
+                   prompt.ids.size(), " tokens do not fit the context length ", engine.context_length());
+    engine.generate(prompt, req, [](const server::TokenEvent& ev) {
+      std::cout << ev.text << std::flush;
       return true;
     });
-    std::cout << stream.flush() << std::endl;
-    const auto& s = result.stats;
+    std::cout << std::endl;
+    const auto& st = engine.last_stats();
     std::cerr << "==========\n"
-              << "Prompt: " << s.prompt_tokens << " tokens, " << s.prompt_tps << " tokens-per-sec\n"
-              << "Generation: " << s.generation_tokens << " tokens, " << s.generation_tps << " tokens-per-sec\n"
-              << "Peak memory: " << s.peak_memory_bytes / 1e9 << " GB\n";
+              << "Prompt: " << st.prompt_tokens << " tokens, " << st.prompt_tps << " tokens-per-sec\n"
+              << "Generation: " << st.generation_tokens << " tokens, " << st.generation_tps << " tokens-per-sec\n"
+              << "Time to first token: " << st.ttft_s * 1e3 << " ms\n"
+              << "Peak memory: " << st.peak_memory_bytes / 1e9 << " GB\n";
     return 0;
   };
 }

@@ -12,12 +12,16 @@
 #include "cli/verb.h"
 #include "core/error.h"
 #include "server/fake_engine.h"
+#include "server/model_engine.h"
 #include "server/server.h"
 
 namespace {
 
 struct ServeArgs {
   std::string model;
+  hearth::server::ModelEngineOptions engine;
+  std::vector<std::string> adapters;  // NAME=PATH
+  std::vector<std::string> adapter_dirs;
   hearth::server::ServerOptions server;
   bool fake_engine = false;
   int fake_delay_ms = 0;
@@ -32,7 +36,17 @@ int run_serve(const ServeArgs& a) {
         server::FakeEngineOptions{a.model.empty() ? "fake-model" : a.model, a.fake_context, a.fake_delay_ms});
   } else {
     HEARTH_CHECK(!a.model.empty(), "serve: --model DIR is required");
-    throw Error("serve: the model engine is not wired into the server yet (use --fake-engine for now)");
+    server::ModelEngineOptions eo = a.engine;
+    eo.model_dir = a.model;
+    for (const auto& d : a.adapter_dirs) eo.adapter_roots.emplace_back(d);
+    for (const auto& spec : a.adapters) {
+      const size_t eq = spec.find('=');
+      HEARTH_CHECK_T(InvalidArgument, eq != std::string::npos && eq > 0 && eq + 1 < spec.size(), "--adapter '", spec,
+                     "': expected NAME=PATH");
+      eo.adapters.emplace_back(spec.substr(0, eq), spec.substr(eq + 1));
+    }
+    std::cerr << "hearth: loading " << a.model << " ..." << std::endl;
+    engine = std::make_unique<server::ModelEngine>(std::move(eo));
   }
 
   // Signals: a handler (run on whichever thread the kernel picks; libraries start threads before
@@ -59,8 +73,13 @@ int run_serve(const ServeArgs& a) {
     if (sig != 0) std::cerr << "hearth: stopping (signal " << int(sig) << ")\n";
     srv.stop();
   });
-  std::cout << "hearth: serving " << engine->model_id() << " on http://" << a.server.host << ":" << port
-            << " (Ctrl-C to stop)" << std::endl;
+  const std::string url = "http://" + a.server.host + ":" + std::to_string(port);
+  std::cout << "hearth: serving " << engine->model_id() << " on " << url << " (Ctrl-C to stop)" << std::endl;
+  std::cout << "hearth: web chat at " << url << "/ ; try:\n  curl " << url
+            << "/v1/chat/completions -H 'Content-Type: application/json'"
+            << (a.server.api_key.empty() ? "" : " -H 'Authorization: Bearer $KEY'")
+            << " -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], \"max_tokens\": 64}'"
+            << std::endl;
   srv.serve();
   unsigned char zero = 0;
   [[maybe_unused]] auto n = write(pipe_fds[1], &zero, 1);
@@ -80,6 +99,21 @@ std::function<int()> setup_serve(CLI::App& app) {
       ->check(CLI::Range(1024, 1 << 30));
   app.add_option("--max-tokens", a->server.default_max_tokens,
                  "Default generated-token limit for chat requests that set none (0 = context length)");
+  app.add_option("--device", a->engine.device, "cpu | cuda (default: cuda when available)");
+  app.add_option("--dtype", a->engine.dtype, "float32 | bfloat16 | float16 (default: bf16 on cuda, fp32 on cpu)");
+  app.add_option("--context-length", a->engine.context_length, "Prompt + output token cap (default: the model's)");
+  app.add_option("--adapter", a->adapters, "Mount a LoRA adapter at start: NAME=PATH (repeatable)");
+  app.add_option("--adapter-dir", a->adapter_dirs,
+                 "Folder under which POST /v1/adapters may load adapters (repeatable; MODEL/adapters always is)");
+  app.add_option("--default-adapter", a->engine.default_adapter,
+                 "Adapter selection for requests that send none (\"id\" or \"a+b\"; default: base model)");
+  app.add_option("--temp,--temperature", a->engine.defaults.temperature,
+                 "Default temperature (else generation_config.json, else 0.7)");
+  app.add_option("--top-p", a->engine.defaults.top_p, "Default top-p (else generation_config.json, else off)");
+  app.add_option("--top-k", a->engine.defaults.top_k, "Default top-k (else generation_config.json, else off)");
+  app.add_option("--min-p", a->engine.defaults.min_p, "Default min-p (off)");
+  app.add_option("--repetition-penalty", a->engine.defaults.repetition_penalty,
+                 "Default repetition penalty (else generation_config.json, else off)");
   app.add_flag("--fake-engine", a->fake_engine, "Serve a scripted fake engine (tests)")->group("");
   app.add_option("--fake-delay-ms", a->fake_delay_ms, "Fake engine: sleep per token")->group("");
   app.add_option("--fake-context", a->fake_context, "Fake engine: context length")->group("");

@@ -17,6 +17,13 @@ double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 
 GenerationResult generate(models::Model& model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
                           const TokenCallback& on_token) {
+  StepCallback step;
+  if (on_token) step = [&](int64_t token, const at::Tensor&) { return on_token(token); };
+  return generate(model, prompt, opts, step);
+}
+
+GenerationResult generate(models::Model& model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
+                          const StepCallback& on_step) {
   HEARTH_CHECK(!prompt.empty(), "generate: the prompt is empty");
   HEARTH_CHECK(opts.prefill_step_size > 0, "generate: prefill_step_size must be positive");
   for (int64_t id : prompt)
@@ -52,7 +59,14 @@ GenerationResult generate(models::Model& model, const std::vector<int64_t>& prom
     st.peak_memory_bytes = compat::peak_memory_bytes(device);
     return result;
   }
-  int64_t next = sampler.sample(logits[0][-1], tokens);
+  // One step: processors → (log-probabilities for the callback) → sampler.
+  at::Tensor step_logprobs;
+  auto sample_step = [&](const at::Tensor& last) {
+    at::Tensor processed = sampler.process(last, tokens);
+    if (opts.logprobs) step_logprobs = at::log_softmax(processed, -1);
+    return sampler.sample_processed(processed);
+  };
+  int64_t next = sample_step(logits[0][-1]);
   const auto t1 = Clock::now();
   st.ttft_s = seconds(t0, t1);
   st.prompt_tps = n / std::max(st.ttft_s, 1e-9);
@@ -66,12 +80,12 @@ GenerationResult generate(models::Model& model, const std::vector<int64_t>& prom
     result.tokens.push_back(next);
     tokens.push_back(next);
     t_last = Clock::now();
-    if (on_token && !on_token(next)) break;
+    if (on_step && !on_step(next, step_logprobs)) break;
     if (static_cast<int64_t>(result.tokens.size()) >= opts.max_tokens) break;
     at::Tensor ids = at::full({1, 1}, next, ids_opts).to(device);
     logits = model.forward(ids, offset, &caches);
     offset += 1;
-    next = sampler.sample(logits[0][-1], tokens);
+    next = sample_step(logits[0][-1]);
   }
   st.generation_tokens = static_cast<int64_t>(result.tokens.size());
   // Like mlx-lm: generation speed over the tokens after the first.

@@ -19,6 +19,7 @@ struct GenerateOptions {
   int64_t prefill_step_size = 2048;  // prompt tokens per forward during prefill
   SamplingParams sampling;
   std::vector<int64_t> eos_ids;      // stop (EOS not emitted to the callback, not counted)
+  bool logprobs = false;             // hand StepCallback the step's log-probabilities
 };
 
 struct GenerationStats {
@@ -38,10 +39,18 @@ struct GenerationResult {
 
 /// Called per generated token; return false to stop.
 using TokenCallback = std::function<bool(int64_t token)>;
+/// Called per generated token with `logprobs` [V] float32 on the model's device: the log-softmax
+/// of the processed logits (after the penalties, before top-p/min-p/top-k and temperature, as
+/// mlx-lm reports them) when GenerateOptions::logprobs, else an undefined tensor. Return false
+/// to stop.
+using StepCallback = std::function<bool(int64_t token, const at::Tensor& logprobs)>;
 
 /// Generates a continuation of `prompt` (non-empty ids) with `model` (batch 1). Throws
 /// hearth::Error on an empty prompt or an id outside the vocabulary.
 GenerationResult generate(models::Model& model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
                           const TokenCallback& on_token = {});
+/// The same loop with a per-step callback that can also see the step's log-probabilities.
+GenerationResult generate(models::Model& model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
+                          const StepCallback& on_step);
 
 }  // namespace hearth::generate

@@ -1,9 +1,10 @@
-// Sampler chain: repetition penalty → top-p → min-p → top-k → categorical at temperature,
+// Sampler chain: repetition → presence → frequency penalty → top-p → min-p → top-k → categorical at temperature,
 // in the order and with the comparisons of mlx-lm's sample_utils.py.
 #include "generate/sampler.h"
 
 #include <cmath>
 #include <limits>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "core/error.h"
@@ -12,6 +13,44 @@ namespace hearth::generate {
 
 namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// The last `size` tokens (all when size is 0 or larger than the history).
+std::vector<int64_t> window(const std::vector<int64_t>& tokens, int64_t size) {
+  const size_t n = size <= 0 ? tokens.size() : std::min<size_t>(tokens.size(), static_cast<size_t>(size));
+  return std::vector<int64_t>(tokens.end() - n, tokens.end());
+}
+
+// Subtracts penalty × weight(id) where weight counts occurrences (or 1 per distinct id).
+at::Tensor subtract_counts(const at::Tensor& logits, const std::vector<int64_t>& context, double penalty,
+                           bool per_occurrence) {
+  at::Tensor out = logits.clone();
+  std::vector<int64_t> ids;
+  std::vector<float> amount;
+  std::unordered_map<int64_t, size_t> pos;
+  for (int64_t id : context) {
+    if (id < 0 || id >= logits.size(-1)) continue;
+    auto [it, fresh] = pos.emplace(id, ids.size());
+    if (fresh) {
+      ids.push_back(id);
+      amount.push_back(static_cast<float>(penalty));
+    } else if (per_occurrence) {
+      amount[it->second] += static_cast<float>(penalty);
+    }
+  }
+  if (ids.empty()) return out;
+  at::Tensor idx = at::tensor(ids, at::TensorOptions().dtype(at::kLong)).to(logits.device());
+  at::Tensor sub = at::tensor(amount, at::TensorOptions().dtype(at::kFloat)).to(logits.device(), logits.scalar_type());
+  out.index_copy_(-1, idx, out.index_select(-1, idx) - sub);
+  return out;
+}
+}  // namespace
+
+at::Tensor apply_presence_penalty(const at::Tensor& logits, const std::vector<int64_t>& context, double penalty) {
+  return subtract_counts(logits, context, penalty, /*per_occurrence=*/false);
+}
+
+at::Tensor apply_frequency_penalty(const at::Tensor& logits, const std::vector<int64_t>& context, double penalty) {
+  return subtract_counts(logits, context, penalty, /*per_occurrence=*/true);
 }
 
 at::Tensor apply_repetition_penalty(const at::Tensor& logits, const std::vector<int64_t>& context, double penalty) {
@@ -62,17 +101,34 @@ Sampler::Sampler(SamplingParams params) : params_(params), rng_(params.seed) {
   HEARTH_CHECK(params_.repetition_penalty >= 0, "sampling: repetition_penalty must be >= 0, got ",
                params_.repetition_penalty);
   HEARTH_CHECK(params_.repetition_context_size >= 0, "sampling: repetition_context_size must be >= 0");
+  HEARTH_CHECK(std::isfinite(params_.presence_penalty) && std::isfinite(params_.frequency_penalty),
+               "sampling: presence/frequency penalties must be finite");
+  HEARTH_CHECK(params_.presence_context_size >= 0 && params_.frequency_context_size >= 0,
+               "sampling: presence/frequency context sizes must be >= 0");
 }
 
-int64_t Sampler::sample(const at::Tensor& logits_in, const std::vector<int64_t>& tokens) {
+at::Tensor Sampler::process(const at::Tensor& logits_in, const std::vector<int64_t>& tokens) const {
   HEARTH_CHECK(logits_in.dim() == 1, "Sampler: logits must be [V], got ", logits_in.sizes());
-  at::Tensor logits = logits_in;
+  at::Tensor logits = logits_in.to(at::kFloat);
   const SamplingParams& p = params_;
-  if (p.repetition_penalty != 0 && p.repetition_penalty != 1 && !tokens.empty()) {
-    const size_t n = std::min<size_t>(tokens.size(), p.repetition_context_size);
-    std::vector<int64_t> ctx(tokens.end() - n, tokens.end());
-    logits = apply_repetition_penalty(logits.to(at::kFloat), ctx, p.repetition_penalty);
-  }
+  if (tokens.empty()) return logits;
+  // mlx-lm: "if repetition_penalty" (0 = off); 1 changes nothing, so it is skipped too.
+  if (p.repetition_penalty != 0 && p.repetition_penalty != 1)
+    logits = apply_repetition_penalty(logits, window(tokens, p.repetition_context_size), p.repetition_penalty);
+  if (p.presence_penalty != 0)
+    logits = apply_presence_penalty(logits, window(tokens, p.presence_context_size), p.presence_penalty);
+  if (p.frequency_penalty != 0)
+    logits = apply_frequency_penalty(logits, window(tokens, p.frequency_context_size), p.frequency_penalty);
+  return logits;
+}
+
+int64_t Sampler::sample(const at::Tensor& logits, const std::vector<int64_t>& tokens) {
+  return sample_processed(process(logits, tokens));
+}
+
+int64_t Sampler::sample_processed(const at::Tensor& logits) {
+  HEARTH_CHECK(logits.dim() == 1, "Sampler: logits must be [V], got ", logits.sizes());
+  const SamplingParams& p = params_;
   if (p.temperature == 0) return logits.argmax(-1).item<int64_t>();
 
   at::Tensor lp = logits.to(at::kCPU, at::kFloat);

@@ -1,6 +1,7 @@
 // Token sampling with mlx-lm's semantics (mlx_lm/sample_utils.py: make_logits_processors,
-// make_sampler): repetition penalty over the last N tokens, then top-p, min-p and top-k
-// filtering on log-probabilities, then a categorical draw at the temperature (temp 0: argmax).
+// make_sampler): repetition, presence and frequency penalties over the last N tokens, then top-p,
+// min-p and top-k filtering on log-probabilities, then a categorical draw at the temperature
+// (temp 0: argmax).
 // Not stop-string handling or the generation loop (generate.h).
 #pragma once
 #include <ATen/ATen.h>
@@ -20,12 +21,23 @@ struct SamplingParams {
   int64_t min_tokens_to_keep = 1; // min-p keeps at least this many
   double repetition_penalty = 0.0;  // active when != 0 and != 1 (mlx-lm: "if repetition_penalty")
   int64_t repetition_context_size = 20;
+  double presence_penalty = 0.0;    // active when != 0; subtracted once per distinct token in the window
+  int64_t presence_context_size = 20;
+  double frequency_penalty = 0.0;   // active when != 0; subtracted once per occurrence in the window
+  int64_t frequency_context_size = 20;
   uint64_t seed = 0;
 };
 
 /// y = logits with the penalty applied to the ids in `context` (each id once): positive logits
 /// divided by `penalty`, negative multiplied. logits [V] float; returns a new tensor.
 at::Tensor apply_repetition_penalty(const at::Tensor& logits, const std::vector<int64_t>& context, double penalty);
+
+/// mlx-lm make_presence_penalty: logits [V] minus `penalty` at every distinct id of `context`
+/// (OpenAI's presence penalty, over a window). Returns a new tensor.
+at::Tensor apply_presence_penalty(const at::Tensor& logits, const std::vector<int64_t>& context, double penalty);
+/// mlx-lm make_frequency_penalty: logits [V] minus `penalty` × (occurrences of the id in
+/// `context`) (OpenAI's frequency penalty, over a window). Returns a new tensor.
+at::Tensor apply_frequency_penalty(const at::Tensor& logits, const std::vector<int64_t>& context, double penalty);
 
 /// Filters on log-probabilities [V] (float32, CPU): removed entries become -inf.
 /// top_p: keep tokens whose ascending cumulative probability (including themselves) > 1 - top_p.
@@ -42,8 +54,17 @@ class Sampler {
   explicit Sampler(SamplingParams params);
 
   /// The next token for `logits` [V] (any device/float dtype) given all tokens so far
-  /// (prompt + generated; the last repetition_context_size are penalized).
+  /// (prompt + generated, as mlx-lm's history; each penalty looks at its last *_context_size,
+  /// 0 = all). Same as sample_processed(process(logits, tokens)).
   int64_t sample(const at::Tensor& logits, const std::vector<int64_t>& tokens);
+
+  /// The logits processors alone, in mlx-lm's order (repetition → presence → frequency):
+  /// logits [V] → float32 logits [V] on the same device. Their log-softmax is the distribution
+  /// mlx-lm reports as logprobs (before top-p/min-p/top-k truncation and temperature).
+  at::Tensor process(const at::Tensor& logits, const std::vector<int64_t>& tokens) const;
+  /// The sampler alone on processed logits [V]: argmax at temperature 0, else top-p → min-p →
+  /// top-k → categorical over softmax(logprobs / temperature).
+  int64_t sample_processed(const at::Tensor& processed);
 
   const SamplingParams& params() const { return params_; }
 

@@ -11,6 +11,10 @@
 #include <string_view>
 #include <vector>
 
+namespace hearth::chat {
+struct ParsedToolCalls;
+}
+
 namespace hearth::server {
 
 /// One tool call made by the assistant (OpenAI `tool_calls[i]` with type "function").
@@ -60,7 +64,7 @@ struct CompletionRequest {
   bool include_usage = false;         ///< stream_options.include_usage
   bool logprobs = false;              ///< report the sampled token's logprob
   int top_logprobs = 0;               ///< and this many alternatives (0..20)
-  std::optional<std::string> adapter;  ///< LoRA adapter id(s) ("none" = base); hook for later
+  std::optional<std::string> adapter;  ///< LoRA adapter id(s): "id", "a+b" (stacked), "none" = base
   nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
 
   /// True when tools were given and tool_choice is not "none" (tool-call parsing is on).
@@ -89,6 +93,9 @@ struct TokenEvent {
   std::string token;                     ///< this token's own bytes (for logprobs `token`)
   float logprob = 0;                     ///< filled when the request asked for logprobs
   std::vector<TopLogprob> top_logprobs;  ///< request.top_logprobs entries, most likely first
+  /// Not a token: the detokenizer's held-back text released at the end of generation (e.g. an
+  /// incomplete UTF-8 sequence as U+FFFD). Only `text` is meaningful; no logprobs entry.
+  bool text_only = false;
 };
 
 /// How a generation ended.
@@ -103,6 +110,19 @@ struct ParsedToolCalls {
   std::vector<ToolCall> calls;
   std::string content;  ///< the text outside tool-call blocks, trimmed
 };
+
+/// A LoRA adapter mounted in the engine (GET /v1/adapters).
+struct AdapterInfo {
+  std::string id;
+  std::string path;     ///< the folder it was loaded from
+  std::string format;   ///< "peft" | "mlx"
+  int64_t rank = 0;     ///< largest rank over its modules
+  int64_t modules = 0;  ///< Linear modules it targets
+  double scale = 0;     ///< effective scale (lora_alpha / r, or mlx-lm's scale)
+};
+
+/// src/chat/'s parse result in the server's types.
+ParsedToolCalls to_server(chat::ParsedToolCalls parsed);
 
 /// Called once per generated token (not for EOS); return false to stop generating (the client
 /// went away, a stop string matched, or the server is shutting down).
@@ -134,12 +154,29 @@ class Engine {
   virtual Finish generate(const Prompt& prompt, const CompletionRequest& req,
                           const TokenCallback& on_token) = 0;
 
-  /// The text that opens a tool call in this model's output; text from it on is held back from
-  /// the content stream and handed to parse_tool_calls at the end. Default: Hermes "<tool_call>".
-  virtual std::string tool_call_open_tag() const { return "<tool_call>"; }
-  /// Extracts tool calls from generated text starting at tool_call_open_tag(). Default: Hermes
-  /// blocks `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (server/hermes_tool_calls.h).
-  virtual ParsedToolCalls parse_tool_calls(std::string_view text) const;
+  /// Streaming tool-call routing: the byte offset in `text` (all content generated so far) from
+  /// which output must be held back because a tool call is, or may be, starting there;
+  /// text.size() when everything can be sent. Held text goes to parse_tool_calls at the end.
+  /// Default: Hermes "<tool_call>" (chat::tool_call_holdback_start). Any thread.
+  virtual size_t tool_call_holdback_start(const std::string& text) const;
+  /// Extracts tool calls from the held-back text (`tools`: the request's tools array, which types
+  /// XML-format parameters). Default: Hermes blocks `<tool_call>{"name", "arguments"}</tool_call>`
+  /// (chat::parse_tool_calls). Never throws on model output. Any thread.
+  virtual ParsedToolCalls parse_tool_calls(const std::string& text, const nlohmann::ordered_json& tools) const;
+
+  // --- LoRA adapters (optional; the default engine has none) --------------------------------
+  /// Whether mount/unmount are supported (else the adapter routes answer 404 for ids, and
+  /// POST answers 501).
+  virtual bool supports_adapters() const { return false; }
+  /// Mounted adapters in mount order. Any thread.
+  virtual std::vector<AdapterInfo> list_adapters() const { return {}; }
+  /// Loads the adapter folder `path` and mounts it as `id`. Called on the engine thread only
+  /// (the server queues it like a request, so it never races a forward). Throws
+  /// server::ApiError with the HTTP status (403 path outside the allowed roots, 404 no such
+  /// folder, 409 id already mounted, 400 broken adapter or shapes that do not fit).
+  virtual AdapterInfo mount_adapter(const std::string& id, const std::string& path);
+  /// Unmounts `id` (engine thread only, between requests); false when it is not mounted.
+  virtual bool unmount_adapter(const std::string& id) { (void)id; return false; }
 };
 
 }  // namespace hearth::server

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "server/api_error.h"
 #include "server/output_stream.h"
 
 namespace hearth::server {
@@ -29,6 +30,16 @@ EngineLoop::~EngineLoop() { shutdown(); }
 std::shared_ptr<Job> EngineLoop::submit(CompletionRequest req) {
   auto job = std::make_shared<Job>();
   job->request = std::move(req);
+  return enqueue(std::move(job));
+}
+
+std::shared_ptr<Job> EngineLoop::submit_task(std::function<void()> task) {
+  auto job = std::make_shared<Job>();
+  job->task = std::move(task);
+  return enqueue(std::move(job));
+}
+
+std::shared_ptr<Job> EngineLoop::enqueue(std::shared_ptr<Job> job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_ || queue_.size() >= opts_.max_queue) return nullptr;
@@ -77,6 +88,23 @@ void EngineLoop::run() {
 void EngineLoop::run_job(Job& job) {
   if (job.cancelled) {
     job.events.push(error_event(499, "The client closed the request."));
+    return;
+  }
+  if (job.task) {
+    try {
+      job.task();
+      StreamEvent done;
+      done.kind = StreamEvent::Kind::kDone;
+      job.events.push(std::move(done));
+    } catch (const ApiError& e) {
+      job.events.push(error_event(e.status(), e.what()));
+    } catch (const Error& e) {
+      job.events.push(error_event(400, e.what()));
+    } catch (const c10::Error& e) {
+      job.events.push(error_event(500, std::string("Internal error: ") + e.what_without_backtrace()));
+    } catch (const std::exception& e) {
+      job.events.push(error_event(500, std::string("Internal error: ") + e.what()));
+    }
     return;
   }
   CompletionRequest& req = job.request;

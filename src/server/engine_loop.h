@@ -19,7 +19,7 @@ struct EngineLoopOptions {
   int64_t default_max_tokens_completion = 512;  ///< /v1/completions default (as mlx-lm)
 };
 
-/// Runs Jobs one at a time on its own thread: prepare() (errors -> kError 400/413/500), then
+/// Runs Jobs one at a time on its own thread: tasks, or prepare() (errors -> kError 400/413/500), then
 /// kStarted, generate() through an OutputStream (kDelta...), then kDone. A job whose `cancelled`
 /// flag is set is skipped, or stopped at its next token.
 class EngineLoop {
@@ -31,6 +31,10 @@ class EngineLoop {
 
   /// Queues a request; returns nullptr when the queue is full or the loop is shutting down.
   std::shared_ptr<Job> submit(CompletionRequest req);
+  /// Queues `task` to run on the engine thread in FIFO order with the requests (for adapter
+  /// mount/unmount, which must not race a forward). Its job ends with kDone, or kError carrying
+  /// the ApiError's status (hearth::Error → 400, anything else → 500). nullptr as submit().
+  std::shared_ptr<Job> submit_task(std::function<void()> task);
 
   /// Cancels the running job, fails queued ones with 503, and joins the thread. Idempotent.
   void shutdown();
@@ -41,6 +45,7 @@ class EngineLoop {
  private:
   void run();
   void run_job(Job& job);
+  std::shared_ptr<Job> enqueue(std::shared_ptr<Job> job);
 
   Engine& engine_;
   EngineLoopOptions opts_;

@@ -2,15 +2,12 @@
 // Not thread-safe: lives on the engine thread for the duration of one generate() call.
 #include "server/output_stream.h"
 
+#include <algorithm>
+
 namespace hearth::server {
 
 OutputStream::OutputStream(const CompletionRequest& req, const Engine& engine, EventChannel& out)
-    : req_(req),
-      engine_(engine),
-      out_(out),
-      tools_active_(req.chat && req.tools_active()),
-      tool_open_(std::vector<std::string>{tools_active_ ? engine.tool_call_open_tag() : std::string()}),
-      stops_(req.stop) {}
+    : req_(req), engine_(engine), out_(out), tools_active_(req.chat && req.tools_active()), stops_(req.stop) {}
 
 void OutputStream::emit(std::string text) {
   if (text.empty() && pending_logprobs_.empty()) return;
@@ -22,7 +19,7 @@ void OutputStream::emit(std::string text) {
 }
 
 bool OutputStream::on_token(const TokenEvent& ev) {
-  if (req_.logprobs) {
+  if (req_.logprobs && !ev.text_only) {
     TokenEvent lp;
     lp.id = ev.id;
     lp.token = ev.token;
@@ -31,15 +28,11 @@ bool OutputStream::on_token(const TokenEvent& ev) {
     pending_logprobs_.push_back(std::move(lp));
   }
   std::string content;
-  if (in_tool_) {
-    tool_text_ += ev.text;
-  } else if (tools_active_) {
-    auto r = tool_open_.push(ev.text);
-    content = std::move(r.text);
-    if (r.stopped) {
-      in_tool_ = true;
-      tool_text_ = engine_.tool_call_open_tag() + r.rest;
-    }
+  if (tools_active_) {
+    routed_ += ev.text;
+    const size_t hold = std::max(sent_, std::min(engine_.tool_call_holdback_start(routed_), routed_.size()));
+    content = routed_.substr(sent_, hold - sent_);
+    sent_ = hold;
   } else {
     content = ev.text;
   }
@@ -49,20 +42,21 @@ bool OutputStream::on_token(const TokenEvent& ev) {
 }
 
 void OutputStream::finish(const Finish& f, int64_t prompt_tokens) {
-  std::string tail;
-  if (!stops_.stopped()) {
-    if (tools_active_ && !in_tool_) tail = stops_.push(tool_open_.flush()).text;
-    if (!stops_.stopped()) tail += stops_.flush();
-  }
   StreamEvent done;
   done.kind = StreamEvent::Kind::kDone;
-  if (in_tool_) {
-    ParsedToolCalls parsed = engine_.parse_tool_calls(tool_text_);
-    done.tool_calls = std::move(parsed.calls);
-    // Text around the calls (or the whole block when nothing parsed) stays visible as content.
-    if (done.tool_calls.empty()) tail += tool_text_;
-    else if (!parsed.content.empty()) tail += parsed.content;
+  std::string tail;
+  const std::string held = tools_active_ ? routed_.substr(sent_) : std::string();
+  if (!stops_.stopped() && !held.empty()) {
+    ParsedToolCalls parsed = engine_.parse_tool_calls(held, req_.tools);
+    if (parsed.calls.empty()) {
+      tail = stops_.push(held).text;  // nothing parsed: the held text is ordinary content
+    } else {
+      done.tool_calls = std::move(parsed.calls);
+      if (!stops_.stopped()) tail = stops_.flush();
+      tail += parsed.content;  // text around the calls stays visible
+    }
   }
+  if (!stops_.stopped()) tail += stops_.flush();
   emit(std::move(tail));
   if (!done.tool_calls.empty()) done.finish_reason = "tool_calls";
   else if (stops_.stopped()) done.finish_reason = "stop";

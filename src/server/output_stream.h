@@ -9,7 +9,7 @@
 namespace hearth::server {
 
 /// Per-request output pipeline: token text -> tool router (when req.tools_active(): text from the
-/// engine's tool_call_open_tag() on is held for parse_tool_calls) -> StopMatcher(req.stop) ->
+/// engine's tool_call_holdback_start() on is held for parse_tool_calls) -> StopMatcher(req.stop) ->
 /// kDelta events. Streaming and non-streaming responses are both built from these events, so
 /// they agree by construction.
 class OutputStream {
@@ -30,10 +30,9 @@ class OutputStream {
   const Engine& engine_;
   EventChannel& out_;
   bool tools_active_;
-  generate::StopMatcher tool_open_;  // matches the tool-call open tag (with hold-back)
-  generate::StopMatcher stops_;      // the request's stop strings
-  bool in_tool_ = false;
-  std::string tool_text_;  // from the open tag on
+  generate::StopMatcher stops_;  // the request's stop strings
+  std::string routed_;           // tools active: all content text so far
+  size_t sent_ = 0;              // bytes of routed_ passed on (the rest is held for tool parsing)
   std::vector<TokenEvent> pending_logprobs_;
 };
 

@@ -44,6 +44,10 @@ bool constant_time_equal(const std::string& a, const std::string& b) {
 bool known_path(const std::string& path, std::string& allow) {
   allow = "POST";
   if (path == "/v1/chat/completions" || path == "/v1/completions") return true;
+  allow = "GET, POST";
+  if (path == "/v1/adapters") return true;
+  allow = "DELETE";
+  if (path.rfind("/v1/adapters/", 0) == 0) return true;
   allow = "GET";
   if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0 || path == "/health" || path == "/") return true;
   for (const auto& a : web_assets())
@@ -125,6 +129,21 @@ struct Server::Impl {
     });
     http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, true); });
     http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, false); });
+    http.Get("/v1/adapters", [this](const httplib::Request&, httplib::Response& res) {
+      ojson list = ojson::array();
+      for (const auto& a : engine.list_adapters()) list.push_back(adapter_json(a));
+      res.set_content(dump_json(ojson{{"object", "list"}, {"adapters", list}}), kJson);
+    });
+    http.Post("/v1/adapters", [this](const httplib::Request& req, httplib::Response& res) { mount(req, res); });
+    http.Delete("/v1/adapters/(.+)", [this](const httplib::Request& req, httplib::Response& res) {
+      const std::string id = req.matches[1];
+      auto task = [this, id] {
+        if (!engine.unmount_adapter(id))
+          throw ApiError(404, "No adapter '" + id + "' is mounted.", "id", "adapter_not_found");
+      };
+      if (!run_task(task, res)) return;
+      res.set_content(dump_json(ojson{{"id", id}, {"object", "adapter"}, {"deleted", true}}), kJson);
+    });
     http.Get("/", [](const httplib::Request&, httplib::Response& res) { serve_asset("/index.html", res); });
     for (const auto& a : web_assets()) {
       std::string path(a.path);
@@ -163,6 +182,49 @@ struct Server::Impl {
         send_error(res, 500, "Internal server error.");
       }
     });
+  }
+
+  static ojson adapter_json(const AdapterInfo& a) {
+    return ojson{{"id", a.id},         {"object", "adapter"}, {"path", a.path},  {"format", a.format},
+                 {"rank", a.rank},     {"modules", a.modules}, {"scale", a.scale}};
+  }
+
+  // Runs `task` on the engine thread (queued behind running/waiting requests) and waits for it.
+  // On failure the error response is sent and false is returned.
+  bool run_task(std::function<void()> task, httplib::Response& res) {
+    std::shared_ptr<Job> job = loop.submit_task(std::move(task));
+    if (!job) {
+      send_error(res, stopped ? 503 : 429, stopped ? "The server is shutting down." : "Too many requests waiting; retry later.");
+      return false;
+    }
+    std::optional<StreamEvent> ev;
+    while (!(ev = job->events.pop(200ms))) {
+    }
+    if (ev->kind == StreamEvent::Kind::kError) {
+      send_error(res, ev->status, ev->message);
+      return false;
+    }
+    return true;
+  }
+
+  // POST /v1/adapters {"id", "path"}: mount on the engine thread.
+  void mount(const httplib::Request& req, httplib::Response& res) {
+    std::string id, path;
+    try {
+      ojson body = parse_body(req.body);
+      for (const char* f : {"id", "path"}) {
+        if (!body.contains(f) || !body[f].is_string() || body[f].get<std::string>().empty())
+          throw ApiError(400, std::string("'") + f + "' is required and must be a non-empty string.", f);
+      }
+      id = body["id"].get<std::string>();
+      path = body["path"].get<std::string>();
+    } catch (const ApiError& e) {
+      return send_error(res, e.status(), e.what(), e.param(), e.code());
+    }
+    if (!engine.supports_adapters()) return send_error(res, 501, "This engine does not support LoRA adapters.");
+    auto info = std::make_shared<AdapterInfo>();
+    if (!run_task([this, id, path, info] { *info = engine.mount_adapter(id, path); }, res)) return;
+    res.set_content(dump_json(adapter_json(*info)), kJson);
   }
 
   static void serve_asset(const std::string& path, httplib::Response& res) {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -55,8 +56,11 @@ class EventChannel {
 };
 
 /// A request in flight: the parsed request, its output channel, and a cancel flag the HTTP side
-/// sets when the client disconnects (the engine checks it per token).
+/// sets when the client disconnects (the engine checks it per token). A job with a `task` is an
+/// engine-thread chore instead (adapter mount/unmount): it runs in queue order, between
+/// generations, and reports kDone or kError.
 struct Job {
+  std::function<void()> task;
   CompletionRequest request;
   EventChannel events;
   std::atomic<bool> cancelled{false};

@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startServer, npmPackage } from './serve_helper.mjs';
+import { startServer, npmPackage, tinyModelWithTemplate } from './serve_helper.mjs';
 
 const { chromium } = npmPackage('playwright-core');
 const executablePath = process.env.HEARTH_CHROMIUM || '/usr/bin/chromium';
@@ -101,4 +101,28 @@ test('model output is rendered as text, never as HTML', async () => {
   assert.equal(dialogs, 0);
   await page.screenshot({ path: path.join(outDir, 'web_ui_text_only.png') });
   await page.close();
+});
+
+test('adapter picker lists mounted adapters and sends the choice', async () => {
+  const lora = new URL('../golden/lora/llama_mha/', import.meta.url).pathname;
+  const real = await startServer(['--model', tinyModelWithTemplate('llama_mha'), '--device', 'cpu', '--adapter', `tuned=${lora}`]);
+  const page = await context.newPage();
+  try {
+    const sent = [];
+    page.on('request', (r) => { if (r.url().endsWith('/v1/chat/completions')) sent.push(JSON.parse(r.postData())); });
+    await page.goto(real.url + '/');
+    await page.waitForFunction(() => [...document.querySelectorAll('#adapter option')].some((o) => o.value === 'tuned'));
+    assert.equal(await page.isEnabled('#adapter'), true);
+    await page.selectOption('#adapter', 'tuned');
+    await page.fill('#max-tokens', '8');
+    await page.fill('#input', 'hello');
+    await page.click('#send');
+    await page.waitForFunction(() => document.getElementById('status').textContent.startsWith('finish'));
+    assert.equal(sent.length, 1);
+    assert.equal(sent[0].adapter, 'tuned');
+    assert.match(await page.textContent('#status'), /finish: (length|stop)/);
+  } finally {
+    await page.close();
+    assert.equal((await real.stop()).code, 0);
+  }
 });

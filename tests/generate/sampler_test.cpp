@@ -113,3 +113,44 @@ TEST(Sampler, FiltersRestrictSamples) {
   for (int i = 0; i < 200; ++i) seen.insert(s.sample(logits, {}));
   EXPECT_EQ(seen, (std::set<int64_t>{1, 3}));
 }
+
+// Presence/frequency penalties (mlx-lm make_presence_penalty / make_frequency_penalty), by hand:
+// logits [1, 2, 3, 4, 5], context [1, 3, 3, 3] (id 1 once, id 3 three times).
+TEST(Sampler, PresencePenaltySubtractsOncePerDistinctToken) {
+  at::Tensor l = at::tensor({1.f, 2.f, 3.f, 4.f, 5.f});
+  at::Tensor out = apply_presence_penalty(l, {1, 3, 3, 3}, 0.5);
+  std::vector<float> want = {1.f, 1.5f, 3.f, 3.5f, 5.f};
+  for (int i = 0; i < 5; ++i) EXPECT_FLOAT_EQ(out[i].item<float>(), want[i]) << i;
+  EXPECT_FLOAT_EQ(l[1].item<float>(), 2.f);  // input untouched
+}
+
+TEST(Sampler, FrequencyPenaltySubtractsPerOccurrence) {
+  at::Tensor l = at::tensor({1.f, 2.f, 3.f, 4.f, 5.f});
+  at::Tensor out = apply_frequency_penalty(l, {1, 3, 3, 3}, 0.5);
+  std::vector<float> want = {1.f, 1.5f, 3.f, 2.5f, 5.f};
+  for (int i = 0; i < 5; ++i) EXPECT_FLOAT_EQ(out[i].item<float>(), want[i]) << i;
+  // Negative penalties encourage repetition (OpenAI allows [-2, 2]).
+  EXPECT_FLOAT_EQ(apply_frequency_penalty(l, {4, 4}, -1.0)[4].item<float>(), 7.f);
+}
+
+TEST(Sampler, ProcessChainsPenaltiesOverTheirWindows) {
+  // repetition 2 over the last 2 tokens [3, 4]: 4/2 = 2, 5/2 = 2.5; presence 1 over the last 3
+  // [2, 3, 4]: ids 2, 3, 4 minus 1; frequency 0.25 over all [0, 4, 2, 3, 4]: id 4 twice.
+  SamplingParams p;
+  p.repetition_penalty = 2.0;
+  p.repetition_context_size = 2;
+  p.presence_penalty = 1.0;
+  p.presence_context_size = 3;
+  p.frequency_penalty = 0.25;
+  p.frequency_context_size = 0;  // 0 = the whole history (mlx-lm's tokens[-0:])
+  Sampler s(p);
+  at::Tensor out = s.process(at::tensor({1.f, 2.f, 3.f, 4.f, 5.f}), {0, 4, 2, 3, 4});
+  std::vector<float> want = {1.f - 0.25f, 2.f, 3.f - 1.f - 0.25f, 2.f - 1.f - 0.25f, 2.5f - 1.f - 0.5f};
+  for (int i = 0; i < 5; ++i) EXPECT_FLOAT_EQ(out[i].item<float>(), want[i]) << i;
+  // The penalties steer greedy decoding: 4 would win, the frequency penalty flips it to 3.
+  SamplingParams g;
+  g.frequency_penalty = 1.5;
+  Sampler greedy(g);
+  EXPECT_EQ(greedy.sample(at::tensor({0.f, 0.f, 0.f, 2.f, 3.f}), {}), 4);
+  EXPECT_EQ(greedy.sample(at::tensor({0.f, 0.f, 0.f, 2.f, 3.f}), {4}), 3);
+}

@@ -1,0 +1,99 @@
+// `hearth chat`: an interactive terminal chat over one model (mlx_lm.chat): multi-turn history
+// through the chat template, streamed replies, /reset and /exit, EOF exits.
+// Not the web chat (that is `hearth serve`'s page) and not a tool-calling agent.
+#include <c10/core/GradMode.h>
+#include <unistd.h>
+
+#include <iostream>
+
+#include "cli/verb.h"
+#include "core/error.h"
+#include "server/model_engine.h"
+
+namespace {
+
+struct ChatArgs {
+  std::string model, adapter_path, system, device, dtype;
+  int64_t max_tokens = 256;
+  double temp = 0.0;
+  double top_p = 0.0;
+  int64_t seed = 0;
+};
+
+int run_chat(const ChatArgs& a) {
+  using namespace hearth;
+  c10::NoGradGuard no_grad;
+  server::ModelEngineOptions eo;
+  eo.model_dir = a.model;
+  eo.device = a.device;
+  eo.dtype = a.dtype;
+  if (!a.adapter_path.empty()) {
+    eo.adapters.emplace_back("cli", a.adapter_path);
+    eo.default_adapter = "cli";
+  }
+  server::ModelEngine engine(std::move(eo));
+  HEARTH_CHECK_T(InvalidArgument, engine.has_chat_template(), "chat: model '", engine.model_id(),
+                 "' has no chat template (add chat_template.jinja, or use `hearth generate --ignore-chat-template`)");
+  const bool tty = isatty(STDIN_FILENO);
+  std::vector<server::ChatMessage> history;
+  auto reset = [&] {
+    history.clear();
+    if (!a.system.empty()) history.push_back(server::ChatMessage{"system", a.system, "", "", {}});
+  };
+  reset();
+  if (tty) std::cout << "[hearth chat: " << engine.model_id() << "; /reset clears the history, /exit or Ctrl-D quits]\n";
+  std::string line;
+  for (;;) {
+    if (tty) std::cout << ">> " << std::flush;
+    if (!std::getline(std::cin, line)) break;
+    if (line == "/exit" || line == "/quit") break;
+    if (line == "/reset") {
+      reset();
+      if (tty) std::cout << "[history cleared]\n";
+      continue;
+    }
+    if (line.empty()) continue;
+    history.push_back(server::ChatMessage{"user", line, "", "", {}});
+    server::CompletionRequest req;
+    req.messages = history;
+    req.max_tokens = a.max_tokens;
+    req.sampling.temperature = a.temp;
+    req.sampling.top_p = a.top_p;
+    req.sampling.seed = a.seed + static_cast<int64_t>(history.size());
+    std::string reply;
+    try {
+      server::Prompt prompt = engine.prepare(req);
+      HEARTH_CHECK_T(InvalidArgument, static_cast<int64_t>(prompt.ids.size()) < engine.context_length(),
+                     "the conversation (", prompt.ids.size(), " tokens) no longer fits the context length ",
+                     engine.context_length(), "; /reset to start over");
+      engine.generate(prompt, req, [&](const server::TokenEvent& ev) {
+        reply += ev.text;
+        std::cout << ev.text << std::flush;
+        return true;
+      });
+      std::cout << std::endl;
+      history.push_back(server::ChatMessage{"assistant", reply, "", "", {}});
+    } catch (const Error& e) {
+      history.pop_back();
+      std::cerr << "hearth chat: " << e.what() << std::endl;
+    }
+  }
+  return 0;
+}
+
+std::function<int()> setup_chat(CLI::App& app) {
+  auto a = std::make_shared<ChatArgs>();
+  app.add_option("--model", a->model, "Model folder (with a chat template)")->required();
+  app.add_option("--adapter-path,--adapter", a->adapter_path, "LoRA adapter folder to apply");
+  app.add_option("--system", a->system, "System message at the start of every conversation");
+  app.add_option("--max-tokens", a->max_tokens, "Maximum tokens per reply (default 256)");
+  app.add_option("--temp", a->temp, "Sampling temperature (default 0 = greedy)");
+  app.add_option("--top-p", a->top_p, "Nucleus sampling threshold (0 = off)");
+  app.add_option("--seed", a->seed, "Sampling seed (default 0)");
+  app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
+  app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default: bf16 on cuda, fp32 on cpu)");
+  return [a] { return run_chat(*a); };
+}
+
+}  // namespace
+HEARTH_REGISTER_VERB(chat, "chat", "Chat with a model in the terminal", setup_chat);

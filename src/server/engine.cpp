@@ -1,0 +1,29 @@
+// Engine's default hooks: Hermes tool calls (through src/chat/'s parsers) and no adapters.
+// Not an engine: ModelEngine and FakeEngine implement the rest.
+#include "server/engine.h"
+
+#include "chat/tool_calls.h"
+#include "server/api_error.h"
+
+namespace hearth::server {
+
+size_t Engine::tool_call_holdback_start(const std::string& text) const {
+  return chat::tool_call_holdback_start(text, chat::ToolCallFormat::Hermes);
+}
+
+ParsedToolCalls Engine::parse_tool_calls(const std::string& text, const nlohmann::ordered_json& tools) const {
+  return to_server(chat::parse_tool_calls(text, chat::ToolCallFormat::Hermes, tools));
+}
+
+AdapterInfo Engine::mount_adapter(const std::string&, const std::string&) {
+  throw ApiError(501, "This engine does not support LoRA adapters.");
+}
+
+ParsedToolCalls to_server(chat::ParsedToolCalls parsed) {
+  ParsedToolCalls out;
+  out.content = std::move(parsed.content);
+  for (auto& c : parsed.calls) out.calls.push_back(ToolCall{std::move(c.id), std::move(c.name), std::move(c.arguments_json)});
+  return out;
+}
+
+}  // namespace hearth::server

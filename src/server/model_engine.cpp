@@ -1,0 +1,304 @@
+// ModelEngine: prompt building (chat template + tokenizer, no double BOS), sampling defaults,
+// the generation loop with streaming detokenization and logprobs, per-request LoRA selection and
+// adapter mount/unmount. Not HTTP, not JSON beyond what the chat template consumes.
+#include "server/model_engine.h"
+
+#include <c10/core/GradMode.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+
+#include "adapters/adapter.h"
+#include "adapters/mount.h"
+#include "core/error.h"
+#include "core/torch_compat.h"
+#include "io/hf_config.h"
+#include "models/registry.h"
+#include "server/api_error.h"
+
+namespace hearth::server {
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+// A fresh per-request seed: clock bits mixed with a per-process Weyl sequence (as mlx-bun), so
+// two requests in the same nanosecond still differ.
+uint64_t fresh_seed() {
+  static std::atomic<uint64_t> weyl{0};
+  const uint64_t now = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  return now ^ (weyl.fetch_add(0x9e3779b97f4a7c15ULL) + 0x9e3779b97f4a7c15ULL);
+}
+
+// One message as transformers' apply_chat_template sees it.
+ojson message_json(const ChatMessage& m) {
+  ojson j = {{"role", m.role}};
+  j["content"] = m.content ? ojson(*m.content) : ojson(nullptr);
+  if (!m.name.empty()) j["name"] = m.name;
+  if (!m.tool_call_id.empty()) j["tool_call_id"] = m.tool_call_id;
+  if (!m.tool_calls.empty()) {
+    ojson calls = ojson::array();
+    for (const auto& tc : m.tool_calls) {
+      // OpenAI sends arguments as a JSON string; templates expect the object (mlx-lm parses it).
+      ojson args = ojson::parse(tc.arguments_json, nullptr, /*allow_exceptions=*/false);
+      if (args.is_discarded()) args = tc.arguments_json;
+      ojson call = {{"id", tc.id}, {"type", "function"}, {"function", {{"name", tc.name}, {"arguments", args}}}};
+      calls.push_back(std::move(call));
+    }
+    j["tool_calls"] = std::move(calls);
+  }
+  return j;
+}
+
+int64_t read_context_length(const fs::path& dir, const tokenizer::Tokenizer& tok) {
+  nlohmann::json cfg = io::read_json(dir / "config.json");
+  for (const auto* c : {&cfg, cfg.contains("text_config") ? &cfg["text_config"] : nullptr}) {
+    if (c && c->contains("max_position_embeddings") && (*c)["max_position_embeddings"].is_number_integer())
+      return (*c)["max_position_embeddings"].get<int64_t>();
+  }
+  if (auto m = tok.model_max_length(); m && *m > 0 && *m < (int64_t{1} << 24)) return *m;
+  return 4096;
+}
+
+bool under(const fs::path& p, const fs::path& root) {
+  fs::path rel = p.lexically_relative(root);
+  return !rel.empty() && *rel.begin() != "..";
+}
+
+}  // namespace
+
+nn::LoadOptions resolve_placement(const std::string& device, const std::string& dtype) {
+  nn::LoadOptions where;
+  if (device.empty()) {
+    where.device = compat::cuda_available() ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  } else if (device == "cpu") {
+    where.device = at::kCPU;
+  } else if (device == "cuda") {
+    HEARTH_CHECK_T(InvalidArgument, compat::cuda_available(), "--device cuda: no CUDA device in this build/machine");
+    where.device = at::Device(at::kCUDA, 0);
+  } else {
+    throw InvalidArgument(cat("--device: '", device, "' is not cpu or cuda"));
+  }
+  if (dtype.empty()) where.dtype = where.device.is_cuda() ? at::kBFloat16 : at::kFloat;
+  else if (dtype == "float32") where.dtype = at::kFloat;
+  else if (dtype == "bfloat16") where.dtype = at::kBFloat16;
+  else if (dtype == "float16") where.dtype = at::kHalf;
+  else throw InvalidArgument(cat("--dtype: '", dtype, "' is not float32, bfloat16 or float16"));
+  return where;
+}
+
+ModelEngine::ModelEngine(ModelEngineOptions opts)
+    : opts_(std::move(opts)), tokenizer_(tokenizer::Tokenizer::from_dir(opts_.model_dir)) {
+  c10::NoGradGuard no_grad;
+  const fs::path dir = fs::weakly_canonical(opts_.model_dir);
+  model_id_ = dir.filename().string();
+  model_ = models::load_model(dir, resolve_placement(opts_.device, opts_.dtype));
+  gen_config_ = io::GenerationConfig::load(dir);
+  context_length_ = opts_.context_length > 0 ? opts_.context_length : read_context_length(dir, tokenizer_);
+  if (!tokenizer_.chat_template().empty()) {
+    chat_template_ = std::make_unique<chat::ChatTemplate>(tokenizer_.chat_template());
+    tool_format_ = chat::detect_tool_call_format(tokenizer_.chat_template());
+    if (tool_format_ == chat::ToolCallFormat::None) tool_format_ = chat::ToolCallFormat::Hermes;
+  }
+  eos_ids_ = gen_config_.eos_token_ids;
+  if (auto eos = tokenizer_.eos_id()) eos_ids_.push_back(*eos);
+  std::sort(eos_ids_.begin(), eos_ids_.end());
+  eos_ids_.erase(std::unique(eos_ids_.begin(), eos_ids_.end()), eos_ids_.end());
+
+  roots_.push_back(fs::weakly_canonical(dir / "adapters"));
+  for (const auto& r : opts_.adapter_roots) roots_.push_back(fs::weakly_canonical(fs::absolute(r)));
+  for (const auto& [id, path] : opts_.adapters) {
+    adapters::Adapter a = adapters::load_adapter(path);
+    a.id = id;
+    adapters::mount(*model_, a);
+    AdapterInfo info{id, fs::weakly_canonical(fs::absolute(path)).string(),
+                     fs::exists(path / "adapter_model.safetensors") ? "peft" : "mlx", 0,
+                     static_cast<int64_t>(a.modules.size()), a.config.scale};
+    for (const auto& [_, m] : a.modules) info.rank = std::max(info.rank, m.a.size(0));
+    adapters_.push_back(std::move(info));
+  }
+  if (!opts_.default_adapter.empty()) {
+    CompletionRequest probe;
+    selected_adapters(probe);  // throws when the default names an adapter that is not mounted
+  }
+}
+
+ModelEngine::~ModelEngine() = default;
+
+std::vector<std::string> ModelEngine::selected_adapters(const CompletionRequest& req) const {
+  std::vector<std::string> ids = nn::parse_adapter_spec(req.adapter ? *req.adapter : opts_.default_adapter);
+  std::lock_guard<std::mutex> lock(adapters_mu_);
+  for (const auto& id : ids) {
+    bool found = std::any_of(adapters_.begin(), adapters_.end(), [&](const AdapterInfo& a) { return a.id == id; });
+    if (found) continue;
+    std::string mounted;
+    for (const auto& a : adapters_) mounted += (mounted.empty() ? "" : ", ") + a.id;
+    throw InvalidArgument(cat("adapter: unknown adapter \"", id, "\" (mounted: ", mounted.empty() ? "none" : mounted,
+                              "; use \"none\" for the base model)"));
+  }
+  return ids;
+}
+
+Prompt ModelEngine::prepare(const CompletionRequest& req) {
+  selected_adapters(req);
+  Prompt p;
+  if (req.chat) {
+    HEARTH_CHECK_T(InvalidArgument, chat_template_, "model '", model_id_,
+                   "' has no chat template (tokenizer_config.json chat_template or chat_template.jinja); "
+                   "use /v1/completions with a raw prompt, or add a template to the model folder");
+    chat::ChatInputs in;
+    for (const auto& m : req.messages) in.messages.push_back(message_json(m));
+    if (req.tools_active()) in.tools = req.tools;
+    in.add_generation_prompt = true;
+    in.extra_kwargs = req.chat_template_kwargs;
+    in.bos_token = tokenizer_.bos_token();
+    in.eos_token = tokenizer_.eos_token();
+    try {
+      p.text = chat_template_->render(in);
+    } catch (const Error& e) {
+      throw InvalidArgument(cat("prompt build failed: ", e.what()));
+    }
+  } else {
+    p.text = req.prompt;
+  }
+  std::vector<int32_t> ids = tokenizer_.encode(p.text, /*add_special_tokens=*/true);
+  // The template may write the BOS itself and the post-processor add another: keep one.
+  if (auto bos = tokenizer_.bos_id(); bos && ids.size() >= 2 && ids[0] == *bos && ids[1] == *bos) ids.erase(ids.begin());
+  HEARTH_CHECK_T(InvalidArgument, !ids.empty(), req.chat ? "messages" : "prompt", ": the prompt has no tokens");
+  p.ids.assign(ids.begin(), ids.end());
+  return p;
+}
+
+generate::SamplingParams ModelEngine::resolve_sampling(const CompletionRequest& req) const {
+  const SamplingOptions& r = req.sampling;
+  const SamplingDefaults& d = opts_.defaults;
+  const io::GenerationConfig& g = gen_config_;
+  generate::SamplingParams sp;
+  sp.temperature = r.temperature ? *r.temperature : d.temperature ? *d.temperature : g.temperature.value_or(0.7);
+  auto thinking = req.chat_template_kwargs.find("enable_thinking");
+  if (!r.temperature && thinking != req.chat_template_kwargs.end() && thinking->is_boolean() && !thinking->get<bool>())
+    sp.temperature = std::min(sp.temperature, 0.7);
+  sp.top_p = r.top_p ? *r.top_p : d.top_p ? *d.top_p : g.top_p.value_or(0.0);
+  sp.top_k = r.top_k ? *r.top_k : d.top_k ? *d.top_k : g.top_k.value_or(0);
+  sp.min_p = r.min_p ? *r.min_p : d.min_p.value_or(0.0);
+  sp.repetition_penalty =
+      r.repetition_penalty ? *r.repetition_penalty : d.repetition_penalty ? *d.repetition_penalty : g.repetition_penalty.value_or(0.0);
+  sp.presence_penalty = r.presence_penalty.value_or(0.0);
+  sp.frequency_penalty = r.frequency_penalty.value_or(0.0);
+  sp.seed = r.seed ? static_cast<uint64_t>(*r.seed) : fresh_seed();
+  return sp;
+}
+
+Finish ModelEngine::generate(const Prompt& prompt, const CompletionRequest& req, const TokenCallback& on_token) {
+  c10::NoGradGuard no_grad;
+  generate::GenerateOptions o;
+  const int64_t room = context_length_ - static_cast<int64_t>(prompt.ids.size());
+  o.max_tokens = std::min(req.max_tokens.value_or(room), room);
+  o.sampling = resolve_sampling(req);
+  o.eos_ids = eos_ids_;
+  o.logprobs = req.logprobs;
+  // The adapters selected now stay active for this whole generation; unmounts are queued behind
+  // it on this same thread.
+  nn::ActiveAdapters scope(selected_adapters(req));
+  tokenizer::StreamDecoder decoder(tokenizer_, /*skip_special_tokens=*/true);
+  bool stopped = false;
+  auto piece = [&](int64_t id) { return tokenizer_.decode({static_cast<int32_t>(id)}, /*skip_special_tokens=*/false); };
+  auto result = generate::generate(*model_, prompt.ids, o, [&](int64_t id, const at::Tensor& logprobs) {
+    TokenEvent ev;
+    ev.id = id;
+    ev.text = decoder.push(static_cast<int32_t>(id));
+    if (req.logprobs && logprobs.defined()) {
+      at::Tensor lp = logprobs.to(at::kCPU, at::kFloat).contiguous();
+      ev.token = piece(id);
+      ev.logprob = lp[id].item<float>();
+      if (req.top_logprobs > 0) {
+        auto [vals, idx] = at::topk(lp, std::min<int64_t>(req.top_logprobs, lp.size(0)));
+        for (int64_t i = 0; i < vals.size(0); ++i) {
+          const int64_t alt = idx[i].item<int64_t>();
+          ev.top_logprobs.push_back(TopLogprob{alt, piece(alt), vals[i].item<float>()});
+        }
+      }
+    }
+    if (!on_token(ev)) {
+      stopped = true;
+      return false;
+    }
+    return true;
+  });
+  if (std::string rest = decoder.flush(); !rest.empty() && !stopped) {
+    TokenEvent ev;
+    ev.text_only = true;
+    ev.text = std::move(rest);
+    on_token(ev);
+  }
+  last_stats_ = result.stats;
+  Finish f;
+  f.completion_tokens = static_cast<int64_t>(result.tokens.size()) + (result.stats.stopped_by_eos ? 1 : 0);
+  f.reason = stopped ? Finish::Reason::kStopped
+             : result.stats.stopped_by_eos ? Finish::Reason::kEos
+                                           : Finish::Reason::kLength;
+  return f;
+}
+
+size_t ModelEngine::tool_call_holdback_start(const std::string& text) const {
+  return chat::tool_call_holdback_start(text, tool_format_);
+}
+
+ParsedToolCalls ModelEngine::parse_tool_calls(const std::string& text, const nlohmann::ordered_json& tools) const {
+  return to_server(chat::parse_tool_calls(text, tool_format_, tools));
+}
+
+std::vector<AdapterInfo> ModelEngine::list_adapters() const {
+  std::lock_guard<std::mutex> lock(adapters_mu_);
+  return adapters_;
+}
+
+AdapterInfo ModelEngine::mount_adapter(const std::string& id, const std::string& path) {
+  if (id.empty() || id == "none" || id.find_first_of("+,") != std::string::npos)
+    throw ApiError(400, "adapter id '" + id + "' is invalid: non-empty, not \"none\", no '+' or ','", "id");
+  {
+    std::lock_guard<std::mutex> lock(adapters_mu_);
+    for (const auto& a : adapters_)
+      if (a.id == id)
+        throw ApiError(409, "An adapter with id '" + id + "' is already mounted (from " + a.path + "); DELETE it first.", "id",
+                       "adapter_exists");
+  }
+  std::error_code ec;
+  const fs::path p = fs::weakly_canonical(fs::absolute(path), ec);
+  const bool allowed = !ec && std::any_of(roots_.begin(), roots_.end(), [&](const fs::path& r) { return under(p, r); });
+  if (!allowed) {
+    std::string roots;
+    for (const auto& r : roots_) roots += (roots.empty() ? "" : ", ") + r.string();
+    throw ApiError(403, "Adapter path '" + path + "' is outside the allowed adapter folders (" + roots +
+                            "); start the server with --adapter-dir to allow another folder.", "path");
+  }
+  if (!fs::is_directory(p, ec)) throw ApiError(404, "No adapter folder at '" + path + "'.", "path", "adapter_not_found");
+  adapters::Adapter a;
+  try {
+    a = adapters::load_adapter(p);
+    a.id = id;
+    adapters::mount(*model_, a);  // validates first; all-or-nothing
+  } catch (const Error& e) {
+    throw ApiError(400, e.what(), "path");
+  }
+  AdapterInfo info{id, p.string(), fs::exists(p / "adapter_model.safetensors") ? "peft" : "mlx", 0,
+                   static_cast<int64_t>(a.modules.size()), a.config.scale};
+  for (const auto& [_, m] : a.modules) info.rank = std::max(info.rank, m.a.size(0));
+  std::lock_guard<std::mutex> lock(adapters_mu_);
+  adapters_.push_back(info);
+  return info;
+}
+
+bool ModelEngine::unmount_adapter(const std::string& id) {
+  std::lock_guard<std::mutex> lock(adapters_mu_);
+  auto it = std::find_if(adapters_.begin(), adapters_.end(), [&](const AdapterInfo& a) { return a.id == id; });
+  if (it == adapters_.end()) return false;
+  adapters::unmount(*model_, id);
+  adapters_.erase(it);
+  return true;
+}
+
+}  // namespace hearth::server

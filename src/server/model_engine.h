@@ -1,0 +1,120 @@
+// The real server::Engine: a model folder (config + weights + tokenizer + generation_config +
+// chat template) behind prepare()/generate(), with per-request LoRA selection and adapter
+// mount/unmount. Not the HTTP layer (server.h) and not thread-safe beyond the Engine contract:
+// prepare/generate/mount/unmount run on the one engine thread.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "chat/chat_template.h"
+#include "chat/tool_calls.h"
+#include "generate/generate.h"
+#include "io/hf_config.h"
+#include "models/model.h"
+#include "server/engine.h"
+#include "tokenizer/tokenizer.h"
+
+namespace hearth::server {
+
+/// Operator-level sampling defaults (`hearth serve --temp ...`): between the request and
+/// generation_config.json in the resolution order.
+struct SamplingDefaults {
+  std::optional<double> temperature, top_p, min_p, repetition_penalty;
+  std::optional<int64_t> top_k;
+};
+
+struct ModelEngineOptions {
+  std::filesystem::path model_dir;
+  std::string device;         ///< "cpu" | "cuda" | "" (cuda when available)
+  std::string dtype;          ///< "float32" | "bfloat16" | "float16" | "" (bf16 on cuda, fp32 on cpu)
+  int64_t context_length = 0; ///< 0: config.json max_position_embeddings
+  SamplingDefaults defaults;
+  /// Folders under which POST /v1/adapters may load adapters; the model's "adapters/" subfolder is
+  /// always one.
+  std::vector<std::filesystem::path> adapter_roots;
+  /// Adapters mounted at start (id, folder): trusted operator input, not limited to the roots.
+  std::vector<std::pair<std::string, std::filesystem::path>> adapters;
+  /// Selection for requests that send no "adapter" ("" = base model), e.g. "a" or "a+b".
+  std::string default_adapter;
+};
+
+/// Resolves device/dtype flags: "" → cuda when available else cpu; dtype "" → bf16 on cuda,
+/// fp32 on cpu. Throws hearth::InvalidArgument on an unknown name or cuda without a device.
+nn::LoadOptions resolve_placement(const std::string& device, const std::string& dtype);
+
+class ModelEngine : public Engine {
+ public:
+  /// Loads the model folder (config.json, *.safetensors, tokenizer.json, optional
+  /// tokenizer_config.json / chat_template.jinja / generation_config.json) and mounts
+  /// opts.adapters. Throws hearth::Error naming the file on anything missing or broken.
+  explicit ModelEngine(ModelEngineOptions opts);
+  ~ModelEngine() override;
+
+  std::string model_id() const override { return model_id_; }
+  int64_t context_length() const override { return context_length_; }
+
+  /// Chat: messages → JSON as transformers expects (assistant tool_calls' arguments parsed from
+  /// their JSON text to objects; tool messages keep tool_call_id/name) → chat template with
+  /// add_generation_prompt, tools (only when tools_active()), bos/eos tokens and
+  /// chat_template_kwargs → encode with special tokens, dropping a doubled BOS (the template
+  /// wrote one and the post-processor added another). Completions: encode(prompt) with special
+  /// tokens. Throws hearth::InvalidArgument: no chat template, a template error, an empty
+  /// prompt, or an adapter id that is not mounted.
+  Prompt prepare(const CompletionRequest& req) override;
+  /// Runs generate::generate with resolve_sampling(req), the request's adapters active, EOS ids
+  /// from generation_config.json + the tokenizer; streams text through a StreamDecoder and, when
+  /// asked, the sampled token's logprob and the top req.top_logprobs alternatives (log-softmax of
+  /// the processed logits, before truncation). Keeps the stats in last_stats().
+  Finish generate(const Prompt& prompt, const CompletionRequest& req, const TokenCallback& on_token) override;
+
+  size_t tool_call_holdback_start(const std::string& text) const override;
+  ParsedToolCalls parse_tool_calls(const std::string& text, const nlohmann::ordered_json& tools) const override;
+
+  bool supports_adapters() const override { return true; }
+  std::vector<AdapterInfo> list_adapters() const override;
+  /// Checks: id valid and not mounted (409), `path` (absolute, or relative to the working
+  /// directory) resolves under an adapter root (403), exists (404), loads and fits the model
+  /// (400; all-or-nothing).
+  AdapterInfo mount_adapter(const std::string& id, const std::string& path) override;
+  bool unmount_adapter(const std::string& id) override;
+
+  /// Sampling for a request: each field from the request, else the operator default, else
+  /// generation_config.json (temperature, top_p, top_k, repetition_penalty), else built-ins
+  /// (temperature 0.7, the rest off). With chat_template_kwargs.enable_thinking == false and no
+  /// explicit temperature, temperature = min(that, 0.7) (mlx-bun). Seed: the request's, else a
+  /// fresh one per request. Presence/frequency penalties: request only (mlx-lm semantics over
+  /// the last 20 tokens of prompt + output; see generate/sampler.h).
+  generate::SamplingParams resolve_sampling(const CompletionRequest& req) const;
+
+  const tokenizer::Tokenizer& tokenizer() const { return tokenizer_; }
+  models::Model& model() { return *model_; }
+  const std::vector<int64_t>& eos_ids() const { return eos_ids_; }
+  bool has_chat_template() const { return chat_template_ != nullptr; }
+  /// Stats of the last generate() (timings as mlx_lm.generate prints them).
+  const generate::GenerationStats& last_stats() const { return last_stats_; }
+
+ private:
+  std::vector<std::string> selected_adapters(const CompletionRequest& req) const;
+
+  ModelEngineOptions opts_;
+  std::string model_id_;
+  int64_t context_length_ = 0;
+  tokenizer::Tokenizer tokenizer_;
+  std::unique_ptr<models::Model> model_;
+  io::GenerationConfig gen_config_;
+  std::unique_ptr<chat::ChatTemplate> chat_template_;
+  chat::ToolCallFormat tool_format_ = chat::ToolCallFormat::Hermes;
+  std::vector<int64_t> eos_ids_;
+  std::vector<std::filesystem::path> roots_;  // canonical adapter roots
+  mutable std::mutex adapters_mu_;            // guards adapters_ (listed from HTTP threads)
+  std::vector<AdapterInfo> adapters_;
+  generate::GenerationStats last_stats_;
+};
+
+}  // namespace hearth::server
