@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <sstream>
 #include <type_traits>
 
 #include "core/error.h"
@@ -46,7 +47,11 @@ namespace {
 template <typename Map>
 typename Map::key_type state_key(const at::Tensor& p) {
   using Key = typename Map::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) return c10::guts::to_string(p.unsafeGetTensorImpl());
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream os;  // as libtorch 1.x keyed it (guts::to_string of the impl)
+    os << p.unsafeGetTensorImpl();
+    return os.str();
+  }
   else return static_cast<Key>(p.unsafeGetTensorImpl());
 }
 
