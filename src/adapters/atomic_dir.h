@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 
+#include "io/atomic_file.h"
 #include "core/error.h"
 
 namespace hearth::adapters::detail {
@@ -22,7 +23,7 @@ inline void write_dir_atomic(const std::filesystem::path& dir, bool replace,
   if (target.has_parent_path() && !fs::exists(target.parent_path())) fs::create_directories(target.parent_path());
   const fs::path tmp = fs::path(target.string() + ".tmp." + std::to_string(::getpid()));
   std::error_code ec;
-  fs::remove_all(tmp, ec);
+  hearth::io::remove_tree(tmp);
   HEARTH_CHECK(fs::create_directory(tmp, ec), tmp.string(), ": cannot create folder (", ec.message(), ")");
   try {
     fill(tmp);
@@ -36,9 +37,9 @@ inline void write_dir_atomic(const std::filesystem::path& dir, bool replace,
       if (!old.empty()) fs::rename(old, target);
       throw Error(cat(target.string(), ": cannot rename temp folder into place (", ec.message(), ")"));
     }
-    if (!old.empty()) fs::remove_all(old, ec);
+    if (!old.empty()) hearth::io::remove_tree(old);
   } catch (...) {
-    fs::remove_all(tmp, ec);
+    hearth::io::remove_tree(tmp);
     throw;
   }
 }

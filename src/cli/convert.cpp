@@ -174,7 +174,7 @@ int run_convert(const ConvertOptions& o) {
     fs::rename(tmp, out, ec);
     HEARTH_CHECK(!ec, out.string(), ": cannot move converted model into place (", ec.message(), ")");
   } catch (...) {
-    fs::remove_all(tmp, ec);
+    hearth::io::remove_tree(tmp);
     throw;
   }
   return 0;

@@ -3,6 +3,8 @@
 #include "io/atomic_file.h"
 
 #include <fcntl.h>
+#include <ftw.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -80,6 +82,23 @@ std::string read_file(const fs::path& path) {
   ss << in.rdbuf();
   HEARTH_CHECK(!in.bad(), path.string(), ": cannot read (I/O error)");
   return ss.str();
+}
+
+namespace {
+thread_local int64_t g_removed = 0;
+int remove_entry(const char* p, const struct stat*, int, struct FTW*) {
+  if (::remove(p) != 0) return -1;
+  ++g_removed;
+  return 0;
+}
+}  // namespace
+
+int64_t remove_tree(const std::filesystem::path& path) noexcept {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return errno == ENOENT ? 0 : -1;
+  g_removed = 0;
+  if (::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0) return -1;
+  return g_removed;
 }
 
 }  // namespace hearth::io

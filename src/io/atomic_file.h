@@ -18,4 +18,10 @@ void write_file_atomic(const std::filesystem::path& path, const std::function<vo
 /// Reads a whole file; throws hearth::Error "<path>: cannot read (...)" when missing/unreadable.
 std::string read_file(const std::filesystem::path& path);
 
+/// Removes `path` and everything under it (no error if it does not exist); returns the number of
+/// entries removed, or -1 on failure (errors are not thrown: cleanup paths call this).
+/// Use this instead of std::filesystem's remove_all: PyTorch 2.x wheels export their own copy of
+/// that symbol from libtorch.so, and calls resolve to it and crash (seen with torch 2.11).
+int64_t remove_tree(const std::filesystem::path& path) noexcept;
+
 }  // namespace hearth::io

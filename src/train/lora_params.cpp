@@ -1,4 +1,5 @@
 // LoRA glue for the trainer (lora_params.h) over src/adapters and nn::Linear's adapter scopes.
+#include "io/atomic_file.h"
 #include "train/lora_params.h"
 
 #include "adapters/adapter.h"
@@ -57,11 +58,11 @@ void LoraRun::save(const std::filesystem::path& dir, const std::string& format) 
   // save_adapter replaces its whole folder: write into a scratch folder, then move the files
   // (each rename atomic) beside the checkpoint files.
   const auto scratch = dir / ".adapter.tmp";
-  std::filesystem::remove_all(scratch);
+  hearth::io::remove_tree(scratch);
   adapters::save_adapter(scratch, impl_->adapter, format == "peft" ? adapters::Format::Peft : adapters::Format::Mlx);
   for (const auto& e : std::filesystem::directory_iterator(scratch))
     std::filesystem::rename(e.path(), dir / e.path().filename());
-  std::filesystem::remove_all(scratch);
+  hearth::io::remove_tree(scratch);
 }
 
 void LoraRun::set_training(bool on) {

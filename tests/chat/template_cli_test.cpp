@@ -2,6 +2,8 @@
 // bytes with transformers' output; bad inputs give a one-line error and a non-zero exit.
 #include <gtest/gtest.h>
 
+#include "io/atomic_file.h"
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -57,5 +59,5 @@ TEST(TemplateCli, MatchesGoldenBytes) {
             1);
   EXPECT_NE(out.find("not valid JSON"), std::string::npos) << out;
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1);
-  fs::remove_all(tmp);
+  hearth::io::remove_tree(tmp);
 }

@@ -8,6 +8,8 @@
 #include <random>
 #include <string>
 
+#include "io/atomic_file.h"
+
 namespace hearth::testing {
 
 /// A fresh folder under the system temp dir, removed (recursively) on destruction.
@@ -21,7 +23,7 @@ class TempDir {
   }
   ~TempDir() {
     std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
+    hearth::io::remove_tree(path_);
   }
   const std::filesystem::path& path() const { return path_; }
   std::filesystem::path operator/(const std::string& name) const { return path_ / name; }

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <thread>
 
+#include "io/atomic_file.h"
 #include "core/error.h"
 #include "tokenizer/tokenizer.h"
 
@@ -36,7 +37,7 @@ std::string error_of(const std::string& text) {
 
 fs::path temp_dir(const std::string& name) {
   fs::path d = fs::temp_directory_path() / ("hearth_tok_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
+  hearth::io::remove_tree(d);
   fs::create_directories(d);
   return d;
 }
@@ -113,7 +114,7 @@ TEST(TokenizerLoad, ConfigTokensBosAndChatTemplate) {
   EXPECT_EQ(t.encode("ab", false), (std::vector<int32_t>{3}));
   write(d / "chat_template.jinja", "J");
   EXPECT_EQ(Tokenizer::from_dir(d).chat_template(), "J");
-  fs::remove_all(d);
+  hearth::io::remove_tree(d);
 }
 
 TEST(TokenizerLoad, StreamDecoderHoldsBackPartialCharacters) {

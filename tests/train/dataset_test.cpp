@@ -22,10 +22,10 @@ const fs::path kTiny = fs::path(HEARTH_SOURCE_DIR) / "tests/golden/models/llama_
 struct TempDir {
   fs::path path;
   explicit TempDir(const std::string& name) : path(fs::temp_directory_path() / ("hearth_ds_" + name)) {
-    fs::remove_all(path);
+    hearth::io::remove_tree(path);
     fs::create_directories(path);
   }
-  ~TempDir() { fs::remove_all(path); }
+  ~TempDir() { hearth::io::remove_tree(path); }
   fs::path write(const std::string& file, const std::string& text) const {
     hearth::io::write_file_atomic(path / file, text);
     return path / file;

@@ -29,10 +29,10 @@ namespace {
 struct TempDir {
   fs::path path;
   explicit TempDir(const std::string& name) : path(fs::temp_directory_path() / ("hearth_tr_" + name)) {
-    fs::remove_all(path);
+    hearth::io::remove_tree(path);
     fs::create_directories(path);
   }
-  ~TempDir() { fs::remove_all(path); }
+  ~TempDir() { hearth::io::remove_tree(path); }
 };
 
 const char* kRows[] = {"the quick brown fox jumps over the lazy dog", "a stitch in time saves nine",
