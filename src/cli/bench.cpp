@@ -10,6 +10,7 @@
 #include "core/torch_compat.h"
 #include "generate/generate.h"
 #include "models/registry.h"
+#include "nn/param_source.h"
 
 namespace {
 
@@ -24,23 +25,6 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-at::ScalarType parse_dtype(const std::string& s) {
-  if (s == "float32") return at::kFloat;
-  if (s == "bfloat16") return at::kBFloat16;
-  if (s == "float16") return at::kHalf;
-  throw hearth::InvalidArgument(hearth::cat("--dtype: '", s, "' is not float32, bfloat16 or float16"));
-}
-
-at::Device parse_device(const std::string& s) {
-  if (s.empty()) return hearth::compat::cuda_available() ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
-  if (s == "cpu") return at::kCPU;
-  if (s == "cuda") {
-    HEARTH_CHECK(hearth::compat::cuda_available(), "--device cuda: no CUDA device in this build/machine");
-    return at::Device(at::kCUDA, 0);
-  }
-  throw hearth::InvalidArgument(hearth::cat("--device: '", s, "' is not cpu or cuda"));
-}
-
 std::function<int()> setup_bench(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   app.add_option("--model", a->model, "Model folder")->required();
@@ -53,7 +37,7 @@ std::function<int()> setup_bench(CLI::App& app) {
     HEARTH_CHECK(a->prompt_tokens > 0 && a->gen_tokens > 0 && a->runs > 0,
                  "bench: --prompt-tokens, --gen-tokens and --runs must be positive");
     c10::NoGradGuard no_grad;
-    const hearth::nn::LoadOptions where{parse_device(a->device), parse_dtype(a->dtype)};
+    const hearth::nn::LoadOptions where = hearth::nn::resolve_placement(a->device, a->dtype);
     auto model = hearth::models::load_model(a->model, where);
     at::manual_seed(0);
     at::Tensor ids = at::randint(model->vocab_size(), {a->prompt_tokens}, at::TensorOptions().dtype(at::kLong));

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/torch_compat.h"
 #include "models/registry.h"
+#include "nn/param_source.h"
 #include "tokenizer/tokenizer.h"
 #include "train/trainer.h"
 
@@ -24,23 +25,6 @@ struct TrainArgs {
   bool grad_checkpoint = false, mask_prompt = false;  // --mask-prompt: accepted, always on (see dataset.h)
   hearth::train::TrainConfig cfg;
 };
-
-at::ScalarType parse_dtype(const std::string& s) {
-  if (s == "float32") return at::kFloat;
-  if (s == "bfloat16") return at::kBFloat16;
-  if (s == "float16") return at::kHalf;
-  throw hearth::InvalidArgument(hearth::cat("--dtype: '", s, "' is not float32, bfloat16 or float16"));
-}
-
-at::Device parse_device(const std::string& s) {
-  if (s.empty()) return hearth::compat::cuda_available() ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
-  if (s == "cpu") return at::kCPU;
-  if (s == "cuda") {
-    HEARTH_CHECK(hearth::compat::cuda_available(), "--device cuda: no CUDA device in this build/machine");
-    return at::Device(at::kCUDA, 0);
-  }
-  throw hearth::InvalidArgument(hearth::cat("--device: '", s, "' is not cpu or cuda"));
-}
 
 std::vector<std::string> split_commas(const std::string& s) {
   std::vector<std::string> out;
@@ -105,7 +89,7 @@ std::function<int()> setup_train(CLI::App& app) {
                    " disagree (--grad-checkpoint is --segment-size 1)");
       c.segment_size = 1;
     }
-    const hearth::nn::LoadOptions where{parse_device(a->device), parse_dtype(a->dtype)};
+    const hearth::nn::LoadOptions where = hearth::nn::resolve_placement(a->device, a->dtype);
     auto tok = hearth::tokenizer::Tokenizer::from_dir(a->model);
     auto model = hearth::models::load_model(a->model, where);
     std::signal(SIGINT, on_signal);

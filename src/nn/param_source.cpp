@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/torch_compat.h"
 #include "io/weights.h"
 
 namespace hearth::nn {
@@ -37,6 +38,26 @@ at::Tensor place(const at::Tensor& t, const LoadOptions& opts) {
   // A CPU tensor in its source dtype would still alias the file mapping: own it.
   if (out.data_ptr() == t.data_ptr()) out = out.clone();
   return out;
+}
+
+LoadOptions resolve_placement(const std::string& device, const std::string& dtype) {
+  LoadOptions where;
+  if (device.empty()) {
+    where.device = compat::cuda_available() ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  } else if (device == "cpu") {
+    where.device = at::kCPU;
+  } else if (device == "cuda") {
+    HEARTH_CHECK_T(InvalidArgument, compat::cuda_available(), "--device cuda: no CUDA device in this build/machine");
+    where.device = at::Device(at::kCUDA, 0);
+  } else {
+    throw InvalidArgument(cat("--device: '", device, "' is not cpu or cuda"));
+  }
+  if (dtype.empty()) where.dtype = where.device.is_cuda() ? at::kBFloat16 : at::kFloat;
+  else if (dtype == "float32") where.dtype = at::kFloat;
+  else if (dtype == "bfloat16") where.dtype = at::kBFloat16;
+  else if (dtype == "float16") where.dtype = at::kHalf;
+  else throw InvalidArgument(cat("--dtype: '", dtype, "' is not float32, bfloat16 or float16"));
+  return where;
 }
 
 }  // namespace hearth::nn

@@ -62,4 +62,9 @@ std::string shape_str(at::IntArrayRef shape);
 /// always contiguous and owning (never a view over an mmap once on CPU in another dtype).
 at::Tensor place(const at::Tensor& t, const LoadOptions& opts);
 
+/// Resolves the CLI's --device/--dtype flags: device "" → cuda when available, else cpu; dtype
+/// "" → bf16 on cuda, fp32 on cpu; names "cpu" | "cuda", "float32" | "bfloat16" | "float16".
+/// Throws hearth::InvalidArgument naming the flag on an unknown name or cuda without a device.
+LoadOptions resolve_placement(const std::string& device, const std::string& dtype);
+
 }  // namespace hearth::nn

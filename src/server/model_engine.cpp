@@ -70,32 +70,12 @@ bool under(const fs::path& p, const fs::path& root) {
 
 }  // namespace
 
-nn::LoadOptions resolve_placement(const std::string& device, const std::string& dtype) {
-  nn::LoadOptions where;
-  if (device.empty()) {
-    where.device = compat::cuda_available() ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
-  } else if (device == "cpu") {
-    where.device = at::kCPU;
-  } else if (device == "cuda") {
-    HEARTH_CHECK_T(InvalidArgument, compat::cuda_available(), "--device cuda: no CUDA device in this build/machine");
-    where.device = at::Device(at::kCUDA, 0);
-  } else {
-    throw InvalidArgument(cat("--device: '", device, "' is not cpu or cuda"));
-  }
-  if (dtype.empty()) where.dtype = where.device.is_cuda() ? at::kBFloat16 : at::kFloat;
-  else if (dtype == "float32") where.dtype = at::kFloat;
-  else if (dtype == "bfloat16") where.dtype = at::kBFloat16;
-  else if (dtype == "float16") where.dtype = at::kHalf;
-  else throw InvalidArgument(cat("--dtype: '", dtype, "' is not float32, bfloat16 or float16"));
-  return where;
-}
-
 ModelEngine::ModelEngine(ModelEngineOptions opts)
     : opts_(std::move(opts)), tokenizer_(tokenizer::Tokenizer::from_dir(opts_.model_dir)) {
   c10::NoGradGuard no_grad;
   const fs::path dir = fs::weakly_canonical(opts_.model_dir);
   model_id_ = dir.filename().string();
-  model_ = models::load_model(dir, resolve_placement(opts_.device, opts_.dtype));
+  model_ = models::load_model(dir, nn::resolve_placement(opts_.device, opts_.dtype));
   gen_config_ = io::GenerationConfig::load(dir);
   context_length_ = opts_.context_length > 0 ? opts_.context_length : read_context_length(dir, tokenizer_);
   if (!tokenizer_.chat_template().empty()) {

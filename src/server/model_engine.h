@@ -44,10 +44,6 @@ struct ModelEngineOptions {
   std::string default_adapter;
 };
 
-/// Resolves device/dtype flags: "" → cuda when available else cpu; dtype "" → bf16 on cuda,
-/// fp32 on cpu. Throws hearth::InvalidArgument on an unknown name or cuda without a device.
-nn::LoadOptions resolve_placement(const std::string& device, const std::string& dtype);
-
 class ModelEngine : public Engine {
  public:
   /// Loads the model folder (config.json, *.safetensors, tokenizer.json, optional
