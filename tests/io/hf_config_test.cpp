@@ -2,6 +2,8 @@
 // (defaults, overrides, bad bits/mode), JSON errors, and atomic writes.
 #include <gtest/gtest.h>
 
+#include "../test_util.h"
+
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/hf_config.h"
@@ -12,16 +14,7 @@ using hearth::io::QuantizationConfig;
 using hearth::testing::TempDir;
 using nlohmann::json;
 
-namespace {
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const hearth::Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-}  // namespace
+using hearth::testing::error_of;
 
 TEST(GenerationConfig, MissingFileIsEmpty) {
   TempDir d;

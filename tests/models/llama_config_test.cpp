@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "../test_util.h"
+
 #include "core/error.h"
 #include "models/registry.h"
 #include "nn/param_source.h"
@@ -12,16 +14,7 @@
 using hearth::models::llama::LlamaConfig;
 using hearth::testing::tiny_llama_config;
 
-namespace {
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const hearth::Error& e) {
-    return e.what();
-  }
-  return "";
-}
-}  // namespace
+using hearth::testing::error_of;
 
 TEST(LlamaConfig, LlamaDefaults) {
   auto j = tiny_llama_config();
