@@ -2,7 +2,7 @@
 # The GPU machine's check, in one call (see docs/benchmarks.md): build against the machine's
 # PyTorch (CUDA), run the whole test suite, then the CUDA bf16 parity test against fresh
 # transformers references, then (with --bench) the real-shape benchmarks. Logs go to $OUT (or
-# ./gpu-out). Usage: tools/gpu_check.sh [--tests] [--parity] [--bench]
+# ./gpu-out). Usage: tools/gpu_check.sh [--tests] [--parity] [--bench] [--bench-train]
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out="${OUT:-$root/gpu-out}"; mkdir -p "$out"
@@ -31,5 +31,13 @@ for step in "$@"; do
         echo "== hearth bf16 $args"; "$b/hearth" bench --model $m --device cuda --dtype bfloat16 $args 2>&1 | tail -6
         echo "== hearth mlx4 $args"; "$b/hearth" bench --model $m-mlx4 --device cuda --dtype bfloat16 $args 2>&1 | tail -6
       done 2>&1 | tee "$out/bench.log" ;;
+    --bench-train)  # issue 4's table: LoRA SFT memory/speed vs sequence length, Hearth vs transformers+peft
+      for shape in ${HEARTH_TRAIN_SHAPES:-llama-3.2-1b llama-3.1-8b}; do
+        m=/tmp/$shape
+        [[ -d $m ]] || python3 "$root/tools/make_random_model.py" --shape $shape --out $m > "$out/make_$shape.log" 2>&1
+        lens=${HEARTH_TRAIN_LENS:-2048 8192 16384 32768 65536}
+        echo "== $shape: hearth"; "$b/hearth" bench-train --model $m --seq-lens $lens --segment-sizes 0 4 1
+        echo "== $shape: transformers + peft"; python3 "$root/tools/bench_train_transformers.py" --model $m --seq-lens $lens
+      done 2>&1 | tee "$out/bench_train.log" ;;
   esac
 done
