@@ -3,6 +3,8 @@
 
 #include "core/error.h"
 
+#include <malloc.h>
+
 #include <fstream>
 #include <sstream>
 
@@ -67,7 +69,10 @@ int64_t active_memory_bytes(const at::Device& device) {
 #ifdef HEARTH_WITH_CUDA
   if (device.is_cuda()) return cuda_stats(device).allocated_bytes[0].current;
 #endif
-  return proc_status_kb("VmRSS:");
+  // CPU tensors come from malloc: bytes in use there (small blocks + mmapped large ones), which,
+  // unlike RSS, does not count memory malloc keeps cached after a free.
+  const struct mallinfo2 mi = ::mallinfo2();
+  return static_cast<int64_t>(mi.uordblks + mi.hblkhd);
 }
 
 void synchronize(const at::Device& device) {

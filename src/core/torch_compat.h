@@ -29,7 +29,8 @@ int64_t peak_memory_bytes(const at::Device& device);
 /// Resets the CUDA allocator's peak counter (no-op on CPU).
 void reset_peak_memory(const at::Device& device);
 
-/// Bytes currently allocated by the CUDA caching allocator on `device` (CPU: current RSS).
+/// Bytes currently allocated by the CUDA caching allocator on `device` (CPU: bytes malloc has
+/// handed out and not had back, from glibc's mallinfo2 — not RSS, which keeps freed memory).
 int64_t active_memory_bytes(const at::Device& device);
 
 /// Waits for all queued work on `device` (CUDA synchronize; no-op on CPU).
