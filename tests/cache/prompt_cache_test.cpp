@@ -45,7 +45,7 @@ TEST(PromptCache, TakesTheLongestCommonPrefixOfTheSameNamespaceAndTrimsToIt) {
   EXPECT_EQ(pc.take("", prompt).cached, 6);
   EXPECT_EQ(pc.take("", prompt).cached, 0);  // only "a" is left
   EXPECT_EQ(pc.take("b", prompt).cached, 0);
-  EXPECT_EQ(pc.take("a", prompt).cached, 8);  // capped at prompt length - 1 (9 match)
+  EXPECT_EQ(pc.take("a", prompt).cached, 8);
   EXPECT_EQ(pc.stats().hits, 3);
   EXPECT_EQ(pc.stats().misses, 2);
 }
