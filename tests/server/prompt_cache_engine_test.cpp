@@ -25,7 +25,7 @@ using J = nlohmann::json;
 using hearth::testing::golden_lora;
 using hearth::testing::golden_model;
 
-struct Run {
+struct Outcome {
   std::vector<int64_t> prompt, ids;
   std::vector<float> logprobs;
   std::string text;
@@ -33,8 +33,8 @@ struct Run {
   double ttft_s = 0;
 };
 
-Run run(ModelEngine& e, const CompletionRequest& r) {
-  Run out;
+Outcome run(ModelEngine& e, const CompletionRequest& r) {
+  Outcome out;
   Prompt p = e.prepare(r);
   out.prompt = p.ids;
   out.f = e.generate(p, r, [&](const TokenEvent& ev) {
@@ -70,7 +70,7 @@ ModelEngineOptions options(const fs::path& dir, int64_t cache_bytes) {
 
 // What the cache holds after `r`: its prompt and generated ids, less the last one unless an EOS
 // ended it (that token was sampled but never fed back).
-std::vector<int64_t> history(const Run& r) {
+std::vector<int64_t> history(const Outcome& r) {
   std::vector<int64_t> h = r.prompt;
   h.insert(h.end(), r.ids.begin(), r.ids.end());
   if (r.f.reason != Finish::Reason::kEos && !r.ids.empty()) h.pop_back();
@@ -81,11 +81,11 @@ int64_t lcp(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
   while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
   return static_cast<int64_t>(i);
 }
-int64_t expected_cached(const Run& before, const std::vector<int64_t>& prompt) {
+int64_t expected_cached(const Outcome& before, const std::vector<int64_t>& prompt) {
   return std::min<int64_t>(lcp(history(before), prompt), static_cast<int64_t>(prompt.size()) - 1);
 }
 
-void expect_same_output(const Run& a, const Run& b, const std::string& what) {
+void expect_same_output(const Outcome& a, const Outcome& b, const std::string& what) {
   EXPECT_EQ(a.prompt, b.prompt) << what;
   EXPECT_EQ(a.ids, b.ids) << what;
   ASSERT_EQ(a.logprobs.size(), b.logprobs.size()) << what;
@@ -107,7 +107,7 @@ TEST(PromptCacheEngine, ASharedPrefixIsReusedAndTheOutputIsUnchanged) {
   ASSERT_EQ(plain.prompt_cache(), nullptr);
   const std::string base = text_of_at_least(plain, 60, "the fox ");
   auto a = completion(base + "jumps over the dog"), b = completion(base + "sleeps in a barn");
-  Run a1 = run(cached, a), b1 = run(cached, b);
+  Outcome a1 = run(cached, a), b1 = run(cached, b);
   EXPECT_EQ(a1.f.cached_tokens, 0);
   EXPECT_EQ(b1.f.cached_tokens, expected_cached(a1, b1.prompt));
   EXPECT_GE(b1.f.cached_tokens, 55);
@@ -120,7 +120,7 @@ TEST(PromptCacheEngine, ASharedPrefixIsReusedAndTheOutputIsUnchanged) {
 TEST(PromptCacheEngine, AnIdenticalPromptReusesAllButItsLastToken) {
   ModelEngine cached(options(golden_model("llama_mha"), -1)), plain(options(golden_model("llama_mha"), 0));
   auto r = completion("hello world, this is a prompt that we send twice", 8);
-  Run r1 = run(cached, r), r2 = run(cached, r), ref = run(plain, r);
+  Outcome r1 = run(cached, r), r2 = run(cached, r), ref = run(plain, r);
   EXPECT_EQ(r2.f.cached_tokens, static_cast<int64_t>(r2.prompt.size()) - 1);
   expect_same_output(r1, ref, "first");
   expect_same_output(r2, ref, "second");
@@ -142,11 +142,11 @@ TEST(PromptCacheEngine, AMultiTurnChatReusesTheEarlierTurns) {
   r1.max_tokens = 12;
   r1.sampling.temperature = 0.0;
   r1.logprobs = true;
-  Run t1 = run(cached, r1);
+  Outcome t1 = run(cached, r1);
   CompletionRequest r2 = r1;
   r2.messages.push_back(ChatMessage{"assistant", t1.text, "", "", {}});
   r2.messages.push_back(ChatMessage{"user", "and then what happened?", "", "", {}});
-  Run t2 = run(cached, r2);
+  Outcome t2 = run(cached, r2);
   // The whole first prompt (at least) is reused; exactly what the stored history shares.
   EXPECT_EQ(t2.f.cached_tokens, expected_cached(t1, t2.prompt));
   EXPECT_GE(t2.f.cached_tokens, lcp(t1.prompt, t2.prompt));
@@ -162,18 +162,18 @@ TEST(PromptCacheEngine, AnotherAdapterSelectionNeverReusesAndUnmountDropsItsEntr
   };
   ModelEngine cached(with_lora(-1)), plain(with_lora(0));
   const std::string p = "hello world, the same prompt for every adapter selection";
-  Run base = run(cached, completion(p, 8, "none"));
-  Run lora1 = run(cached, completion(p, 8, "lora"));
+  Outcome base = run(cached, completion(p, 8, "none"));
+  Outcome lora1 = run(cached, completion(p, 8, "lora"));
   EXPECT_EQ(lora1.f.cached_tokens, 0);  // the base model's entry is not used
   expect_same_output(lora1, run(plain, completion(p, 8, "lora")), "lora, first");
-  Run lora2 = run(cached, completion(p, 8, "lora"));
+  Outcome lora2 = run(cached, completion(p, 8, "lora"));
   EXPECT_EQ(lora2.f.cached_tokens, static_cast<int64_t>(lora2.prompt.size()) - 1);
   expect_same_output(lora2, lora1, "lora, reused");
   EXPECT_NE(base.ids, lora1.ids);  // the adapter does change the output (else this proves nothing)
   EXPECT_EQ(cached.prompt_cache()->stats().entries, 2);
   ASSERT_TRUE(cached.unmount_adapter("lora"));
   EXPECT_EQ(cached.prompt_cache()->stats().entries, 1);  // only the base model's entry is left
-  Run base2 = run(cached, completion(p, 8, "none"));
+  Outcome base2 = run(cached, completion(p, 8, "none"));
   EXPECT_EQ(base2.f.cached_tokens, static_cast<int64_t>(base2.prompt.size()) - 1);
   expect_same_output(base2, base, "base, reused");
 }
@@ -201,7 +201,7 @@ TEST(PromptCacheEngine, EntriesAreEvictedByBytes) {
   EXPECT_EQ(cached.prompt_cache()->stats().entries, 1);
   EXPECT_EQ(cached.prompt_cache()->stats().bytes, one);
   EXPECT_EQ(run(cached, a).f.cached_tokens, 0);  // gone (and b's is another namespace)
-  Run again = run(cached, a);
+  Outcome again = run(cached, a);
   EXPECT_EQ(again.f.cached_tokens, static_cast<int64_t>(again.prompt.size()) - 1);
 }
 
@@ -212,25 +212,25 @@ TEST(PromptCacheEngine, ASlidingWindowModelPastItsWindowIsFreshOrExact) {
   ModelEngine cached(oc), plain(op);
   // Short: the buffer still holds everything, so a shared prefix longer than the window is exact.
   const std::string base = text_of_at_least(plain, 40, "wind ");
-  Run s1 = run(cached, completion(base + "north")), s2 = run(cached, completion(base + "south"));
+  Outcome s1 = run(cached, completion(base + "north")), s2 = run(cached, completion(base + "south"));
   EXPECT_EQ(s2.f.cached_tokens, expected_cached(s1, s2.prompt));
   EXPECT_GT(s2.f.cached_tokens, 8);
   expect_same_output(s2, run(plain, completion(base + "south")), "short, reused");
   // Long: a ~245-token prompt fills most of the first 256-token buffer; decoding past 256 tokens
   // compacts it (the early tokens are dropped), so going back to token ~80 is a miss.
   const std::string long_text = text_of_at_least(plain, 240, "rain ");
-  Run l1 = run(cached, completion(long_text, 24));
+  Outcome l1 = run(cached, completion(long_text, 24));
   ASSERT_LT(static_cast<int64_t>(l1.prompt.size()), 256);
   ASSERT_GT(static_cast<int64_t>(history(l1).size()), 256);
   auto back = completion(long_text.substr(0, long_text.size() / 3) + "snow", 10);
-  Run l2 = run(cached, back);
+  Outcome l2 = run(cached, back);
   EXPECT_EQ(l2.f.cached_tokens, 0);
   expect_same_output(l2, run(plain, back), "long, back before the window");
   // Continuing the long history: reused exactly when the kept tokens cover the window, else fresh.
   auto more = completion(long_text + l1.text + " and more", 10);
-  Run l3 = run(cached, completion(long_text, 24));  // put the long entry back
+  Outcome l3 = run(cached, completion(long_text, 24));  // put the long entry back
   expect_same_output(l3, l1, "long, again");
-  Run l4 = run(cached, more);
+  Outcome l4 = run(cached, more);
   EXPECT_TRUE(l4.f.cached_tokens == 0 || l4.f.cached_tokens == expected_cached(l3, l4.prompt)) << l4.f.cached_tokens;
   std::cout << "[ SWA  ] continued long prompt: " << l4.f.cached_tokens << " of " << l4.prompt.size() << " cached\n";
   expect_same_output(l4, run(plain, more), "long, continued");
@@ -250,8 +250,8 @@ TEST(PromptCacheEngine, TtftWithALongCachedPrefixAndTheUsageField) {
   ModelEngine cached(oc), plain(op);
   const std::string base = text_of_at_least(plain, 2000, "long context ");
   run(cached, completion(base + "first", 4));
-  Run c = run(cached, completion(base + "second question", 4));
-  Run p = run(plain, completion(base + "second question", 4));
+  Outcome c = run(cached, completion(base + "second question", 4));
+  Outcome p = run(plain, completion(base + "second question", 4));
   EXPECT_GE(c.f.cached_tokens, 1995);
   expect_same_output(c, p, "long prefix");
   std::cout << "[ TTFT ] prompt " << c.prompt.size() << " tokens, " << c.f.cached_tokens << " cached: "
