@@ -1,6 +1,6 @@
 // Per-layer caches for generation: LayerCache (the common interface), KVCache (keys/values of
 // every past token, grown in chunks) and RotatingKVCache (sliding window: only the last W-1
-// tokens are kept). Not the prompt/prefix cache across requests (a later prompt_cache.h).
+// tokens are kept). Not the prompt/prefix cache across requests (prompt_cache.h).
 #pragma once
 #include <ATen/ATen.h>
 

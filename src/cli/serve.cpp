@@ -107,6 +107,10 @@ std::function<int()> setup_serve(CLI::App& app) {
                  "Folder under which POST /v1/adapters may load adapters (repeatable; MODEL/adapters always is)");
   app.add_option("--default-adapter", a->engine.default_adapter,
                  "Adapter selection for requests that send none (\"id\" or \"a+b\"; default: base model)");
+  app.add_option("--prompt-cache-bytes", a->engine.prompt_cache_bytes,
+                 "Prompt cache budget in bytes of KV reused across requests (0 = off; default 2 GiB on CUDA, "
+                 "512 MiB on CPU)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
   app.add_option("--temp,--temperature", a->engine.defaults.temperature,
                  "Default temperature (else generation_config.json, else 0.7)");
   app.add_option("--top-p", a->engine.defaults.top_p, "Default top-p (else generation_config.json, else off)");

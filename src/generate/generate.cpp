@@ -24,6 +24,12 @@ GenerationResult generate(models::Model& model, const std::vector<int64_t>& prom
 
 GenerationResult generate(models::Model& model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
                           const StepCallback& on_step) {
+  cache::Caches caches;
+  return generate(model, prompt, opts, caches, on_step);
+}
+
+GenerationResult generate(models::Model& model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
+                          cache::Caches& caches, const StepCallback& on_step) {
   HEARTH_CHECK(!prompt.empty(), "generate: the prompt is empty");
   HEARTH_CHECK(opts.prefill_step_size > 0, "generate: prefill_step_size must be positive");
   for (int64_t id : prompt)
@@ -37,13 +43,19 @@ GenerationResult generate(models::Model& model, const std::vector<int64_t>& prom
   GenerationStats& st = result.stats;
   st.prompt_tokens = static_cast<int64_t>(prompt.size());
   std::vector<int64_t> tokens = prompt;  // context for the repetition penalty
-  cache::Caches caches = model.make_cache();
+  if (caches.empty()) caches = model.make_cache();
+  int64_t offset = caches.front() ? caches.front()->offset() : 0;
+  for (const auto& c : caches)
+    HEARTH_CHECK(c && c->offset() == offset, "generate: the layer caches hold different numbers of tokens");
+  HEARTH_CHECK(offset < st.prompt_tokens, "generate: the caches already hold ", offset, " tokens, the prompt has ",
+               st.prompt_tokens, " (at least one prompt token must be prefilled)");
+  st.cached_tokens = offset;
   auto ids_opts = at::TensorOptions().dtype(at::kLong);
 
   const auto t0 = Clock::now();
   at::Tensor logits;
-  int64_t offset = 0;
   const int64_t n = st.prompt_tokens;
+  const int64_t prefilled = n - offset;
   while (offset < n) {
     const int64_t len = std::min(opts.prefill_step_size, n - offset);
     at::Tensor ids = at::tensor(std::vector<int64_t>(prompt.begin() + offset, prompt.begin() + offset + len), ids_opts)
@@ -55,7 +67,7 @@ GenerationResult generate(models::Model& model, const std::vector<int64_t>& prom
   if (opts.max_tokens <= 0) {
     compat::synchronize(device);
     st.ttft_s = seconds(t0, Clock::now());
-    st.prompt_tps = n / std::max(st.ttft_s, 1e-9);
+    st.prompt_tps = prefilled / std::max(st.ttft_s, 1e-9);
     st.peak_memory_bytes = compat::peak_memory_bytes(device);
     return result;
   }
@@ -69,7 +81,7 @@ GenerationResult generate(models::Model& model, const std::vector<int64_t>& prom
   int64_t next = sample_step(logits[0][-1]);
   const auto t1 = Clock::now();
   st.ttft_s = seconds(t0, t1);
-  st.prompt_tps = n / std::max(st.ttft_s, 1e-9);
+  st.prompt_tps = prefilled / std::max(st.ttft_s, 1e-9);
 
   auto t_last = t1;
   while (true) {

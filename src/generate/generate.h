@@ -24,7 +24,8 @@ struct GenerateOptions {
 
 struct GenerationStats {
   int64_t prompt_tokens = 0;
-  double prompt_tps = 0;             // prompt tokens / prefill seconds (to first token)
+  int64_t cached_tokens = 0;         // prompt tokens already in the caches passed in (not prefilled)
+  double prompt_tps = 0;             // prefilled prompt tokens / prefill seconds (to first token)
   int64_t generation_tokens = 0;
   double generation_tps = 0;         // generated tokens after the first / their seconds
   double ttft_s = 0;                 // time to first token (prefill + first sample)
@@ -52,5 +53,13 @@ GenerationResult generate(models::Model& model, const std::vector<int64_t>& prom
 /// The same loop with a per-step callback that can also see the step's log-probabilities.
 GenerationResult generate(models::Model& model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
                           const StepCallback& on_step);
+/// The same loop over caller-owned `caches`: empty → filled from model.make_cache(); else the
+/// caches of every layer holding the first c = caches[0]->offset() tokens of `prompt` (a prompt
+/// cache hit, 0 < c < prompt.size(), all layers alike), and only prompt[c..] is prefilled. On
+/// return `caches` hold every token whose keys/values were computed (the prompt and each generated
+/// token that was fed back: all but the last one, unless it was an EOS). stats.cached_tokens = c.
+/// Throws hearth::Error as above, or when the layers' offsets differ or c >= prompt.size().
+GenerationResult generate(models::Model& model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
+                          cache::Caches& caches, const StepCallback& on_step);
 
 }  // namespace hearth::generate

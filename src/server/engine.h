@@ -103,6 +103,7 @@ struct Finish {
   enum class Reason { kEos, kLength, kStopped };  ///< kStopped: on_token returned false
   Reason reason = Reason::kEos;
   int64_t completion_tokens = 0;  ///< tokens sampled, including a final EOS (never emitted)
+  int64_t cached_tokens = 0;      ///< prompt tokens reused from the prompt cache (not prefilled)
 };
 
 /// Tool calls found in generated text, and the text around them.

@@ -63,6 +63,34 @@ int64_t read_context_length(const fs::path& dir, const tokenizer::Tokenizer& tok
   return 4096;
 }
 
+// Whether config.json (or its text_config) asks for dynamic-NTK RoPE in rope_scaling (4.x) or
+// rope_parameters (5.x, possibly one object per layer type).
+bool uses_dynamic_rope(const nlohmann::json& cfg) {
+  auto is_dynamic = [](const nlohmann::json& s) {
+    for (const char* k : {"rope_type", "type"})
+      if (s.contains(k) && s[k].is_string() && s[k].get<std::string>() == "dynamic") return true;
+    return false;
+  };
+  for (const auto* c : {&cfg, cfg.contains("text_config") ? &cfg["text_config"] : nullptr}) {
+    if (!c || !c->is_object()) continue;
+    for (const char* key : {"rope_scaling", "rope_parameters"}) {
+      if (!c->contains(key) || !(*c)[key].is_object()) continue;
+      const auto& s = (*c)[key];
+      if (is_dynamic(s)) return true;
+      for (const auto& [_, v] : s.items())
+        if (v.is_object() && is_dynamic(v)) return true;
+    }
+  }
+  return false;
+}
+
+// The prompt cache's namespace for an adapter selection: ids joined by '+' ("" = base model).
+std::string selection_key(const std::vector<std::string>& ids) {
+  std::string k;
+  for (const auto& id : ids) k += (k.empty() ? "" : "+") + id;
+  return k;
+}
+
 bool under(const fs::path& p, const fs::path& root) {
   fs::path rel = p.lexically_relative(root);
   return !rel.empty() && *rel.begin() != "..";
@@ -100,6 +128,10 @@ ModelEngine::ModelEngine(ModelEngineOptions opts)
     for (const auto& [_, m] : a.modules) info.rank = std::max(info.rank, m.a.size(0));
     adapters_.push_back(std::move(info));
   }
+  int64_t pc_bytes = opts_.prompt_cache_bytes;
+  if (pc_bytes < 0) pc_bytes = model_->placement().device.is_cuda() ? (int64_t{2} << 30) : (int64_t{512} << 20);
+  if (pc_bytes > 0 && !uses_dynamic_rope(io::read_json(dir / "config.json")))
+    prompt_cache_ = std::make_unique<cache::PromptCache>(pc_bytes);
   if (!opts_.default_adapter.empty()) {
     CompletionRequest probe;
     selected_adapters(probe);  // throws when the default names an adapter that is not mounted
@@ -182,11 +214,15 @@ Finish ModelEngine::generate(const Prompt& prompt, const CompletionRequest& req,
   o.logprobs = req.logprobs;
   // The adapters selected now stay active for this whole generation; unmounts are queued behind
   // it on this same thread.
-  nn::ActiveAdapters scope(selected_adapters(req));
+  const std::vector<std::string> selection = selected_adapters(req);
+  nn::ActiveAdapters scope(selection);
+  const std::string ns = selection_key(selection);
+  cache::Caches caches;
+  if (prompt_cache_) caches = prompt_cache_->take(ns, prompt.ids).caches;
   tokenizer::StreamDecoder decoder(tokenizer_, /*skip_special_tokens=*/true);
   bool stopped = false;
   auto piece = [&](int64_t id) { return tokenizer_.decode({static_cast<int32_t>(id)}, /*skip_special_tokens=*/false); };
-  auto result = generate::generate(*model_, prompt.ids, o, [&](int64_t id, const at::Tensor& logprobs) {
+  auto result = generate::generate(*model_, prompt.ids, o, caches, [&](int64_t id, const at::Tensor& logprobs) {
     TokenEvent ev;
     ev.id = id;
     ev.text = decoder.push(static_cast<int32_t>(id));
@@ -215,7 +251,16 @@ Finish ModelEngine::generate(const Prompt& prompt, const CompletionRequest& req,
     on_token(ev);
   }
   last_stats_ = result.stats;
+  if (prompt_cache_ && !caches.empty()) {
+    // The caches hold the prompt and every generated token that was fed back (not a final EOS,
+    // nor the last token when the limit or the callback stopped it).
+    std::vector<int64_t> history = prompt.ids;
+    history.insert(history.end(), result.tokens.begin(), result.tokens.end());
+    history.resize(static_cast<size_t>(std::min<int64_t>(caches.front()->offset(), history.size())));
+    prompt_cache_->put(ns, std::move(history), std::move(caches));
+  }
   Finish f;
+  f.cached_tokens = result.stats.cached_tokens;
   f.completion_tokens = static_cast<int64_t>(result.tokens.size()) + (result.stats.stopped_by_eos ? 1 : 0);
   f.reason = stopped ? Finish::Reason::kStopped
              : result.stats.stopped_by_eos ? Finish::Reason::kEos
@@ -278,6 +323,13 @@ bool ModelEngine::unmount_adapter(const std::string& id) {
   if (it == adapters_.end()) return false;
   adapters::unmount(*model_, id);
   adapters_.erase(it);
+  if (prompt_cache_) {
+    // Unmount runs on the engine thread (between generations), like every prompt cache access.
+    prompt_cache_->drop_if([&](const std::string& ns) {
+      const auto ids = nn::parse_adapter_spec(ns);
+      return std::find(ids.begin(), ids.end(), id) != ids.end();
+    });
+  }
   return true;
 }
 

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "cache/prompt_cache.h"
 #include "chat/chat_template.h"
 #include "chat/tool_calls.h"
 #include "generate/generate.h"
@@ -42,6 +43,10 @@ struct ModelEngineOptions {
   std::vector<std::pair<std::string, std::filesystem::path>> adapters;
   /// Selection for requests that send no "adapter" ("" = base model), e.g. "a" or "a+b".
   std::string default_adapter;
+  /// Prompt cache budget in bytes of KV (`hearth serve --prompt-cache-bytes`): -1 = the default
+  /// (2 GiB on CUDA, 512 MiB on CPU), 0 = off. Always off for models with dynamic-NTK RoPE (see
+  /// ModelEngine::prompt_cache()).
+  int64_t prompt_cache_bytes = -1;
 };
 
 class ModelEngine : public Engine {
@@ -66,7 +71,10 @@ class ModelEngine : public Engine {
   /// Runs generate::generate with resolve_sampling(req), the request's adapters active, EOS ids
   /// from generation_config.json + the tokenizer; streams text through a StreamDecoder and, when
   /// asked, the sampled token's logprob and the top req.top_logprobs alternatives (log-softmax of
-  /// the processed logits, before truncation). Keeps the stats in last_stats().
+  /// the processed logits, before truncation). Keeps the stats in last_stats(). With a prompt
+  /// cache: starts from the cached caches of the same adapter selection sharing the longest
+  /// prefix (Finish::cached_tokens of them are not prefilled), and stores the caches with the
+  /// whole token history (prompt + generated) back afterwards.
   Finish generate(const Prompt& prompt, const CompletionRequest& req, const TokenCallback& on_token) override;
 
   size_t tool_call_holdback_start(const std::string& text) const override;
@@ -78,6 +86,7 @@ class ModelEngine : public Engine {
   /// directory) resolves under an adapter root (403), exists (404), loads and fits the model
   /// (400; all-or-nothing).
   AdapterInfo mount_adapter(const std::string& id, const std::string& path) override;
+  /// Also drops the prompt cache's entries whose selection includes `id`.
   bool unmount_adapter(const std::string& id) override;
 
   /// Sampling for a request: each field from the request, else the operator default, else
@@ -94,6 +103,11 @@ class ModelEngine : public Engine {
   bool has_chat_template() const { return chat_template_ != nullptr; }
   /// Stats of the last generate() (timings as mlx_lm.generate prints them).
   const generate::GenerationStats& last_stats() const { return last_stats_; }
+  /// The prompt cache, or nullptr when off: by option, or because the model uses dynamic-NTK RoPE,
+  /// whose inv_freq depends on the longest sequence seen so far (transformers'
+  /// dynamic_rope_update): keys cached under one inv_freq would not match a fresh run's, so a
+  /// reused prefix could silently change the output.
+  const cache::PromptCache* prompt_cache() const { return prompt_cache_.get(); }
 
  private:
   std::vector<std::string> selected_adapters(const CompletionRequest& req) const;
@@ -111,6 +125,7 @@ class ModelEngine : public Engine {
   mutable std::mutex adapters_mu_;            // guards adapters_ (listed from HTTP threads)
   std::vector<AdapterInfo> adapters_;
   generate::GenerationStats last_stats_;
+  std::unique_ptr<cache::PromptCache> prompt_cache_;
 };
 
 }  // namespace hearth::server

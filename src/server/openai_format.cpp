@@ -89,10 +89,11 @@ std::string dump_json(const ojson& j) { return j.dump(-1, ' ', false, ojson::err
 
 std::string sse(const ojson& j) { return "data: " + dump_json(j) + "\n\n"; }
 
-ojson usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
+ojson usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens) {
   return ojson{{"prompt_tokens", prompt_tokens},
                {"completion_tokens", completion_tokens},
-               {"total_tokens", prompt_tokens + completion_tokens}};
+               {"total_tokens", prompt_tokens + completion_tokens},
+               {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
 }
 
 ojson first_chunk(const ResponseMeta& m) {
@@ -121,7 +122,7 @@ std::vector<ojson> final_chunks(const ResponseMeta& m, const StreamEvent& done) 
   if (m.include_usage) {
     ojson u = chunk(m, nullptr);
     u["choices"] = ojson::array();
-    u["usage"] = usage_json(done.prompt_tokens, done.completion_tokens);
+    u["usage"] = usage_json(done.prompt_tokens, done.completion_tokens, done.cached_tokens);
     out.push_back(std::move(u));
   }
   return out;
@@ -151,7 +152,7 @@ ojson full_response(const ResponseMeta& m, const std::vector<StreamEvent>& delta
                {"created", m.created},
                {"model", m.model},
                {"choices", ojson::array({choice})},
-               {"usage", usage_json(done.prompt_tokens, done.completion_tokens)}};
+               {"usage", usage_json(done.prompt_tokens, done.completion_tokens, done.cached_tokens)}};
 }
 
 }  // namespace hearth::server

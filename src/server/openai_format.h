@@ -44,7 +44,8 @@ std::vector<ojson> final_chunks(const ResponseMeta& m, const StreamEvent& done);
 /// Non-streaming: the whole response from all kDelta events and the kDone event.
 ojson full_response(const ResponseMeta& m, const std::vector<StreamEvent>& deltas, const StreamEvent& done);
 
-/// usage {prompt_tokens, completion_tokens, total_tokens}.
-ojson usage_json(int64_t prompt_tokens, int64_t completion_tokens);
+/// usage {prompt_tokens, completion_tokens, total_tokens, prompt_tokens_details: {cached_tokens}}
+/// (OpenAI's shape; cached_tokens: prompt tokens reused from the prompt cache).
+ojson usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens = 0);
 
 }  // namespace hearth::server

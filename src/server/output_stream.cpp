@@ -64,6 +64,7 @@ void OutputStream::finish(const Finish& f, int64_t prompt_tokens) {
   else done.finish_reason = "stop";
   done.prompt_tokens = prompt_tokens;
   done.completion_tokens = f.completion_tokens;
+  done.cached_tokens = f.cached_tokens;
   out_.push(std::move(done));
 }
 

@@ -37,7 +37,7 @@ test('chat completion, non-streaming', async () => {
   assert.equal(r.choices[0].message.content, 'hello from node');
   assert.equal(r.choices[0].finish_reason, 'stop');
   // "system: sys\nuser: hello from node\nassistant:" = 7 fake tokens; 3 words + EOS.
-  assert.deepEqual(r.usage, { prompt_tokens: 7, completion_tokens: 4, total_tokens: 11 });
+  assert.deepEqual(r.usage, { prompt_tokens: 7, completion_tokens: 4, total_tokens: 11, prompt_tokens_details: { cached_tokens: 0 } });
 });
 
 test('chat completion, streaming with usage', async () => {

@@ -118,7 +118,7 @@ TEST_F(ServerTest, ChatNonStreaming) {
   EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
   EXPECT_TRUE(j["choices"][0]["logprobs"].is_null());
   // Prompt "user: hello there world\nassistant:" = 5 fake tokens; 3 words + EOS generated.
-  EXPECT_EQ(j["usage"], (J{{"prompt_tokens", 5}, {"completion_tokens", 4}, {"total_tokens", 9}}));
+  EXPECT_EQ(j["usage"], (J{{"prompt_tokens", 5}, {"completion_tokens", 4}, {"total_tokens", 9}, {"prompt_tokens_details", {{"cached_tokens", 0}}}}));
 }
 
 TEST_F(ServerTest, ChatStreamingFramingAndAgreementWithNonStreaming) {
@@ -155,7 +155,7 @@ TEST_F(ServerTest, IncludeUsageAddsAFinalUsageChunk) {
   ASSERT_GE(evs.size(), 2u);
   const J& last = evs.back();
   EXPECT_EQ(last["choices"], J::array());
-  EXPECT_EQ(last["usage"], (J{{"prompt_tokens", 4}, {"completion_tokens", 3}, {"total_tokens", 7}}));
+  EXPECT_EQ(last["usage"], (J{{"prompt_tokens", 4}, {"completion_tokens", 3}, {"total_tokens", 7}, {"prompt_tokens_details", {{"cached_tokens", 0}}}}));
   for (size_t i = 0; i + 1 < evs.size(); ++i) EXPECT_TRUE(evs[i]["usage"].is_null()) << evs[i];
   EXPECT_EQ(evs[evs.size() - 2]["choices"][0]["finish_reason"], "stop");
 }

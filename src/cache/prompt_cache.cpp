@@ -1,0 +1,68 @@
+// PromptCache: longest-common-prefix lookup per namespace, exact trim or miss, LRU by bytes.
+#include "cache/prompt_cache.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace hearth::cache {
+
+PromptCache::PromptCache(int64_t max_bytes) : max_bytes_(max_bytes) {
+  HEARTH_CHECK(max_bytes > 0, "prompt cache: max_bytes must be positive, got ", max_bytes);
+}
+
+PromptCacheHit PromptCache::take(const std::string& ns, const std::vector<int64_t>& prompt) {
+  const int64_t cap = static_cast<int64_t>(prompt.size()) - 1;
+  auto best = entries_.end();
+  int64_t best_p = 0;
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    if (it->ns != ns) continue;
+    const size_t n = std::min(it->tokens.size(), prompt.size());
+    const int64_t p = std::min<int64_t>(
+        cap, std::mismatch(it->tokens.begin(), it->tokens.begin() + n, prompt.begin()).first - it->tokens.begin());
+    if (p > best_p) {
+      best_p = p;
+      best = it;
+    }
+  }
+  PromptCacheHit hit;
+  if (best == entries_.end()) {
+    ++misses_;
+    return hit;
+  }
+  Entry e = std::move(*best);
+  bytes_ -= e.bytes;
+  entries_.erase(best);
+  for (auto& c : e.caches) {
+    const int64_t want = c->offset() - best_p;
+    if (c->trim(want) != want) {  // cannot reach exactly p tokens: discard, start fresh
+      ++misses_;
+      return hit;
+    }
+  }
+  ++hits_;
+  hit.caches = std::move(e.caches);
+  hit.cached = best_p;
+  return hit;
+}
+
+void PromptCache::put(const std::string& ns, std::vector<int64_t> tokens, Caches caches) {
+  for (const auto& c : caches)
+    HEARTH_CHECK(c && c->offset() == static_cast<int64_t>(tokens.size()), "prompt cache: a layer cache holds ",
+                 c ? c->offset() : -1, " tokens, but the entry has ", tokens.size());
+  Entry e{ns, std::move(tokens), std::move(caches), 0};
+  e.bytes = total_bytes(e.caches);
+  if (e.bytes > max_bytes_ || e.tokens.empty()) return;
+  bytes_ += e.bytes;
+  entries_.push_front(std::move(e));
+  while (bytes_ > max_bytes_ && entries_.size() > 1) {
+    bytes_ -= entries_.back().bytes;
+    entries_.pop_back();
+  }
+}
+
+PromptCacheStats PromptCache::stats() const {
+  return {static_cast<int64_t>(entries_.size()), bytes_, max_bytes_, hits_, misses_};
+}
+
+}  // namespace hearth::cache
