@@ -1,0 +1,129 @@
+// `hearth eval chunk` end to end on the tiny random model (tests/golden/models/llama_mha), with a
+// chat template added and without one: the score is 100 × the mean of the per-example F1s it
+// writes, the valid-JSON share matches the rows, and each output is exactly what `hearth generate`
+// produces greedily for the same prompt (the engine's prompt path, not a copy of it).
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "io/atomic_file.h"
+#include "io/hf_config.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+struct CliResult {
+  int rc;
+  std::string out;
+};
+CliResult run(const std::string& args, bool merge_stderr = true) {
+  std::string cmd = std::string(HEARTH_BINARY) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  int rc = pclose(p);
+  return {WEXITSTATUS(rc), out};
+}
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+class EvalChunkCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("hearth_evalchunk_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    hearth::io::remove_tree(dir_);
+    fs::create_directories(dir_);
+    prompts_ = {"Split: The cat sat. It purred.", "Split: Rain fell all day. We stayed in. Nobody minded.",
+                "Split: \"Yes,\" she said. \"Go.\""};
+    std::ofstream data(dir_ / "test.jsonl");
+    data << json{{"prompt", prompts_[0]}, {"completion", R"(["The cat sat.", "It purred."])"}}.dump() << "\n"
+         << json{{"prompt", prompts_[1]}, {"completion", R"(["Rain fell all day.", "We stayed in.", "Nobody minded."])"}}.dump() << "\n"
+         << json{{"messages", {{{"role", "user"}, {"content", prompts_[2]}},
+                               {{"role", "assistant"}, {"content", R"(["\"Yes,\" she said.", "\"Go.\""])"}}}}}.dump() << "\n";
+  }
+  void TearDown() override { hearth::io::remove_tree(dir_); }
+
+  // Copies the tiny model, optionally adding a chat template to its tokenizer_config.json.
+  fs::path model(bool with_template) {
+    fs::path m = dir_ / (with_template ? "tmpl" : "raw");
+    fs::copy(fs::path(HEARTH_SOURCE_DIR) / "tests/golden/models/llama_mha", m, fs::copy_options::recursive);
+    if (with_template) {
+      json cfg = hearth::io::read_json(m / "tokenizer_config.json");
+      cfg["chat_template"] =
+          "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
+          "{% else %} {{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}";
+      std::ofstream(m / "tokenizer_config.json") << cfg.dump();
+    }
+    return m;
+  }
+
+  void check(const fs::path& m, bool chat) {
+    const fs::path res = dir_ / (m.filename().string() + "_res.jsonl");
+    CliResult r = run("eval chunk --model " + m.string() + " --data " + (dir_ / "test.jsonl").string() +
+                      " --max-tokens 12 --device cpu --quiet --out " + res.string());
+    ASSERT_EQ(r.rc, 0) << r.out;
+    std::smatch sm;
+    ASSERT_TRUE(std::regex_search(r.out, sm, std::regex(R"(chunk score: ([0-9.]+)/100 over 3 examples; valid JSON: ([0-9.]+)% \((\d)/3\))")))
+        << r.out;
+    const double score = std::stod(sm[1]), valid_pct = std::stod(sm[2]);
+    const int valid = std::stoi(sm[3]);
+    EXPECT_GE(score, 0.0);
+    EXPECT_LE(score, 100.0);
+
+    std::ifstream in(res);
+    std::string line;
+    double f1_sum = 0;
+    int rows = 0, valid_rows = 0;
+    while (std::getline(in, line)) {
+      json row = json::parse(line);
+      ASSERT_EQ(row["index"], rows);
+      const double f1 = row["f1"];
+      EXPECT_GE(f1, 0.0);
+      EXPECT_LE(f1, 1.0);
+      if (!row["valid_json"].get<bool>()) {
+        EXPECT_EQ(f1, 0.0);
+      }
+      f1_sum += f1;
+      valid_rows += row["valid_json"].get<bool>() ? 1 : 0;
+      EXPECT_FALSE(row["reference"].empty());
+      // The same greedy continuation `hearth generate` prints for this prompt.
+      CliResult g = run("generate --model " + m.string() + " --prompt " + quote(prompts_[rows]) +
+                            " --max-tokens 12 --temp 0 --device cpu" + (chat ? "" : " --ignore-chat-template"),
+                        /*merge_stderr=*/false);
+      ASSERT_EQ(g.rc, 0);
+      EXPECT_EQ(row["output"].get<std::string>() + "\n", g.out) << rows;
+      ++rows;
+    }
+    EXPECT_EQ(rows, 3);
+    EXPECT_EQ(valid, valid_rows);
+    EXPECT_NEAR(valid_pct, 100.0 * valid_rows / 3, 0.01);
+    EXPECT_NEAR(score, 100.0 * f1_sum / 3, 0.01);
+  }
+  fs::path dir_;
+  std::vector<std::string> prompts_;
+};
+}  // namespace
+
+TEST_F(EvalChunkCli, WithChatTemplate) { check(model(true), true); }
+
+TEST_F(EvalChunkCli, RawPromptWithoutTemplate) { check(model(false), false); }
+
+TEST_F(EvalChunkCli, BadInputIsOneLineError) {
+  std::ofstream(dir_ / "bad.jsonl") << "{\"prompt\": \"x\", \"completion\": \"nope\"}\n";
+  CliResult r = run("eval chunk --model " + model(false).string() + " --data " + (dir_ / "bad.jsonl").string());
+  EXPECT_NE(r.rc, 0);
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  EXPECT_NE(r.out.find("bad.jsonl:1: the completion is not a JSON array of strings"), std::string::npos) << r.out;
+}
