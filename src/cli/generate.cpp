@@ -25,7 +25,7 @@ std::function<int()> setup_generate(CLI::App& app) {
   app.add_option("--prompt", a->prompt, "Prompt text ('-' reads stdin)")->required();
   app.add_option("--system", a->system, "System message (chat template only)");
   app.add_flag("--ignore-chat-template", a->ignore_chat_template, "Send the prompt as raw text, without the chat template");
-  app.add_option("--max-tokens", a->max_tokens, "Maximum tokens to generate (default 256)");
+  app.add_option("--max-tokens", a->max_tokens, "Maximum tokens to generate (default 256)")->check(CLI::PositiveNumber);
   app.add_option("--temp", a->sampling.temperature, "Sampling temperature (default 0 = greedy)");
   app.add_option("--top-p", a->sampling.top_p, "Nucleus sampling threshold (0 = off)");
   app.add_option("--top-k", a->sampling.top_k, "Keep the k most likely tokens (0 = off)");

@@ -91,7 +91,8 @@ std::function<int()> setup_serve(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   app.add_option("--model", a->model, "Model directory (Hugging Face layout)");
   app.add_option("--host", a->server.host, "Address to bind (default 127.0.0.1: this machine only)");
-  app.add_option("--port", a->server.port, "Port (0 = any free port; the chosen one is printed)");
+  app.add_option("--port", a->server.port, "Port (0 = any free port; the chosen one is printed)")
+      ->check(CLI::Range(0, 65535));
   app.add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
   app.add_option("--max-queue", a->server.max_queue, "Requests that may wait for the engine before 429")
       ->check(CLI::Range(1, 100000));
@@ -112,12 +113,16 @@ std::function<int()> setup_serve(CLI::App& app) {
                  "512 MiB on CPU)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
   app.add_option("--temp,--temperature", a->engine.defaults.temperature,
-                 "Default temperature (else generation_config.json, else 0.7)");
-  app.add_option("--top-p", a->engine.defaults.top_p, "Default top-p (else generation_config.json, else off)");
-  app.add_option("--top-k", a->engine.defaults.top_k, "Default top-k (else generation_config.json, else off)");
-  app.add_option("--min-p", a->engine.defaults.min_p, "Default min-p (off)");
+                 "Default temperature (else generation_config.json, else 0.7)")
+      ->check(CLI::Range(0.0, 2.0));
+  app.add_option("--top-p", a->engine.defaults.top_p, "Default top-p (else generation_config.json, else off)")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--top-k", a->engine.defaults.top_k, "Default top-k (else generation_config.json, else off)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--min-p", a->engine.defaults.min_p, "Default min-p (off)")->check(CLI::Range(0.0, 1.0));
   app.add_option("--repetition-penalty", a->engine.defaults.repetition_penalty,
-                 "Default repetition penalty (else generation_config.json, else off)");
+                 "Default repetition penalty (else generation_config.json, else off)")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--fake-engine", a->fake_engine, "Serve a scripted fake engine (tests)")->group("");
   app.add_option("--fake-delay-ms", a->fake_delay_ms, "Fake engine: sleep per token")->group("");
   app.add_option("--fake-context", a->fake_context, "Fake engine: context length")->group("");

@@ -67,7 +67,11 @@ std::function<int()> setup_tokenize(CLI::App& app) {
   return [args] {
     auto tok = hearth::tokenizer::Tokenizer::from_dir(args->model);
     if (args->decode) {
-      std::cout << tok.decode(parse_ids(args->input), !args->special) << "\n";
+      const std::vector<int32_t> ids = parse_ids(args->input);
+      for (int32_t id : ids)  // HF's decode skips unknown ids silently; the CLI says so instead
+        HEARTH_CHECK_T(hearth::InvalidArgument, !tok.id_to_token(id).empty(), "--decode: id ", id,
+                       " is not in the vocabulary of ", args->model, " (size ", tok.vocab_size(), ")");
+      std::cout << tok.decode(ids, !args->special) << "\n";
     } else {
       std::cout << nlohmann::json(tok.encode(args->input, args->special)).dump() << "\n";
     }

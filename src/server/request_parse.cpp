@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/error.h"
 #include "server/api_error.h"
 
 namespace hearth::server {
@@ -271,6 +272,11 @@ CompletionRequest parse_chat_request(const nlohmann::ordered_json& body) {
   }
   if (const json* kw = field(body, "chat_template_kwargs")) {
     if (!kw->is_object()) bad_type("chat_template_kwargs", *kw, "an object");
+    // Names the prompt builder sets itself may not be overridden through the kwargs.
+    for (const char* reserved : {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+      if (kw->contains(reserved))
+        throw ApiError(400, hearth::cat("chat_template_kwargs.", reserved, " is set by the server and cannot be given"),
+                       hearth::cat("chat_template_kwargs.", reserved), "invalid_value");
     req.chat_template_kwargs = *kw;
   }
   return req;

@@ -331,6 +331,13 @@ Server::~Server() { stop(); }
 
 int Server::bind() {
   auto& o = impl_->opts;
+  // httplib's default socket options include SO_REUSEPORT, which lets a second server share a
+  // port already in use (requests then alternate between them). Keep only SO_REUSEADDR.
+  impl_->http.set_socket_options([](auto sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof(yes));
+  });
+  HEARTH_CHECK(o.port >= 0 && o.port <= 65535, "serve: --port ", o.port, " is not in 0..65535");
   if (o.port == 0) {
     int port = impl_->http.bind_to_any_port(o.host);
     HEARTH_CHECK(port > 0, "serve: cannot bind ", o.host, " to a free port");

@@ -39,6 +39,8 @@ LlamaConfig LlamaConfig::from_json(const json& j, const std::string& origin) {
   c.hidden_size = req_int(j, "hidden_size", origin);
   c.intermediate_size = req_int(j, "intermediate_size", origin);
   c.num_hidden_layers = req_int(j, "num_hidden_layers", origin);
+  HEARTH_CHECK(c.num_hidden_layers >= 1 && c.num_hidden_layers <= 4096, origin, ": num_hidden_layers must be in 1..4096, got ",
+               c.num_hidden_layers);
   c.num_attention_heads = req_int(j, "num_attention_heads", origin);
   c.num_key_value_heads = opt<int64_t>(j, "num_key_value_heads", c.num_attention_heads, origin);
   HEARTH_CHECK(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0, origin,

@@ -56,6 +56,12 @@ LlamaModel::LlamaModel(LlamaConfig config, const nn::ParamSource& w, const std::
   };
   const int64_t C = c.hidden_size, D = c.head_dim, H = c.num_attention_heads, Hkv = c.num_key_value_heads;
   embed_tokens_ = nn::Embedding::load(w, "model.embed_tokens", c.vocab_size, C, spec("model.embed_tokens"), placement_);
+  // The checkpoint must hold exactly num_hidden_layers blocks: checked before allocating them.
+  HEARTH_CHECK(c.num_hidden_layers >= 1 && w.contains(cat("model.layers.", c.num_hidden_layers - 1, ".input_layernorm.weight")),
+               "config.json: num_hidden_layers = ", c.num_hidden_layers, ", but the weights have no layer ",
+               c.num_hidden_layers - 1);
+  HEARTH_CHECK(!w.contains(cat("model.layers.", c.num_hidden_layers, ".input_layernorm.weight")),
+               "config.json: num_hidden_layers = ", c.num_hidden_layers, ", but the weights have more layers");
   layers_.resize(c.num_hidden_layers);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = cat("model.layers.", i, ".");
