@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -41,6 +42,27 @@ const DTypeRow& row_of(DType d) {
   throw Error("safetensors: internal error: unknown DType");
 }
 
+// A header string made safe for a one-line message: control bytes become \xNN, long ones are cut.
+std::string printable(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s.substr(0, 200)) {
+    if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return s.size() > 200 ? out + "..." : out;
+}
+
+// A JSON value for a message: compact, at most ~200 characters.
+std::string brief(const json& j) {
+  std::string s = j.dump(-1, ' ', false, json::error_handler_t::replace);
+  return s.size() > 200 ? s.substr(0, 200) + "..." : s;
+}
+
 std::string shape_str(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
@@ -55,7 +77,7 @@ std::optional<uint64_t> as_uint(const json& v) {
 }
 
 TensorInfo parse_entry(const std::string& name, const json& e, uint64_t data_size, const std::string& origin) {
-  const std::string where = cat(origin, ": tensor '", name, "'");
+  const std::string where = cat(origin, ": tensor '", printable(name), "'");
   HEARTH_CHECK(e.is_object(), where, ": entry is not an object");
   TensorInfo t;
   t.name = name;
@@ -64,7 +86,7 @@ TensorInfo parse_entry(const std::string& name, const json& e, uint64_t data_siz
   HEARTH_CHECK(it != e.end(), where, ": missing 'dtype'");
   HEARTH_CHECK(it->is_string(), where, ": 'dtype' is not a string");
   auto dt = parse_dtype_name(it->get_ref<const std::string&>());
-  HEARTH_CHECK(dt.has_value(), where, ": unknown dtype '", it->get_ref<const std::string&>(), "'");
+  HEARTH_CHECK(dt.has_value(), where, ": unknown dtype '", printable(it->get_ref<const std::string&>()), "'");
   t.dtype = *dt;
 
   it = e.find("shape");
@@ -74,11 +96,11 @@ TensorInfo parse_entry(const std::string& name, const json& e, uint64_t data_siz
   uint64_t numel = 1;
   bool overflow = false;
   for (const auto& d : *it) {
-    HEARTH_CHECK(d.is_number_integer(), where, ": shape ", it->dump(), " has a non-integer dimension");
-    HEARTH_CHECK(d.is_number_unsigned() || d.get<int64_t>() >= 0, where, ": shape ", it->dump(),
+    HEARTH_CHECK(d.is_number_integer(), where, ": shape ", brief(*it), " has a non-integer dimension");
+    HEARTH_CHECK(d.is_number_unsigned() || d.get<int64_t>() >= 0, where, ": shape ", brief(*it),
                  " has a negative dimension");
     uint64_t v = *as_uint(d);
-    HEARTH_CHECK(v <= static_cast<uint64_t>(INT64_MAX), where, ": shape ", it->dump(), " has a dimension too large");
+    HEARTH_CHECK(v <= static_cast<uint64_t>(INT64_MAX), where, ": shape ", brief(*it), " has a dimension too large");
     t.shape.push_back(static_cast<int64_t>(v));
     overflow = overflow || __builtin_mul_overflow(numel, v, &numel);
   }
@@ -91,7 +113,7 @@ TensorInfo parse_entry(const std::string& name, const json& e, uint64_t data_siz
   HEARTH_CHECK(it->is_array() && it->size() == 2, where, ": 'data_offsets' is not a [begin, end] pair");
   auto b = as_uint((*it)[0]);
   auto en = as_uint((*it)[1]);
-  HEARTH_CHECK(b && en, where, ": data_offsets ", it->dump(), " are not non-negative integers");
+  HEARTH_CHECK(b && en, where, ": data_offsets ", brief(*it), " are not non-negative integers");
   t.begin = *b;
   t.end = *en;
   HEARTH_CHECK(t.begin <= t.end, where, ": data_offsets [", t.begin, ", ", t.end, "] have begin > end");
@@ -135,7 +157,7 @@ std::vector<TensorInfo> parse_safetensors_header(std::string_view header_json, u
       HEARTH_CHECK(m.is_object() || m.is_null(), origin, ": __metadata__ is not an object of strings");
       if (m.is_null()) continue;
       for (auto mi = m.begin(); mi != m.end(); ++mi) {
-        HEARTH_CHECK(mi.value().is_string(), origin, ": __metadata__ key '", mi.key(), "' is not a string");
+        HEARTH_CHECK(mi.value().is_string(), origin, ": __metadata__ key '", printable(mi.key()), "' is not a string");
         if (metadata) (*metadata)[mi.key()] = mi.value().get<std::string>();
       }
       continue;
@@ -152,8 +174,8 @@ std::vector<TensorInfo> parse_safetensors_header(std::string_view header_json, u
   for (size_t i = 1; i < by_begin.size(); ++i) {
     const TensorInfo& a = *by_begin[i - 1];
     const TensorInfo& b = *by_begin[i];
-    HEARTH_CHECK(b.begin >= a.end, origin, ": tensor '", b.name, "': data_offsets [", b.begin, ", ", b.end,
-                 "] overlap tensor '", a.name, "' [", a.begin, ", ", a.end, "]");
+    HEARTH_CHECK(b.begin >= a.end, origin, ": tensor '", printable(b.name), "': data_offsets [", b.begin, ", ",
+                 b.end, "] overlap tensor '", printable(a.name), "' [", a.begin, ", ", a.end, "]");
   }
   return out;
 }

@@ -221,6 +221,12 @@ TEST(SafetensorsErrors, MetadataNotStrings) {
   expect_open_error(safetensors_bytes(R"({"__metadata__":{"n":1}})", ""), {"__metadata__ key 'n' is not a string"});
 }
 
+TEST(SafetensorsErrors, ControlCharactersInNamesStayOnOneLine) {
+  // expect_open_error also checks that the message has no newline.
+  expect_open_error(safetensors_bytes(R"({"a\nb":{"dtype":"X","shape":[],"data_offsets":[0,0]}})", ""),
+                    {"tensor 'a\\x0ab'", "unknown dtype 'X'"});
+}
+
 TEST(SafetensorsErrors, ParseHeaderDirectly) {
   EXPECT_THROW(hearth::io::parse_safetensors_header("{\"a\":3}", 0, "h"), hearth::Error);
   auto v = hearth::io::parse_safetensors_header("{" + kGoodEntry + "}", 8, "h");

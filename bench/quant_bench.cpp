@@ -1,0 +1,61 @@
+// Micro-benchmark: nn::quantized_matmul (CPU tile kernel) vs quantized_matmul_ref (dequantize whole
+// matrix + matmul) vs dense fp32 matmul, for decode (M=1) and prefill-like (M=64) shapes.
+// Not a correctness test (tests/nn/quant_test.cpp is). Build with -DHEARTH_BUILD_BENCH=ON.
+#include <benchmark/benchmark.h>
+
+#include "nn/quant.h"
+
+namespace {
+
+// args: out, in, M, bits
+hearth::nn::QuantizedWeight make_weight(int64_t out, int64_t in, int bits) {
+  at::manual_seed(0);
+  return hearth::nn::quantize(at::randn({out, in}), hearth::nn::QuantSpec{bits, 64});
+}
+
+void set_counters(benchmark::State& st, int64_t out, int64_t in, int64_t M, double weight_bytes) {
+  st.counters["GB/s(weights)"] = benchmark::Counter(weight_bytes, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * M * out * in, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+
+void BM_QuantizedMatmul(benchmark::State& st) {
+  const int64_t out = st.range(0), in = st.range(1), M = st.range(2);
+  const int bits = static_cast<int>(st.range(3));
+  auto q = make_weight(out, in, bits);
+  at::Tensor x = at::randn({M, in});
+  for (auto _ : st) benchmark::DoNotOptimize(hearth::nn::quantized_matmul(x, q));
+  set_counters(st, out, in, M, out * in * bits / 8.0 + 2 * 4.0 * out * in / 64);
+}
+
+void BM_QuantizedMatmulRef(benchmark::State& st) {
+  const int64_t out = st.range(0), in = st.range(1), M = st.range(2);
+  const int bits = static_cast<int>(st.range(3));
+  auto q = make_weight(out, in, bits);
+  at::Tensor x = at::randn({M, in});
+  for (auto _ : st) benchmark::DoNotOptimize(hearth::nn::quantized_matmul_ref(x, q));
+  set_counters(st, out, in, M, out * in * bits / 8.0 + 2 * 4.0 * out * in / 64);
+}
+
+void BM_DenseF32(benchmark::State& st) {
+  const int64_t out = st.range(0), in = st.range(1), M = st.range(2);
+  at::Tensor w = at::randn({out, in});
+  at::Tensor x = at::randn({M, in});
+  for (auto _ : st) benchmark::DoNotOptimize(at::matmul(x, w.t()));
+  set_counters(st, out, in, M, out * in * 4.0);
+}
+
+void shapes(benchmark::internal::Benchmark* b) {
+  for (auto [out, in] : {std::pair<int64_t, int64_t>{2048, 2048}, {8192, 2048}, {2048, 8192}})
+    for (int64_t M : {1, 64}) b->Args({out, in, M, 4});
+  b->Args({8192, 2048, 1, 3});
+  b->Args({8192, 2048, 1, 8});
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
+}  // namespace
+
+BENCHMARK(BM_QuantizedMatmul)->Apply(shapes);
+BENCHMARK(BM_QuantizedMatmulRef)->Apply(shapes);
+BENCHMARK(BM_DenseF32)->Apply(shapes);
+BENCHMARK_MAIN();
