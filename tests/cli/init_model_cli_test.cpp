@@ -4,6 +4,8 @@
 // the written chat template renders Llama-2-chat style with one BOS and an EOS after the answer,
 // and a prompt tokenizes as a prefix of prompt + answer; bad input is a one-line error.
 #include <gtest/gtest.h>
+
+#include "../test_util.h"
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
@@ -22,18 +24,9 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-struct CliResult {
-  int rc;
-  std::string out;
-};
-CliResult run(const std::string& args) {
-  std::string cmd = std::string(HEARTH_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  int rc = pclose(p);
-  return {WEXITSTATUS(rc), out};
+using hearth::testing::CliResult;
+CliResult run(const std::string& args, bool merge_stderr = true) {
+  return hearth::testing::run_hearth(args, merge_stderr);
 }
 
 const fs::path kTokDir = fs::path(HEARTH_SOURCE_DIR) / "tests/golden/models/llama_mha";  // vocab 512

@@ -2,6 +2,8 @@
 // bad input exits non-zero with one line. Expected ids come from the tiny golden tokenizer's
 // HF-made golden file (tests/golden/tokenizer/tiny.json), not from our own code.
 #include <gtest/gtest.h>
+
+#include "../test_util.h"
 #include <nlohmann/json.hpp>
 
 #include <array>
@@ -12,24 +14,11 @@
 namespace fs = std::filesystem;
 
 namespace {
-struct CliResult {
-  int rc;
-  std::string out;
-};
-CliResult run(const std::string& args) {
-  std::string cmd = std::string(HEARTH_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  int rc = pclose(p);
-  return {WEXITSTATUS(rc), out};
+using hearth::testing::CliResult;
+CliResult run(const std::string& args, bool merge_stderr = true) {
+  return hearth::testing::run_hearth(args, merge_stderr);
 }
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+std::string quote(const std::string& s) { return hearth::testing::shell_quote(s); }
 }  // namespace
 
 TEST(TokenizeCli, EncodeAndDecodeMatchGolden) {

@@ -3,6 +3,8 @@
 // writes, the valid-JSON share matches the rows, and each output is exactly what `hearth generate`
 // produces greedily for the same prompt (the engine's prompt path, not a copy of it).
 #include <gtest/gtest.h>
+
+#include "../test_util.h"
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
@@ -19,24 +21,11 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-struct CliResult {
-  int rc;
-  std::string out;
-};
+using hearth::testing::CliResult;
 CliResult run(const std::string& args, bool merge_stderr = true) {
-  std::string cmd = std::string(HEARTH_BINARY) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  int rc = pclose(p);
-  return {WEXITSTATUS(rc), out};
+  return hearth::testing::run_hearth(args, merge_stderr);
 }
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+std::string quote(const std::string& s) { return hearth::testing::shell_quote(s); }
 
 class EvalChunkCli : public ::testing::Test {
  protected:
