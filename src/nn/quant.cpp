@@ -166,12 +166,28 @@ QuantizedWeight quantize(const at::Tensor& w, QuantSpec spec) {
 
 // --- unpack / dequantize -----------------------------------------------------------------------
 
+at::Tensor unpack_codes_on_device(const at::Tensor& wq, int bits, int64_t in_features) {
+  HEARTH_CHECK(bits == 2 || bits == 4 || bits == 8, "unpack_codes_on_device: ", bits,
+               " bits do not divide a 32-bit word");
+  HEARTH_CHECK(wq.dim() == 2 && wq.scalar_type() == at::kInt && wq.size(1) * 32 == in_features * bits,
+               "unpack_codes_on_device: expected kInt [out, ", in_features * bits / 32, "], got ", wq.scalar_type(),
+               " ", wq.sizes());
+  // Code j of a row sits in word j / per at bit (j % per) * bits, lowest bits first. The shift is
+  // arithmetic on int32, and the mask drops the copied sign bits.
+  const int64_t per = 32 / bits;
+  const at::Tensor shifts = at::arange(0, 32, bits, wq.options());
+  return wq.unsqueeze(-1).__rshift__(shifts).bitwise_and((1 << bits) - 1).to(at::kByte).reshape(
+      {wq.size(0), wq.size(1) * per});
+}
+
 at::Tensor unpack_codes(const at::Tensor& wq, int bits, int64_t in_features) {
   check_quant_spec(QuantSpec{bits, 32}, "unpack_codes");
   HEARTH_CHECK(wq.dim() == 2 && wq.scalar_type() == at::kInt, "unpack_codes: expected a 2-D kInt tensor, got ",
                wq.scalar_type(), " ", wq.sizes());
   HEARTH_CHECK(in_features % 32 == 0 && wq.size(1) == in_features * bits / 32, "unpack_codes: ", wq.size(1),
                " words per row do not hold ", in_features, " codes of ", bits, " bits");
+  // Off the CPU, widths that divide 32 unpack where the tensor lives (no host round trip).
+  if (!wq.is_cpu() && 32 % bits == 0) return unpack_codes_on_device(wq, bits, in_features);
   const at::Tensor w = wq.to(at::kCPU).contiguous();
   const int64_t out = w.size(0), words = w.size(1);
   at::Tensor codes = at::empty({out, in_features}, at::kByte);

@@ -47,6 +47,11 @@ at::Tensor dequantize(const QuantizedWeight& qw, c10::optional<at::ScalarType> d
 /// that does not hold `in_features` codes.
 at::Tensor unpack_codes(const at::Tensor& wq, int bits, int64_t in_features);
 
+/// unpack_codes with tensor ops on wq's own device (what unpack_codes uses off the CPU), for
+/// bits 2, 4 and 8 (widths that divide a 32-bit word): wq [out, in*bits/32] kInt → codes
+/// [out, in] uint8. Throws for other widths or a wrong shape.
+at::Tensor unpack_codes_on_device(const at::Tensor& wq, int bits, int64_t in_features);
+
 /// Packs integer codes q [out, in] (any integer dtype, values in [0, 2^bits), in % 32 == 0) into
 /// wq [out, in*bits/32] (kInt holding uint32 bits), the inverse of unpack_codes. Throws on codes out
 /// of range.

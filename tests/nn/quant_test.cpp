@@ -56,6 +56,23 @@ TEST(Quant, PackMatchesMlxByteLayoutAndRoundTrips) {
 //   q_j = clamp(rint(j/2), 0, 15): ties go to even (j=1 → 0, j=3 → 2, j=5 → 2), j=31 → 16 → 15.
 // row 1: w_j = 16 - j ∈ [-15, 16]. |w_min| < |w_max| → scale0 = -31/15, edge = 16,
 //   q0 = rint(16 / -2.0667) = -8 → scale = 16/-8 = -2, bias = 16; q_j = rint(j/2) as above.
+TEST(Quant, DeviceUnpackMatchesWordDecoder) {
+  // The tensor-op unpack (used on CUDA) against the CPU word decoder, for every code value in every
+  // lane (the top lane of a word exercises int32 sign bits).
+  for (int bits : {2, 4, 8}) {
+    const int64_t out = 5, in = 256;
+    at::Tensor codes = at::remainder(at::arange(out * in, at::kLong) * 7 + 3, 1 << bits).view({out, in});
+    codes[0].fill_((1 << bits) - 1);  // all ones: every word negative as int32
+    const at::Tensor wq = hearth::nn::pack_codes(codes, bits);
+    const at::Tensor a = hearth::nn::unpack_codes(wq, bits, in);
+    const at::Tensor b = hearth::nn::unpack_codes_on_device(wq, bits, in);
+    EXPECT_EQ(b.scalar_type(), at::kByte);
+    EXPECT_TRUE(at::equal(a, b)) << bits << " bits";
+    EXPECT_TRUE(at::equal(b.to(at::kLong), codes)) << bits << " bits";
+  }
+  EXPECT_THROW(hearth::nn::unpack_codes_on_device(at::zeros({2, 6}, at::kInt), 3, 64), hearth::Error);
+}
+
 TEST(Quant, HandComputedFourBit) {
   at::Tensor w = at::empty({2, 32}, at::kFloat);
   for (int j = 0; j < 32; ++j) {
