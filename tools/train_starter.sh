@@ -5,7 +5,8 @@
 # run so each phase fits its time budget; the chosen commands are printed and logged, so the
 # model card can quote them exactly. Not a test and not used by CI.
 # Usage: tools/train_starter.sh HEARTH_BINARY WORKDIR   (data in data/pretrain, data/chunk)
-# Env: PRETRAIN_S (seconds for pretraining, default 240), LORA_S (default 150).
+# Env: PRETRAIN_S (seconds for pretraining, default 240), LORA_S (default 150); PRETRAIN_ITERS /
+# LORA_ITERS skip the probes; LORA_CONFIGS="name rank scale lr,..." (default three settings).
 set -uo pipefail
 hearth=$1; work=$2
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -35,13 +36,16 @@ run "$hearth" init-model --config "$root/tools/starter_config.json" --tokenizer 
 P=(--model "$work/init" --data "$root/data/pretrain" --fine-tune-type full --num-layers -1
    --max-seq-length 1024 --batch-size 32 --learning-rate 1e-3 --lr-schedule cosine
    --weight-decay 0.1 --grad-clip 1.0 --seed 0 --device cuda --dtype float32)
+if [[ -n ${PRETRAIN_ITERS:-} ]]; then iters=$PRETRAIN_ITERS; else
 rm -rf "$work/probe"
 "$hearth" train "${P[@]}" --adapter-path "$work/probe" --iters 20 --steps-per-report 10 --steps-per-eval 1000 \
   --val-batches 1 --save-every 0 > "$work/probe.log" 2>&1 || { tail -20 "$work/probe.log"; exit 1; }
 read -r rate per_step < <(probe_rate "$work/probe/metrics.jsonl")
 iters=$(iters_for "${PRETRAIN_S:-240}" "$rate" "$per_step" 100 1500)
+say "pretrain probe: $rate tok/s, $per_step tokens/step"
+fi
 warm=$(( iters / 10 < 100 ? iters / 10 : 100 ))
-say "pretrain probe: $rate tok/s, $per_step tokens/step -> --iters $iters --warmup $warm"
+say "pretrain: --iters $iters --warmup $warm"
 rm -rf "$work/pretrain"
 run timeout -s INT "$(( ${PRETRAIN_S:-240} + 30 ))" "$hearth" train "${P[@]}" --adapter-path "$work/pretrain" \
   --iters "$iters" --warmup "$warm" --steps-per-report 10 --steps-per-eval 50 --val-batches -1 --save-every 100 \
@@ -57,17 +61,22 @@ run "$hearth" convert --model "$work/f32" --out "$work/starter" -q --q-bits 8 --
 L=(--model "$work/starter" --data "$root/data/chunk" --fine-tune-type lora --num-layers -1
    --max-seq-length 2048 --segment-size 2 --batch-size 8 --lr-schedule cosine --grad-clip 1.0 --seed 0
    --device cuda --dtype float32)
+if [[ -n ${LORA_ITERS:-} ]]; then liters=$LORA_ITERS; else
 rm -rf "$work/lprobe"
 "$hearth" train "${L[@]}" --lora-rank 16 --lora-scale 20 --learning-rate 2e-4 --adapter-path "$work/lprobe" \
   --iters 20 --steps-per-report 10 --steps-per-eval 1000 --val-batches 1 --save-every 0 \
   > "$work/lprobe.log" 2>&1 || { tail -20 "$work/lprobe.log"; exit 1; }
 read -r lrate lper < <(probe_rate "$work/lprobe/metrics.jsonl")
-# three runs share the GPU: assume each gets half the probe's rate
+# the runs share the GPU: assume each gets half the probe's rate
 liters=$(iters_for "${LORA_S:-150}" "$(python3 -c "print($lrate/2)")" "$lper" 100 3000)
-say "lora probe: $lrate tok/s, $lper tokens/step -> --iters $liters"
+say "lora probe: $lrate tok/s, $lper tokens/step"
+fi
+say "lora: --iters $liters"
 pids=()
-for cfg in "r16 16 20 2e-4" "r16hi 16 20 1e-3" "r32 32 10 5e-4"; do
-  set -- $cfg
+IFS=, read -ra cfgs <<< "${LORA_CONFIGS:-r16 16 20 2e-4,r16hi 16 20 1e-3,r32 32 10 5e-4}"
+names=()
+for cfg in "${cfgs[@]}"; do
+  set -- $cfg; names+=("$1")
   rm -rf "$work/chunk-$1"
   say "+ hearth train ${L[*]} --lora-rank $2 --lora-scale $3 --learning-rate $4 --iters $liters --warmup 50 --adapter-path chunk-$1"
   timeout -s INT "$(( ${LORA_S:-150} + 30 ))" "$hearth" train "${L[@]}" --lora-rank "$2" --lora-scale "$3" \
@@ -76,4 +85,4 @@ for cfg in "r16 16 20 2e-4" "r16hi 16 20 1e-3" "r32 32 10 5e-4"; do
   pids+=($!)
 done
 wait "${pids[@]}"
-for n in r16 r16hi r32; do say "== chunk-$n"; tail -3 "$work/chunk-$n.log" | tee -a "$log"; done
+for n in "${names[@]}"; do say "== chunk-$n"; tail -3 "$work/chunk-$n.log" | tee -a "$log"; done
