@@ -6,7 +6,7 @@
 # model card can quote them exactly. Not a test and not used by CI.
 # Usage: tools/train_starter.sh HEARTH_BINARY WORKDIR   (data in data/pretrain, data/chunk)
 # Env: PRETRAIN_S (seconds for pretraining, default 240), LORA_S (default 150); PRETRAIN_ITERS /
-# LORA_ITERS skip the probes; LORA_CONFIGS="name rank scale lr,..." (default three settings).
+# LORA_ITERS skip the probes; PRETRAIN_BATCH (default 32 sequences of 1024), PRETRAIN_LR (1e-3); LORA_CONFIGS="name rank scale lr,..." (default three settings).
 set -uo pipefail
 hearth=$1; work=$2
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,14 +34,14 @@ run "$hearth" init-model --config "$root/tools/starter_config.json" --tokenizer 
 
 # 2. pretraining: probe, then the sized run
 P=(--model "$work/init" --data "$root/data/pretrain" --fine-tune-type full --num-layers -1
-   --max-seq-length 1024 --batch-size 32 --learning-rate 1e-3 --lr-schedule cosine
+   --max-seq-length 1024 --batch-size "${PRETRAIN_BATCH:-32}" --learning-rate "${PRETRAIN_LR:-1e-3}" --lr-schedule cosine
    --weight-decay 0.1 --grad-clip 1.0 --seed 0 --device cuda --dtype float32)
 if [[ -n ${PRETRAIN_ITERS:-} ]]; then iters=$PRETRAIN_ITERS; else
 rm -rf "$work/probe"
 "$hearth" train "${P[@]}" --adapter-path "$work/probe" --iters 20 --steps-per-report 10 --steps-per-eval 1000 \
   --val-batches 1 --save-every 0 > "$work/probe.log" 2>&1 || { tail -20 "$work/probe.log"; exit 1; }
 read -r rate per_step < <(probe_rate "$work/probe/metrics.jsonl")
-iters=$(iters_for "${PRETRAIN_S:-240}" "$rate" "$per_step" 100 1500)
+iters=$(iters_for "${PRETRAIN_S:-240}" "$rate" "$per_step" 100 "${PRETRAIN_MAX_ITERS:-1500}")
 say "pretrain probe: $rate tok/s, $per_step tokens/step"
 fi
 warm=$(( iters / 10 < 100 ? iters / 10 : 100 ))

@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Trains a model folder on {"text"} rows with transformers + torch, the way `hearth train
+--fine-tune-type full` does (rows tokenized with specials + EOS, packed into --max-seq-length
+chunks, AdamW with linear warmup then constant lr, token-mean cross-entropy), and prints the
+train loss every --report steps plus greedy continuations of --prompt lines.
+
+A diagnostic, not a golden: run the same data through `hearth train` and compare the loss curves
+(data order differs, so curves agree in shape and level, not bit for bit). Used to check that the
+starter's slow learning of copying (docs/starter.md) is the model's, not Hearth's training loop.
+  python3 tools/copy_task_reference.py --model INIT_DIR --data DIR --steps 1000 --batch-size 16 \
+      --max-seq-length 256 --lr 1e-3 --warmup 20 [--device cuda] [--prompt TEXT ...]
+"""
+import argparse
+import json
+import os
+import random
+
+import torch
+from tokenizers import Tokenizer
+from transformers import AutoModelForCausalLM
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--max-seq-length", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--report", type=int, default=100)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--prompt", action="append", default=[])
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    random.seed(0)
+    tok = Tokenizer.from_file(os.path.join(a.model, "tokenizer.json"))
+    cfg = json.load(open(os.path.join(a.model, "config.json")))
+    eos = cfg["eos_token_id"][0] if isinstance(cfg["eos_token_id"], list) else cfg["eos_token_id"]
+    stream = []
+    for line in open(os.path.join(a.data, "train.jsonl")):
+        stream += tok.encode(json.loads(line)["text"], add_special_tokens=True).ids + [eos]
+    T = a.max_seq_length
+    chunks = [stream[i:i + T] for i in range(0, len(stream) - T + 1, T)]
+    model = AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=torch.float32,
+                                                 attn_implementation="eager").to(a.device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0)
+    order, pos, window = [], 0, []
+    for step in range(1, a.steps + 1):
+        if pos + a.batch_size > len(order):
+            order, pos = random.sample(range(len(chunks)), len(chunks)), 0
+        batch = torch.tensor([chunks[i] for i in order[pos:pos + a.batch_size]], device=a.device)
+        pos += a.batch_size
+        for g in opt.param_groups:
+            g["lr"] = a.lr * min(1.0, step / a.warmup) if a.warmup else a.lr
+        loss = model(batch, labels=batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        window.append(loss.item())
+        if step % a.report == 0:
+            print(f"step {step}/{a.steps}  train loss {sum(window) / len(window):.4f}", flush=True)
+            window = []
+    model.eval()
+    with torch.no_grad():
+        for p in a.prompt:
+            ids = torch.tensor([tok.encode(p, add_special_tokens=True).ids], device=a.device)
+            out = model.generate(ids, max_new_tokens=30, do_sample=False)
+            print(f"{p!r} -> {tok.decode(out[0, ids.shape[1]:].tolist())!r}")
+
+
+if __name__ == "__main__":
+    main()
