@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -288,6 +289,142 @@ void qmm_small_m(const float* x, int64_t M, const QuantizedWeight& qw, const flo
   });
 }
 
+// --- small-M fast paths for 4 and 8 bits ---------------------------------------------------------
+// Codes are read straight from the packed bytes (little-endian host, the layout above): for 8 bits
+// byte j of a row is code j; for 4 bits byte i holds code 2i in its low nibble and code 2i+1 in its
+// high nibble. So that nibble lanes line up with x lanes, x is pre-split per group into its even
+// then its odd elements ("group-split" order) and 4-bit codes are decoded in that order too. Fixed
+// trip counts and kLanes independent accumulators let GCC vectorize without fast-math.
+
+static_assert(std::endian::native == std::endian::little, "packed codes are read as little-endian bytes");
+constexpr int kLanes = 16;
+
+inline float reduce_lanes(const float* a) {
+  float s[kLanes / 2];
+  for (int k = 0; k < kLanes / 2; ++k) s[k] = a[k] + a[k + kLanes / 2];
+  return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
+
+// Σ q_j · x_j over one group, codes read from the packed bytes `q`, x in group-split order for 4 bits.
+template <int Bits, int GS>
+inline float group_dot(const uint8_t* q, const float* x) {
+  static_assert(Bits == 4 || Bits == 8);
+  float acc[kLanes] = {};
+  if constexpr (Bits == 8) {
+    for (int j = 0; j < GS; j += kLanes)
+      for (int k = 0; k < kLanes; ++k) acc[k] += static_cast<float>(q[j + k]) * x[j + k];
+  } else {
+    constexpr int H = GS / 2;
+    for (int j = 0; j < H; j += kLanes)
+      for (int k = 0; k < kLanes; ++k)
+        acc[k] += static_cast<float>(q[j + k] & 15) * x[j + k] + static_cast<float>(q[j + k] >> 4) * x[H + j + k];
+  }
+  return reduce_lanes(acc);
+}
+
+// Decodes one group of codes to fp32 in the order group_dot pairs them with x.
+template <int Bits, int GS>
+inline void group_decode(const uint8_t* q, float* out) {
+  if constexpr (Bits == 8) {
+    for (int j = 0; j < GS; ++j) out[j] = static_cast<float>(q[j]);
+  } else {
+    for (int j = 0; j < GS / 2; ++j) {
+      out[j] = static_cast<float>(q[j] & 15);
+      out[GS / 2 + j] = static_cast<float>(q[j] >> 4);
+    }
+  }
+}
+
+inline float dot_lanes(const float* a, const float* b, int64_t n) {  // n % kLanes == 0
+  float acc[kLanes] = {};
+  for (int64_t i = 0; i < n; i += kLanes)
+    for (int k = 0; k < kLanes; ++k) acc[k] += a[i + k] * b[i + k];
+  return reduce_lanes(acc);
+}
+
+// One row of scales or biases to fp32 (they stay in their own dtype in the weight).
+void row_to_f32(const at::Tensor& t, int64_t row, int64_t n, float* dst) {
+  switch (t.scalar_type()) {
+    case at::kFloat: std::memcpy(dst, t.data_ptr<float>() + row * n, static_cast<size_t>(n) * 4); return;
+    case at::kBFloat16: {
+      const c10::BFloat16* p = t.data_ptr<c10::BFloat16>() + row * n;
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(p[i]);
+      return;
+    }
+    case at::kHalf: {
+      const c10::Half* p = t.data_ptr<c10::Half>() + row * n;
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(p[i]);
+      return;
+    }
+    default: {
+      const at::Tensor f = t[row].to(at::kFloat).contiguous();
+      std::memcpy(dst, f.data_ptr<float>(), static_cast<size_t>(n) * 4);
+    }
+  }
+}
+
+// y[M, out] = x[M, in] · Wᵀ for M <= 8 and bits 4/8: x is fp32 (group-split for 4 bits); scales and
+// biases are contiguous [out, ng] in any float dtype. Per row and group y += s·(q·x_g) + b·Σx_g.
+// M == 1 fuses decode and dot; larger M decodes each group once to fp32 and reuses it for every row.
+template <int Bits, int GS>
+void qmv_fast(const float* x, int64_t M, const QuantizedWeight& qw, const at::Tensor& scales, const at::Tensor& biases,
+              float* y) {
+  const int64_t out = qw.out_features(), in = qw.in_features(), ng = in / GS;
+  const int64_t row_bytes = in * Bits / 8, group_bytes = GS * Bits / 8;
+  const uint8_t* w = reinterpret_cast<const uint8_t*>(qw.wq.data_ptr<int32_t>());
+  std::vector<float> xsum(static_cast<size_t>(M * ng));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < ng; ++g) {
+      float s = 0;
+      for (int64_t j = 0; j < GS; ++j) s += x[m * in + g * GS + j];
+      xsum[m * ng + g] = s;
+    }
+  const int64_t grain = std::max<int64_t>(1, 16384 / in);
+  at::parallel_for(0, out, grain, [&](int64_t r0, int64_t r1) {
+    std::vector<float> sb(static_cast<size_t>(2 * ng));
+    alignas(64) float qf[GS];
+    float acc[8];
+    for (int64_t r = r0; r < r1; ++r) {
+      row_to_f32(scales, r, ng, sb.data());
+      row_to_f32(biases, r, ng, sb.data() + ng);
+      const float* s = sb.data();
+      const float* b = sb.data() + ng;
+      const uint8_t* wr = w + r * row_bytes;
+      if (M == 1) {
+        float a = 0;
+        for (int64_t g = 0; g < ng; ++g) a += s[g] * group_dot<Bits, GS>(wr + g * group_bytes, x + g * GS) + b[g] * xsum[g];
+        y[r] = a;
+        continue;
+      }
+      for (int64_t m = 0; m < M; ++m) acc[m] = 0;
+      for (int64_t g = 0; g < ng; ++g) {
+        group_decode<Bits, GS>(wr + g * group_bytes, qf);
+        for (int64_t m = 0; m < M; ++m)
+          acc[m] += s[g] * dot_lanes(qf, x + m * in + g * GS, GS) + b[g] * xsum[m * ng + g];
+      }
+      for (int64_t m = 0; m < M; ++m) y[m * out + r] = acc[m];
+    }
+  });
+}
+
+// Dispatches qmv_fast on (bits, group size); false when there is no fast path for them.
+bool qmv_fast_any(const float* x, int64_t M, const QuantizedWeight& qw, const at::Tensor& scales,
+                  const at::Tensor& biases, float* y) {
+  const int bits = qw.spec.bits, gs = qw.spec.group_size;
+#define HEARTH_QMV_CASE(B, G) \
+  if (bits == B && gs == G) return qmv_fast<B, G>(x, M, qw, scales, biases, y), true;
+  HEARTH_QMV_CASE(8, 32) HEARTH_QMV_CASE(8, 64) HEARTH_QMV_CASE(8, 128)
+  HEARTH_QMV_CASE(4, 32) HEARTH_QMV_CASE(4, 64) HEARTH_QMV_CASE(4, 128)
+#undef HEARTH_QMV_CASE
+  return false;
+}
+
+// x [M, in] fp32 → the same with each group's elements reordered evens first, then odds.
+at::Tensor split_groups_even_odd(const at::Tensor& x2, int64_t gs) {
+  const int64_t M = x2.size(0), in = x2.size(1);
+  return x2.view({M, in / gs, gs / 2, 2}).transpose(2, 3).contiguous().view({M, in});
+}
+
 // Larger M: dequantize a tile of rows into fp32 (in parallel), then one BLAS matmul per tile.
 void qmm_tiled(const at::Tensor& x2, const QuantizedWeight& qw, const float* scales, const float* biases,
                at::Tensor& y) {
@@ -330,10 +467,16 @@ at::Tensor quantized_matmul(const at::Tensor& x, const QuantizedWeight& qw) {
   const int64_t M = x2.size(0);
   QuantizedWeight q = qw;
   q.wq = qw.wq.contiguous();
-  const at::Tensor s = qw.scales.to(at::kFloat).contiguous();
-  const at::Tensor b = qw.biases.to(at::kFloat).contiguous();
   at::Tensor y = at::empty({M, out}, at::kFloat);
   if (M == 0 || out == 0) return y.view(out_shape).to(x.scalar_type());
+  if (M <= 8) {
+    // Bits 4 and 8 read scales/biases in their own dtype, row by row; x goes group-split for 4 bits.
+    const at::Tensor xk = qw.spec.bits == 4 ? split_groups_even_odd(x2, qw.spec.group_size) : x2;
+    if (qmv_fast_any(xk.data_ptr<float>(), M, q, qw.scales.contiguous(), qw.biases.contiguous(), y.data_ptr<float>()))
+      return y.view(out_shape).to(x.scalar_type());
+  }
+  const at::Tensor s = qw.scales.to(at::kFloat).contiguous();
+  const at::Tensor b = qw.biases.to(at::kFloat).contiguous();
   if (M <= 8)
     qmm_small_m(x2.data_ptr<float>(), M, q, s.data_ptr<float>(), b.data_ptr<float>(), y.data_ptr<float>());
   else
