@@ -1,6 +1,7 @@
-// MLX affine quantization: quantize/pack, unpack/dequantize, and a CPU quantized matmul that
-// dequantizes one tile of output rows at a time. Not the Linear module (nn/linear.*) and not GPU
-// kernels (CUDA tensors take the plain-libtorch reference path for now).
+// MLX affine quantization: quantize/pack, unpack/dequantize, and the quantized matmul dispatch: CPU
+// kernels (decode fused with the dot for small M, tiles of dequantized rows + BLAS otherwise) and,
+// in CUDA builds, the fused GEMV of kernels/quantized_matmul.cu for small M. Not the Linear module
+// (nn/linear.*) and not the CUDA kernel itself.
 // Reference: mlx/backend/cpu/quantized.cpp (`quantize`, `extract_bits`, `_qmm_t`) in ml-explore/mlx.
 #include "nn/quant.h"
 
@@ -13,6 +14,13 @@
 #include <limits>
 
 #include "core/error.h"
+
+#ifdef HEARTH_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "kernels/quantized_matmul.h"
+#endif
 
 namespace hearth::nn {
 
@@ -452,14 +460,74 @@ void qmm_tiled(const at::Tensor& x2, const QuantizedWeight& qw, const float* sca
   }
 }
 
+#ifdef HEARTH_WITH_CUDA
+// The fused CUDA GEMV (kernels/quantized_matmul.cu) when it applies: x on a CUDA device with the
+// weight, x float/half/bf16, M = x.numel()/in in [1, 8], bits 4 or 8. Scales/biases in another
+// dtype than x go to fp32 first (exact for bf16/f16). Undefined tensor when it does not apply.
+kernels::QDtype qdtype(at::ScalarType t) {
+  return t == at::kBFloat16 ? kernels::QDtype::kBFloat16 : t == at::kHalf ? kernels::QDtype::kFloat16
+                                                                           : kernels::QDtype::kFloat32;
+}
+
+bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+at::Tensor qmv_cuda(const at::Tensor& x, const QuantizedWeight& qw) {
+  const at::ScalarType xt = x.scalar_type();
+  if (!x.is_cuda() || (xt != at::kFloat && xt != at::kHalf && xt != at::kBFloat16)) return {};
+  if (qw.wq.device() != x.device() || qw.scales.device() != x.device() || qw.biases.device() != x.device()) return {};
+  const int64_t in = qw.in_features(), out = qw.out_features();
+  const int64_t M = in > 0 ? x.numel() / in : 0;
+  at::Tensor s = qw.scales, b = qw.biases;
+  if (s.scalar_type() != xt || b.scalar_type() != xt) {
+    s = s.to(at::kFloat);
+    b = b.to(at::kFloat);
+  }
+  if (!kernels::quantized_gemv_supported(qw.spec.bits, qw.spec.group_size, M, in, qdtype(xt),
+                                         qdtype(s.scalar_type())))
+    return {};
+  at::Tensor x2 = x.reshape({M, in}).contiguous();
+  if (!aligned16(x2)) x2 = x2.clone();
+  at::Tensor wq = qw.wq.contiguous();
+  if (!aligned16(wq)) wq = wq.clone();
+  s = s.contiguous();
+  b = b.contiguous();
+  at::Tensor y = at::empty({M, out}, x.options());
+  const c10::cuda::CUDAGuard guard(x.device());
+  kernels::QuantGemvArgs a;
+  a.x = x2.data_ptr();
+  a.x_dtype = qdtype(xt);
+  a.wq = reinterpret_cast<const uint32_t*>(wq.data_ptr<int32_t>());
+  a.scales = s.data_ptr();
+  a.biases = b.data_ptr();
+  a.s_dtype = qdtype(s.scalar_type());
+  a.y = y.data_ptr();
+  a.M = M;
+  a.out = out;
+  a.in = in;
+  a.bits = qw.spec.bits;
+  a.group_size = qw.spec.group_size;
+  a.stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  const char* err = kernels::quantized_gemv(a);
+  HEARTH_CHECK(err == nullptr, "quantized_matmul: CUDA kernel failed: ", err);
+  std::vector<int64_t> out_shape = x.sizes().vec();
+  out_shape.back() = out;
+  return y.view(out_shape);
+}
+#endif
+
 }  // namespace
 
 at::Tensor quantized_matmul(const at::Tensor& x, const QuantizedWeight& qw) {
   check_qweight(qw, "quantized_matmul");
   HEARTH_CHECK(x.dim() >= 1 && x.size(-1) == qw.in_features(), "quantized_matmul: x has last dim ",
                x.dim() ? x.size(-1) : 0, ", weight expects ", qw.in_features());
-  // Future kernel: a CUDA qmv/qmm (mlx's qmv_fast layout) goes here; for now dequantize + matmul.
-  if (!x.is_cpu() || !qw.wq.is_cpu()) return quantized_matmul_ref(x, qw);
+  if (!x.is_cpu() || !qw.wq.is_cpu()) {
+#ifdef HEARTH_WITH_CUDA
+    // Decode-sized M on CUDA: the fused GEMV; larger M (or other widths/dtypes): dequantize + matmul.
+    if (at::Tensor y = qmv_cuda(x, qw); y.defined()) return y;
+#endif
+    return quantized_matmul_ref(x, qw);
+  }
   const int64_t in = qw.in_features(), out = qw.out_features();
   std::vector<int64_t> out_shape = x.sizes().vec();
   out_shape.back() = out;
