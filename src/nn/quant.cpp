@@ -6,6 +6,7 @@
 #include "nn/quant.h"
 
 #include <ATen/Parallel.h>
+#include <c10/core/GradMode.h>
 
 #include <algorithm>
 #include <bit>
@@ -521,6 +522,8 @@ at::Tensor quantized_matmul(const at::Tensor& x, const QuantizedWeight& qw) {
   check_qweight(qw, "quantized_matmul");
   HEARTH_CHECK(x.dim() >= 1 && x.size(-1) == qw.in_features(), "quantized_matmul: x has last dim ",
                x.dim() ? x.size(-1) : 0, ", weight expects ", qw.in_features());
+  // The kernels below record no autograd graph: an x that needs a gradient takes the reference.
+  if (c10::GradMode::is_enabled() && x.requires_grad()) return quantized_matmul_ref(x, qw);
   if (!x.is_cpu() || !qw.wq.is_cpu()) {
 #ifdef HEARTH_WITH_CUDA
     // Decode-sized M on CUDA: the fused GEMV; larger M (or other widths/dtypes): dequantize + matmul.

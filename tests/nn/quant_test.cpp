@@ -217,6 +217,18 @@ TEST(Quant, SmallMFastPathLmHeadShape) {
   }
 }
 
+// The fused kernels record no autograd graph, so an x that requires grad must still get dL/dx = W
+// (through the reference path): y.sum() → x.grad[m, k] = Σ_o W[o, k].
+TEST(Quant, MatmulKeepsGradientToX) {
+  at::manual_seed(13);
+  QuantizedWeight q = hearth::nn::quantize(at::randn({24, 128}), QuantSpec{4, 64});
+  at::Tensor x = at::randn({2, 128}).set_requires_grad(true);
+  hearth::nn::quantized_matmul(x, q).sum().backward();
+  ASSERT_TRUE(x.grad().defined());
+  const at::Tensor expect = hearth::nn::dequantize(q, at::kFloat).sum(0).expand({2, 128});
+  EXPECT_TRUE(at::allclose(x.grad(), expect, 1e-5, 1e-5));
+}
+
 TEST(Quant, MatmulKeepsInputDtype) {
   QuantizedWeight q = hearth::nn::quantize(at::randn({8, 64}), QuantSpec{4, 64});
   at::Tensor x = at::randn({3, 64}).to(at::kBFloat16);
