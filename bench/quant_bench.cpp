@@ -50,6 +50,9 @@ void shapes(benchmark::internal::Benchmark* b) {
     for (int64_t M : {1, 64}) b->Args({out, in, M, 4});
   b->Args({8192, 2048, 1, 3});
   b->Args({8192, 2048, 1, 8});
+  // Decode of a 23M model's tied lm_head ([1, 384] x [32000, 384]) at 4 and 8 bits.
+  b->Args({32000, 384, 1, 4});
+  b->Args({32000, 384, 1, 8});
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 

@@ -1,17 +1,27 @@
-// MLX affine quantization: quantize/pack, unpack/dequantize, and a CPU quantized matmul that
-// dequantizes one tile of output rows at a time. Not the Linear module (nn/linear.*) and not GPU
-// kernels (CUDA tensors take the plain-libtorch reference path for now).
+// MLX affine quantization: quantize/pack, unpack/dequantize, and the quantized matmul dispatch: CPU
+// kernels (decode fused with the dot for small M, tiles of dequantized rows + BLAS otherwise) and,
+// in CUDA builds, the fused GEMV of kernels/quantized_matmul.cu for small M. Not the Linear module
+// (nn/linear.*) and not the CUDA kernel itself.
 // Reference: mlx/backend/cpu/quantized.cpp (`quantize`, `extract_bits`, `_qmm_t`) in ml-explore/mlx.
 #include "nn/quant.h"
 
 #include <ATen/Parallel.h>
+#include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "core/error.h"
+
+#ifdef HEARTH_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "kernels/quantized_matmul.h"
+#endif
 
 namespace hearth::nn {
 
@@ -288,6 +298,142 @@ void qmm_small_m(const float* x, int64_t M, const QuantizedWeight& qw, const flo
   });
 }
 
+// --- small-M fast paths for 4 and 8 bits ---------------------------------------------------------
+// Codes are read straight from the packed bytes (little-endian host, the layout above): for 8 bits
+// byte j of a row is code j; for 4 bits byte i holds code 2i in its low nibble and code 2i+1 in its
+// high nibble. So that nibble lanes line up with x lanes, x is pre-split per group into its even
+// then its odd elements ("group-split" order) and 4-bit codes are decoded in that order too. Fixed
+// trip counts and kLanes independent accumulators let GCC vectorize without fast-math.
+
+static_assert(std::endian::native == std::endian::little, "packed codes are read as little-endian bytes");
+constexpr int kLanes = 16;
+
+inline float reduce_lanes(const float* a) {
+  float s[kLanes / 2];
+  for (int k = 0; k < kLanes / 2; ++k) s[k] = a[k] + a[k + kLanes / 2];
+  return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
+
+// Σ q_j · x_j over one group, codes read from the packed bytes `q`, x in group-split order for 4 bits.
+template <int Bits, int GS>
+inline float group_dot(const uint8_t* q, const float* x) {
+  static_assert(Bits == 4 || Bits == 8);
+  float acc[kLanes] = {};
+  if constexpr (Bits == 8) {
+    for (int j = 0; j < GS; j += kLanes)
+      for (int k = 0; k < kLanes; ++k) acc[k] += static_cast<float>(q[j + k]) * x[j + k];
+  } else {
+    constexpr int H = GS / 2;
+    for (int j = 0; j < H; j += kLanes)
+      for (int k = 0; k < kLanes; ++k)
+        acc[k] += static_cast<float>(q[j + k] & 15) * x[j + k] + static_cast<float>(q[j + k] >> 4) * x[H + j + k];
+  }
+  return reduce_lanes(acc);
+}
+
+// Decodes one group of codes to fp32 in the order group_dot pairs them with x.
+template <int Bits, int GS>
+inline void group_decode(const uint8_t* q, float* out) {
+  if constexpr (Bits == 8) {
+    for (int j = 0; j < GS; ++j) out[j] = static_cast<float>(q[j]);
+  } else {
+    for (int j = 0; j < GS / 2; ++j) {
+      out[j] = static_cast<float>(q[j] & 15);
+      out[GS / 2 + j] = static_cast<float>(q[j] >> 4);
+    }
+  }
+}
+
+inline float dot_lanes(const float* a, const float* b, int64_t n) {  // n % kLanes == 0
+  float acc[kLanes] = {};
+  for (int64_t i = 0; i < n; i += kLanes)
+    for (int k = 0; k < kLanes; ++k) acc[k] += a[i + k] * b[i + k];
+  return reduce_lanes(acc);
+}
+
+// One row of scales or biases to fp32 (they stay in their own dtype in the weight).
+void row_to_f32(const at::Tensor& t, int64_t row, int64_t n, float* dst) {
+  switch (t.scalar_type()) {
+    case at::kFloat: std::memcpy(dst, t.data_ptr<float>() + row * n, static_cast<size_t>(n) * 4); return;
+    case at::kBFloat16: {
+      const c10::BFloat16* p = t.data_ptr<c10::BFloat16>() + row * n;
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(p[i]);
+      return;
+    }
+    case at::kHalf: {
+      const c10::Half* p = t.data_ptr<c10::Half>() + row * n;
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(p[i]);
+      return;
+    }
+    default: {
+      const at::Tensor f = t[row].to(at::kFloat).contiguous();
+      std::memcpy(dst, f.data_ptr<float>(), static_cast<size_t>(n) * 4);
+    }
+  }
+}
+
+// y[M, out] = x[M, in] · Wᵀ for M <= 8 and bits 4/8: x is fp32 (group-split for 4 bits); scales and
+// biases are contiguous [out, ng] in any float dtype. Per row and group y += s·(q·x_g) + b·Σx_g.
+// M == 1 fuses decode and dot; larger M decodes each group once to fp32 and reuses it for every row.
+template <int Bits, int GS>
+void qmv_fast(const float* x, int64_t M, const QuantizedWeight& qw, const at::Tensor& scales, const at::Tensor& biases,
+              float* y) {
+  const int64_t out = qw.out_features(), in = qw.in_features(), ng = in / GS;
+  const int64_t row_bytes = in * Bits / 8, group_bytes = GS * Bits / 8;
+  const uint8_t* w = reinterpret_cast<const uint8_t*>(qw.wq.data_ptr<int32_t>());
+  std::vector<float> xsum(static_cast<size_t>(M * ng));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < ng; ++g) {
+      float s = 0;
+      for (int64_t j = 0; j < GS; ++j) s += x[m * in + g * GS + j];
+      xsum[m * ng + g] = s;
+    }
+  const int64_t grain = std::max<int64_t>(1, 16384 / in);
+  at::parallel_for(0, out, grain, [&](int64_t r0, int64_t r1) {
+    std::vector<float> sb(static_cast<size_t>(2 * ng));
+    alignas(64) float qf[GS];
+    float acc[8];
+    for (int64_t r = r0; r < r1; ++r) {
+      row_to_f32(scales, r, ng, sb.data());
+      row_to_f32(biases, r, ng, sb.data() + ng);
+      const float* s = sb.data();
+      const float* b = sb.data() + ng;
+      const uint8_t* wr = w + r * row_bytes;
+      if (M == 1) {
+        float a = 0;
+        for (int64_t g = 0; g < ng; ++g) a += s[g] * group_dot<Bits, GS>(wr + g * group_bytes, x + g * GS) + b[g] * xsum[g];
+        y[r] = a;
+        continue;
+      }
+      for (int64_t m = 0; m < M; ++m) acc[m] = 0;
+      for (int64_t g = 0; g < ng; ++g) {
+        group_decode<Bits, GS>(wr + g * group_bytes, qf);
+        for (int64_t m = 0; m < M; ++m)
+          acc[m] += s[g] * dot_lanes(qf, x + m * in + g * GS, GS) + b[g] * xsum[m * ng + g];
+      }
+      for (int64_t m = 0; m < M; ++m) y[m * out + r] = acc[m];
+    }
+  });
+}
+
+// Dispatches qmv_fast on (bits, group size); false when there is no fast path for them.
+bool qmv_fast_any(const float* x, int64_t M, const QuantizedWeight& qw, const at::Tensor& scales,
+                  const at::Tensor& biases, float* y) {
+  const int bits = qw.spec.bits, gs = qw.spec.group_size;
+#define HEARTH_QMV_CASE(B, G) \
+  if (bits == B && gs == G) return qmv_fast<B, G>(x, M, qw, scales, biases, y), true;
+  HEARTH_QMV_CASE(8, 32) HEARTH_QMV_CASE(8, 64) HEARTH_QMV_CASE(8, 128)
+  HEARTH_QMV_CASE(4, 32) HEARTH_QMV_CASE(4, 64) HEARTH_QMV_CASE(4, 128)
+#undef HEARTH_QMV_CASE
+  return false;
+}
+
+// x [M, in] fp32 → the same with each group's elements reordered evens first, then odds.
+at::Tensor split_groups_even_odd(const at::Tensor& x2, int64_t gs) {
+  const int64_t M = x2.size(0), in = x2.size(1);
+  return x2.view({M, in / gs, gs / 2, 2}).transpose(2, 3).contiguous().view({M, in});
+}
+
 // Larger M: dequantize a tile of rows into fp32 (in parallel), then one BLAS matmul per tile.
 void qmm_tiled(const at::Tensor& x2, const QuantizedWeight& qw, const float* scales, const float* biases,
                at::Tensor& y) {
@@ -315,14 +461,76 @@ void qmm_tiled(const at::Tensor& x2, const QuantizedWeight& qw, const float* sca
   }
 }
 
+#ifdef HEARTH_WITH_CUDA
+// The fused CUDA GEMV (kernels/quantized_matmul.cu) when it applies: x on a CUDA device with the
+// weight, x float/half/bf16, M = x.numel()/in in [1, 8], bits 4 or 8. Scales/biases in another
+// dtype than x go to fp32 first (exact for bf16/f16). Undefined tensor when it does not apply.
+kernels::QDtype qdtype(at::ScalarType t) {
+  return t == at::kBFloat16 ? kernels::QDtype::kBFloat16 : t == at::kHalf ? kernels::QDtype::kFloat16
+                                                                           : kernels::QDtype::kFloat32;
+}
+
+bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+at::Tensor qmv_cuda(const at::Tensor& x, const QuantizedWeight& qw) {
+  const at::ScalarType xt = x.scalar_type();
+  if (!x.is_cuda() || (xt != at::kFloat && xt != at::kHalf && xt != at::kBFloat16)) return {};
+  if (qw.wq.device() != x.device() || qw.scales.device() != x.device() || qw.biases.device() != x.device()) return {};
+  const int64_t in = qw.in_features(), out = qw.out_features();
+  const int64_t M = in > 0 ? x.numel() / in : 0;
+  at::Tensor s = qw.scales, b = qw.biases;
+  if (s.scalar_type() != xt || b.scalar_type() != xt) {
+    s = s.to(at::kFloat);
+    b = b.to(at::kFloat);
+  }
+  if (!kernels::quantized_gemv_supported(qw.spec.bits, qw.spec.group_size, M, in, qdtype(xt),
+                                         qdtype(s.scalar_type())))
+    return {};
+  at::Tensor x2 = x.reshape({M, in}).contiguous();
+  if (!aligned16(x2)) x2 = x2.clone();
+  at::Tensor wq = qw.wq.contiguous();
+  if (!aligned16(wq)) wq = wq.clone();
+  s = s.contiguous();
+  b = b.contiguous();
+  at::Tensor y = at::empty({M, out}, x.options());
+  const c10::cuda::CUDAGuard guard(x.device());
+  kernels::QuantGemvArgs a;
+  a.x = x2.data_ptr();
+  a.x_dtype = qdtype(xt);
+  a.wq = reinterpret_cast<const uint32_t*>(wq.data_ptr<int32_t>());
+  a.scales = s.data_ptr();
+  a.biases = b.data_ptr();
+  a.s_dtype = qdtype(s.scalar_type());
+  a.y = y.data_ptr();
+  a.M = M;
+  a.out = out;
+  a.in = in;
+  a.bits = qw.spec.bits;
+  a.group_size = qw.spec.group_size;
+  a.stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  const char* err = kernels::quantized_gemv(a);
+  HEARTH_CHECK(err == nullptr, "quantized_matmul: CUDA kernel failed: ", err);
+  std::vector<int64_t> out_shape = x.sizes().vec();
+  out_shape.back() = out;
+  return y.view(out_shape);
+}
+#endif
+
 }  // namespace
 
 at::Tensor quantized_matmul(const at::Tensor& x, const QuantizedWeight& qw) {
   check_qweight(qw, "quantized_matmul");
   HEARTH_CHECK(x.dim() >= 1 && x.size(-1) == qw.in_features(), "quantized_matmul: x has last dim ",
                x.dim() ? x.size(-1) : 0, ", weight expects ", qw.in_features());
-  // Future kernel: a CUDA qmv/qmm (mlx's qmv_fast layout) goes here; for now dequantize + matmul.
-  if (!x.is_cpu() || !qw.wq.is_cpu()) return quantized_matmul_ref(x, qw);
+  // The kernels below record no autograd graph: an x that needs a gradient takes the reference.
+  if (c10::GradMode::is_enabled() && x.requires_grad()) return quantized_matmul_ref(x, qw);
+  if (!x.is_cpu() || !qw.wq.is_cpu()) {
+#ifdef HEARTH_WITH_CUDA
+    // Decode-sized M on CUDA: the fused GEMV; larger M (or other widths/dtypes): dequantize + matmul.
+    if (at::Tensor y = qmv_cuda(x, qw); y.defined()) return y;
+#endif
+    return quantized_matmul_ref(x, qw);
+  }
   const int64_t in = qw.in_features(), out = qw.out_features();
   std::vector<int64_t> out_shape = x.sizes().vec();
   out_shape.back() = out;
@@ -330,10 +538,16 @@ at::Tensor quantized_matmul(const at::Tensor& x, const QuantizedWeight& qw) {
   const int64_t M = x2.size(0);
   QuantizedWeight q = qw;
   q.wq = qw.wq.contiguous();
-  const at::Tensor s = qw.scales.to(at::kFloat).contiguous();
-  const at::Tensor b = qw.biases.to(at::kFloat).contiguous();
   at::Tensor y = at::empty({M, out}, at::kFloat);
   if (M == 0 || out == 0) return y.view(out_shape).to(x.scalar_type());
+  if (M <= 8) {
+    // Bits 4 and 8 read scales/biases in their own dtype, row by row; x goes group-split for 4 bits.
+    const at::Tensor xk = qw.spec.bits == 4 ? split_groups_even_odd(x2, qw.spec.group_size) : x2;
+    if (qmv_fast_any(xk.data_ptr<float>(), M, q, qw.scales.contiguous(), qw.biases.contiguous(), y.data_ptr<float>()))
+      return y.view(out_shape).to(x.scalar_type());
+  }
+  const at::Tensor s = qw.scales.to(at::kFloat).contiguous();
+  const at::Tensor b = qw.biases.to(at::kFloat).contiguous();
   if (M <= 8)
     qmm_small_m(x2.data_ptr<float>(), M, q, s.data_ptr<float>(), b.data_ptr<float>(), y.data_ptr<float>());
   else

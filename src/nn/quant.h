@@ -57,9 +57,12 @@ at::Tensor unpack_codes_on_device(const at::Tensor& wq, int bits, int64_t in_fea
 /// of range.
 at::Tensor pack_codes(const at::Tensor& codes, int bits);
 
-/// y = x · dequantize(qw)ᵀ for x [..., in] → [..., out] in x's dtype. CPU: a vectorized kernel
-/// that dequantizes one group-row tile at a time (never the whole matrix); other devices: a
-/// plain-libtorch path. Throws on shape mismatch.
+/// y = x · dequantize(qw)ᵀ for x [..., in] → [..., out] in x's dtype, accumulated in fp32.
+/// CPU: M = x.numel()/in <= 8 at bits 4/8 decodes codes fused with the dot (no dequantized row);
+/// other small M decode one row at a time; larger M dequantize a tile of rows at a time + BLAS
+/// (never the whole matrix). CUDA builds, x on a CUDA device: M <= 8 at bits 4/8 with x in
+/// f32/f16/bf16 runs the fused GEMV of kernels/quantized_matmul.h; anything else dequantizes the
+/// whole matrix + matmul (quantized_matmul_ref). Throws on shape mismatch or a failed kernel launch.
 at::Tensor quantized_matmul(const at::Tensor& x, const QuantizedWeight& qw);
 
 /// Reference for quantized_matmul: dequantize whole matrix, then matmul (tests and fallbacks).

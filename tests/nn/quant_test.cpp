@@ -177,6 +177,58 @@ TEST(Quant, MatmulMatchesReference) {
       }
 }
 
+// The CPU fast paths for 4 and 8 bits (decode fused with the dot, M <= 8) against the dequantize +
+// matmul reference, for every group size, M = 1, 3, 8, scales in each float dtype, and an output
+// count that does not split evenly over threads. Codes include the extremes (0 and 2^bits-1 in
+// every lane: the high nibble of a 4-bit byte, the top byte of a word).
+TEST(Quant, SmallMFastPathsMatchReference) {
+  at::manual_seed(11);
+  const int64_t in = 768, out = 37;
+  for (int bits : {4, 8})
+    for (int gs : {32, 64, 128})
+      for (auto sdt : {at::kFloat, at::kBFloat16, at::kHalf}) {
+        QuantizedWeight q = hearth::nn::quantize(at::randn({out, in}).to(sdt), QuantSpec{bits, gs});
+        at::Tensor codes = at::randint(0, 1 << bits, {out, in}, at::kLong);
+        codes[0].fill_((1 << bits) - 1);
+        codes[1].fill_(0);
+        q.wq = hearth::nn::pack_codes(codes, bits);
+        for (int64_t M : {1, 3, 8}) {
+          at::Tensor x = at::randn({M, in});
+          at::Tensor y = hearth::nn::quantized_matmul(x, q);
+          at::Tensor yr = hearth::nn::quantized_matmul_ref(x, q);
+          ASSERT_EQ(y.sizes().vec(), (std::vector<int64_t>{M, out}));
+          EXPECT_TRUE(at::allclose(y, yr, 1e-4, 1e-4))
+              << "bits " << bits << " gs " << gs << " scales " << sdt << " M " << M << " max diff "
+              << (y - yr).abs().max().item<float>();
+        }
+      }
+}
+
+// The decode shape of a small model's tied lm_head: [1, 384] x [32000, 384]ᵀ, in bf16 as at run time.
+TEST(Quant, SmallMFastPathLmHeadShape) {
+  at::manual_seed(12);
+  for (int bits : {4, 8}) {
+    QuantizedWeight q = hearth::nn::quantize(at::randn({32000, 384}).to(at::kBFloat16), QuantSpec{bits, 64});
+    at::Tensor x = at::randn({1, 1, 384});
+    at::Tensor y = hearth::nn::quantized_matmul(x, q);
+    at::Tensor yr = hearth::nn::quantized_matmul_ref(x, q);
+    ASSERT_EQ(y.sizes().vec(), (std::vector<int64_t>{1, 1, 32000}));
+    EXPECT_TRUE(at::allclose(y, yr, 1e-4, 1e-4)) << bits << " bits, max diff " << (y - yr).abs().max().item<float>();
+  }
+}
+
+// The fused kernels record no autograd graph, so an x that requires grad must still get dL/dx = W
+// (through the reference path): y.sum() → x.grad[m, k] = Σ_o W[o, k].
+TEST(Quant, MatmulKeepsGradientToX) {
+  at::manual_seed(13);
+  QuantizedWeight q = hearth::nn::quantize(at::randn({24, 128}), QuantSpec{4, 64});
+  at::Tensor x = at::randn({2, 128}).set_requires_grad(true);
+  hearth::nn::quantized_matmul(x, q).sum().backward();
+  ASSERT_TRUE(x.grad().defined());
+  const at::Tensor expect = hearth::nn::dequantize(q, at::kFloat).sum(0).expand({2, 128});
+  EXPECT_TRUE(at::allclose(x.grad(), expect, 1e-5, 1e-5));
+}
+
 TEST(Quant, MatmulKeepsInputDtype) {
   QuantizedWeight q = hearth::nn::quantize(at::randn({8, 64}), QuantSpec{4, 64});
   at::Tensor x = at::randn({3, 64}).to(at::kBFloat16);
