@@ -16,7 +16,7 @@
 
 #include "core/error.h"
 
-#ifdef HEARTH_WITH_CUDA
+#ifdef HEARTH_WITH_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -461,7 +461,7 @@ void qmm_tiled(const at::Tensor& x2, const QuantizedWeight& qw, const float* sca
   }
 }
 
-#ifdef HEARTH_WITH_CUDA
+#ifdef HEARTH_WITH_CUDA_KERNELS
 // The fused CUDA GEMV (kernels/quantized_matmul.cu) when it applies: x on a CUDA device with the
 // weight, x float/half/bf16, M = x.numel()/in in [1, 8], bits 4 or 8. Scales/biases in another
 // dtype than x go to fp32 first (exact for bf16/f16). Undefined tensor when it does not apply.
@@ -525,7 +525,7 @@ at::Tensor quantized_matmul(const at::Tensor& x, const QuantizedWeight& qw) {
   // The kernels below record no autograd graph: an x that needs a gradient takes the reference.
   if (c10::GradMode::is_enabled() && x.requires_grad()) return quantized_matmul_ref(x, qw);
   if (!x.is_cpu() || !qw.wq.is_cpu()) {
-#ifdef HEARTH_WITH_CUDA
+#ifdef HEARTH_WITH_CUDA_KERNELS
     // Decode-sized M on CUDA: the fused GEMV; larger M (or other widths/dtypes): dequantize + matmul.
     if (at::Tensor y = qmv_cuda(x, qw); y.defined()) return y;
 #endif

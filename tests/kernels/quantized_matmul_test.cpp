@@ -6,7 +6,7 @@
 #include "core/torch_compat.h"
 #include "nn/quant.h"
 
-#ifdef HEARTH_WITH_CUDA
+#ifdef HEARTH_WITH_CUDA_KERNELS
 #include "kernels/quantized_matmul.h"
 #endif
 
@@ -82,7 +82,7 @@ TEST(QuantizedMatmulCuda, MixedDtypesAndBatchShapes) {
   EXPECT_LE(rel_err(hearth::nn::quantized_matmul(x1, q3), hearth::nn::quantized_matmul_ref(x1, q3)), 1e-5);
 }
 
-#ifdef HEARTH_WITH_CUDA
+#ifdef HEARTH_WITH_CUDA_KERNELS
 // The launcher itself (so a silent fallback in nn::quantized_matmul cannot pass for the kernel).
 TEST(QuantizedMatmulCuda, LauncherMatchesReference) {
   if (!hearth::compat::cuda_available()) GTEST_SKIP() << "needs CUDA (GPU machine)";
