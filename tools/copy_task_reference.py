@@ -7,32 +7,59 @@ train loss every --report steps plus greedy continuations of --prompt lines.
 A diagnostic, not a golden: run the same data through `hearth train` and compare the loss curves
 (data order differs, so curves agree in shape and level, not bit for bit). Used to check that the
 starter's slow learning of copying (docs/starter.md) is the model's, not Hearth's training loop.
-  python3 tools/copy_task_reference.py --model INIT_DIR --data DIR --steps 1000 --batch-size 16 \
+  python3 tools/copy_task_reference.py --make-toy-data DIR   # 20,000 rows "w1 .. w10 | w1 .. w10"
+  python3 tools/copy_task_reference.py --model INIT_DIR --data DIR --steps 2000 --batch-size 16 \
       --max-seq-length 256 --lr 1e-3 --warmup 20 [--device cuda] [--prompt TEXT ...]
+The session-2 check (docs/starter.md): INIT_DIR = `hearth init-model` of
+tests/golden/models/llama_mha/config.json (max_position_embeddings 512) with that folder's
+tokenizer; Hearth ran `hearth train --fine-tune-type full --num-layers -1 --max-seq-length 256
+--batch-size 16 --learning-rate 1e-3 --lr-schedule constant --warmup 20 --iters 2000` on the same
+data.
 """
 import argparse
 import json
 import os
 import random
 
-import torch
-from tokenizers import Tokenizer
-from transformers import AutoModelForCausalLM
+
+
+def make_toy_data(out):
+    """Rows of 10 random 3-letter words, then " | ", then the same words (seed 0)."""
+    rng = random.Random(0)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+
+    def row():
+        s = " ".join("".join(rng.choice(letters) for _ in range(3)) for _ in range(10))
+        return json.dumps({"text": f"{s} | {s}"}) + "\n"
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "train.jsonl"), "w") as f:
+        f.writelines(row() for _ in range(20000))
+    with open(os.path.join(out, "valid.jsonl"), "w") as f:
+        f.writelines(row() for _ in range(200))
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--data", required=True)
+    ap.add_argument("--make-toy-data", metavar="DIR")
+    ap.add_argument("--model")
+    ap.add_argument("--data")
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--max-seq-length", type=int, default=256)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--report", type=int, default=100)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", default="cuda")
     ap.add_argument("--prompt", action="append", default=[])
     a = ap.parse_args()
+    if a.make_toy_data:
+        make_toy_data(a.make_toy_data)
+        return
+    if not a.model or not a.data:
+        ap.error("--model and --data are required")
+    import torch  # only the training needs these
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
     torch.manual_seed(0)
     random.seed(0)
     tok = Tokenizer.from_file(os.path.join(a.model, "tokenizer.json"))
