@@ -4,7 +4,9 @@
 // time to first token for both, and the overhead in percent. Client-side timing for the server
 // (first content chunk, then one chunk per token); the engine's own numbers for generate.
 // Usage: node bench/server_overhead.mjs --model DIR [--bin build/hearth] [--rounds 5]
-//        [--max-tokens 128] [--prompt TEXT] [--device cpu|cuda]
+//        [--max-tokens 128] [--prompt TEXT] [--device cpu|cuda] [--raw 1]
+// --raw 1: no chat template (POST /v1/completions vs generate --ignore-chat-template), for base
+// models that end a chat answer after a few tokens.
 import { spawn, spawnSync } from 'node:child_process';
 
 const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) => {
@@ -17,6 +19,7 @@ const rounds = Number(args.rounds ?? 5);
 const maxTokens = Number(args['max-tokens'] ?? 128);
 const prompt = args.prompt ?? 'Tell me about the history of the city.';
 const device = args.device ?? 'cpu';
+const raw = args.raw === '1';
 const median = (a) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
 
 async function startServer() {
@@ -36,10 +39,10 @@ async function startServer() {
 
 async function viaServer(url) {
   const t0 = performance.now();
-  const res = await fetch(`${url}/v1/chat/completions`, {
+  const common = { max_tokens: maxTokens, temperature: 0, stream: true, stream_options: { include_usage: true } };
+  const res = await fetch(`${url}/v1/${raw ? 'completions' : 'chat/completions'}`, {
     method: 'POST', headers: { 'Content-Type': 'application/json' },
-    body: JSON.stringify({ messages: [{ role: 'user', content: prompt }], max_tokens: maxTokens,
-                           temperature: 0, stream: true, stream_options: { include_usage: true } }),
+    body: JSON.stringify(raw ? { prompt, ...common } : { messages: [{ role: 'user', content: prompt }], ...common }),
   });
   const dec = new TextDecoder();
   let first = 0, last = 0, tokens = 0, buf = '';
@@ -51,7 +54,7 @@ async function viaServer(url) {
       if (!ev.startsWith('data: ') || ev === 'data: [DONE]') continue;
       const j = JSON.parse(ev.slice(6));
       if (j.usage) tokens = j.usage.completion_tokens;
-      if (j.choices?.[0]?.delta?.content) {
+      if (j.choices?.[0]?.delta?.content || j.choices?.[0]?.text) {
         if (!first) first = performance.now();
         last = performance.now();
       }
@@ -62,7 +65,8 @@ async function viaServer(url) {
 
 function viaGenerate() {
   const r = spawnSync(bin, ['generate', '--model', args.model, '--device', device, '--prompt', prompt,
-                            '--max-tokens', String(maxTokens), '--temp', '0'], { encoding: 'utf8' });
+                            '--max-tokens', String(maxTokens), '--temp', '0', ...(raw ? ['--ignore-chat-template'] : [])],
+                     { encoding: 'utf8' });
   if (r.status !== 0) throw new Error(`generate failed: ${r.stderr}`);
   const all = r.stdout + r.stderr;  // the statistics go to stderr
   const gen = all.match(/Generation: (\d+) tokens, ([\d.]+) tokens-per-sec/);
