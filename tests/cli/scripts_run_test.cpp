@@ -2,7 +2,8 @@
 // HEARTH_SKIP_SETUP=1), builds (a no-op: HEARTH_BUILD_DIR is this build's folder, so no 15-minute
 // rebuild) and serves the clone's committed models/starter; the server answers a chat completion
 // with the chunk adapter and exits 0 on SIGINT. Skipped, with the reason, while models/starter is
-// absent or not committed (the trained starter model lands separately).
+// absent or not committed (the trained starter model lands separately). HEARTH_RUN_TEST_REPO=DIR
+// clones DIR instead of this checkout.
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -30,7 +31,9 @@ hearth::testing::CliResult sh(const std::string& cmd) {
 }
 
 TEST(ScriptsRun, FreshCloneServesTheStarterAndAnswersWithTheChunkAdapter) {
-  const fs::path src = HEARTH_SOURCE_DIR;
+  // HEARTH_RUN_TEST_REPO: another repository to clone (e.g. a scratch commit with a stand-in starter).
+  const char* repo = std::getenv("HEARTH_RUN_TEST_REPO");
+  const fs::path src = repo && *repo ? fs::path(repo) : fs::path(HEARTH_SOURCE_DIR);
   if (!fs::exists(src / "models/starter/config.json"))
     GTEST_SKIP() << "models/starter is absent in " << src
                  << ": the trained starter model has not landed yet (this test runs once it is committed)";
