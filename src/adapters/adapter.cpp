@@ -109,6 +109,9 @@ const json* pattern_value(const json& patterns, const std::string& module, const
 Adapter load_mlx(const fs::path& dir, const json& cfg, const std::string& where) {
   Adapter ad;
   ad.fine_tune_type = str_field(cfg, "fine_tune_type", "lora", where);
+  HEARTH_CHECK(ad.fine_tune_type != "full", dir.string(),
+               ": full fine-tune (not a LoRA adapter): fuse it into a model with hearth fuse --model BASE "
+               "--adapter-path ", dir.string(), " --out NEW, or load it with generate --adapter-path");
   HEARTH_CHECK(ad.fine_tune_type == "lora", where, ": fine_tune_type '", ad.fine_tune_type,
                "' is not supported (only \"lora\")");
   HEARTH_CHECK(!bool_field(cfg, "use_dora", false, where), where, ": DoRA adapters are not supported");

@@ -56,7 +56,8 @@ bool key_matches(const std::string& path, const std::string& key);
 ///           target_modules, lora_dropout, use_rslora, rank_pattern, alpha_pattern, ...}.
 /// `id` = the folder's name. Tensors are CPU copies in the file's dtype, PEFT orientation.
 /// Throws hearth::Error (one line naming the file and module) on: missing folder/files, bad JSON,
-/// unsupported variants (DoRA, full fine-tune, bias != "none", modules_to_save, fan_in_fan_out),
+/// unsupported variants (DoRA, a full fine-tune: "<dir>: full fine-tune ...: fuse it into a model
+/// with hearth fuse ...", bias != "none", modules_to_save, fan_in_fan_out),
 /// an unknown tensor name, a module with A but no B (or the reverse), non-2-D tensors, A/B ranks
 /// that disagree with each other or with the config's rank (rank_pattern honoured).
 Adapter load_adapter(const std::filesystem::path& dir);

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "adapters/atomic_dir.h"
+#include "adapters/full.h"
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/hf_config.h"
@@ -44,6 +45,62 @@ QuantTriple read_quantized(const io::WeightStore& store, const std::string& modu
                where, ": ", module, ": quantized tensors do not agree with bits ", spec->bits, ", group_size ",
                spec->group_size);
   return t;
+}
+
+// --dequantize: every quantized module not already replaced becomes a dense weight in its scales'
+// dtype, and config.json loses its quantization block.
+void dequantize_rest(const io::WeightStore& store, const std::optional<io::QuantizationConfig>& quant,
+                     const std::string& where, json& config, std::map<std::string, at::Tensor>& replaced,
+                     std::set<std::string>& dropped) {
+  for (const std::string& name : store.names()) {
+    const std::string suffix = ".scales";
+    if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+    const std::string module = name.substr(0, name.size() - suffix.size());
+    if (replaced.count(module + ".weight") || !store.contains(module + ".weight")) continue;
+    QuantTriple q = read_quantized(store, module, quant, where);
+    replaced[module + ".weight"] = nn::dequantize(q.qw);  // in the scales' dtype
+    dropped.insert({module + ".scales", module + ".biases"});
+  }
+  config.erase("quantization");
+  config.erase("quantization_config");
+}
+
+// Writes the base folder with `replaced` tensors instead of the base's and `dropped` ones left out:
+// shards keep their names and metadata, the index is rewritten, every other top-level regular file
+// is copied (config.json as `config`), atomically under a temp name.
+void write_model_folder(const fs::path& model_dir, const io::WeightStore& store, const json& config,
+                        const std::map<std::string, at::Tensor>& replaced, const std::set<std::string>& dropped,
+                        const fs::path& out_dir) {
+  detail::write_dir_atomic(out_dir, /*replace=*/false, [&](const fs::path& tmp) {
+    json weight_map = json::object();
+    int64_t total = 0;
+    for (const auto& file : store.files()) {
+      std::map<std::string, at::Tensor> tensors;
+      std::map<std::string, io::DType> labels;
+      for (const auto& info : file->tensors()) {
+        if (dropped.count(info.name)) continue;
+        auto it = replaced.find(info.name);
+        at::Tensor t = it != replaced.end() ? it->second : file->tensor(info.name);
+        if (info.dtype == io::DType::U32 && t.scalar_type() == at::kInt) labels[info.name] = io::DType::U32;
+        tensors[info.name] = t;
+        weight_map[info.name] = file->path().filename().string();
+        total += t.numel() * t.element_size();
+      }
+      io::save_safetensors(tmp / file->path().filename(), tensors, file->metadata(), labels);
+    }
+    if (fs::exists(model_dir / kIndex)) {
+      json index = io::read_json(model_dir / kIndex);
+      index["weight_map"] = weight_map;
+      if (!index.contains("metadata") || !index["metadata"].is_object()) index["metadata"] = json::object();
+      index["metadata"]["total_size"] = total;
+      io::write_file_atomic(tmp / kIndex, index.dump(2) + "\n");
+    }
+    for (const auto& e : fs::directory_iterator(model_dir)) {
+      if (!e.is_regular_file() || is_shard(e.path())) continue;
+      if (e.path().filename() == "config.json") io::write_file_atomic(tmp / "config.json", config.dump(2) + "\n");
+      else fs::copy_file(e.path(), tmp / e.path().filename());
+    }
+  });
 }
 
 }  // namespace
@@ -99,50 +156,21 @@ void fuse_model(const fs::path& model_dir, const Adapter& adapter, const fs::pat
       if (quantized) dropped.insert({module + ".scales", module + ".biases"});
     }
   }
-  if (opts.dequantize) {
-    for (const std::string& name : store.names()) {
-      const std::string suffix = ".scales";
-      if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
-      const std::string module = name.substr(0, name.size() - suffix.size());
-      if (replaced.count(module + ".weight") || !store.contains(module + ".weight")) continue;
-      QuantTriple q = read_quantized(store, module, quant, where);
-      replaced[module + ".weight"] = nn::dequantize(q.qw);  // in the scales' dtype
-      dropped.insert({module + ".scales", module + ".biases"});
-    }
-    config.erase("quantization");
-    config.erase("quantization_config");
-  }
+  if (opts.dequantize) dequantize_rest(store, quant, where, config, replaced, dropped);
+  write_model_folder(model_dir, store, config, replaced, dropped, out_dir);
+}
 
-  detail::write_dir_atomic(out_dir, /*replace=*/false, [&](const fs::path& tmp) {
-    json weight_map = json::object();
-    int64_t total = 0;
-    for (const auto& file : store.files()) {
-      std::map<std::string, at::Tensor> tensors;
-      std::map<std::string, io::DType> labels;
-      for (const auto& info : file->tensors()) {
-        if (dropped.count(info.name)) continue;
-        auto it = replaced.find(info.name);
-        at::Tensor t = it != replaced.end() ? it->second : file->tensor(info.name);
-        if (info.dtype == io::DType::U32 && t.scalar_type() == at::kInt) labels[info.name] = io::DType::U32;
-        tensors[info.name] = t;
-        weight_map[info.name] = file->path().filename().string();
-        total += t.numel() * t.element_size();
-      }
-      io::save_safetensors(tmp / file->path().filename(), tensors, file->metadata(), labels);
-    }
-    if (fs::exists(model_dir / kIndex)) {
-      json index = io::read_json(model_dir / kIndex);
-      index["weight_map"] = weight_map;
-      if (!index.contains("metadata") || !index["metadata"].is_object()) index["metadata"] = json::object();
-      index["metadata"]["total_size"] = total;
-      io::write_file_atomic(tmp / kIndex, index.dump(2) + "\n");
-    }
-    for (const auto& e : fs::directory_iterator(model_dir)) {
-      if (!e.is_regular_file() || is_shard(e.path())) continue;
-      if (e.path().filename() == "config.json") io::write_file_atomic(tmp / "config.json", config.dump(2) + "\n");
-      else fs::copy_file(e.path(), tmp / e.path().filename());
-    }
-  });
+void fuse_full_model(const fs::path& model_dir, const fs::path& finetune_dir, const fs::path& out_dir,
+                     const FuseOptions& opts) {
+  HEARTH_CHECK(!fs::exists(out_dir), out_dir.string(), ": already exists (fuse writes a new folder)");
+  const fs::path cfg_path = model_dir / "config.json";
+  json config = io::read_json(cfg_path);
+  const std::optional<io::QuantizationConfig> quant = io::QuantizationConfig::from_config(config, cfg_path.string());
+  const io::WeightStore store = io::WeightStore::open(model_dir);
+  WeightEdits e = full_finetune_edits(store, quant, load_full_finetune(finetune_dir), opts.dequantize,
+                                      "full fine-tune " + finetune_dir.string());
+  if (opts.dequantize) dequantize_rest(store, quant, model_dir.string(), config, e.replaced, e.dropped);
+  write_model_folder(model_dir, store, config, e.replaced, e.dropped, out_dir);
 }
 
 }  // namespace hearth::adapters

@@ -1,6 +1,7 @@
-// Fusing a LoRA adapter into a model folder's weights (mlx-lm's `fuse`): W' = W + scale · B A,
-// written as a new, complete model folder. Works on the safetensors files directly (any family
-// whose Linear weights use HF names). Not runtime mounting (mount.h).
+// Fusing a LoRA adapter into a model folder's weights (mlx-lm's `fuse`): W' = W + scale · B A, or a
+// full fine-tune's trained tensors over the base's, written as a new, complete model folder. Works
+// on the safetensors files directly (any family whose weights use HF names). Not runtime mounting
+// (mount.h).
 #pragma once
 #include <filesystem>
 
@@ -26,5 +27,15 @@ struct FuseOptions {
 /// shape mismatches, a tied lm_head (no lm_head.weight), I/O failures.
 void fuse_model(const std::filesystem::path& model_dir, const Adapter& adapter,
                 const std::filesystem::path& out_dir, const FuseOptions& opts = {});
+
+/// Writes `model_dir` with the full fine-tune in `finetune_dir` (fine_tune_type "full", see
+/// full.h) over its weights to `out_dir` (which must not exist), as mlx-lm's fuse does after
+/// load_adapters put the trained tensors in the model: every trained tensor replaces the base's
+/// (cast to its dtype; on an MLX-quantized base, quantized with the module's own spec, or dense with
+/// opts.dequantize), the rest of the folder (config, other weights, tokenizer and generation files)
+/// is copied. Atomic like fuse_model. Throws hearth::Error on: `out_dir` existing, a folder that is
+/// not a full fine-tune, a trained tensor the base lacks or whose shape differs, I/O failures.
+void fuse_full_model(const std::filesystem::path& model_dir, const std::filesystem::path& finetune_dir,
+                     const std::filesystem::path& out_dir, const FuseOptions& opts = {});
 
 }  // namespace hearth::adapters

@@ -27,10 +27,7 @@ int run_chat(const ChatArgs& a) {
   eo.model_dir = a.model;
   eo.device = a.device;
   eo.dtype = a.dtype;
-  if (!a.adapter_path.empty()) {
-    eo.adapters.emplace_back("cli", a.adapter_path);
-    eo.default_adapter = "cli";
-  }
+  if (!a.adapter_path.empty()) server::use_adapter_path(eo, a.adapter_path, "cli");
   server::ModelEngine engine(std::move(eo));
   HEARTH_CHECK_T(InvalidArgument, engine.has_chat_template(), "chat: model '", engine.model_id(),
                  "' has no chat template (add chat_template.jinja, or use `hearth generate --ignore-chat-template`)");
@@ -84,7 +81,7 @@ int run_chat(const ChatArgs& a) {
 std::function<int()> setup_chat(CLI::App& app) {
   auto a = std::make_shared<ChatArgs>();
   app.add_option("--model", a->model, "Model folder (with a chat template)")->required();
-  app.add_option("--adapter-path,--adapter", a->adapter_path, "LoRA adapter folder to apply");
+  app.add_option("--adapter-path,--adapter", a->adapter_path, "LoRA adapter (mlx-lm or PEFT layout) or full fine-tune folder to apply");
   app.add_option("--system", a->system, "System message at the start of every conversation");
   app.add_option("--max-tokens", a->max_tokens, "Maximum tokens per reply (default 256)")->check(CLI::PositiveNumber);
   app.add_option("--temp", a->temp, "Sampling temperature (default 0 = greedy)");

@@ -54,10 +54,7 @@ int run_eval_chunk(const EvalChunkArgs& a) {
   eo.model_dir = a.model;
   eo.device = a.device;
   eo.dtype = a.dtype;
-  if (!a.adapter_path.empty()) {
-    eo.adapters.emplace_back("eval", a.adapter_path);
-    eo.default_adapter = "eval";
-  }
+  if (!a.adapter_path.empty()) server::use_adapter_path(eo, a.adapter_path, "eval");
   server::ModelEngine engine(std::move(eo));
 
   std::ofstream out;
@@ -106,7 +103,7 @@ std::function<int()> setup_eval(CLI::App& app) {
   app.require_subcommand(1);
   CLI::App* chunk = app.add_subcommand("chunk", "Score sentence chunking: JSON arrays of sentences, F1 per example");
   chunk->add_option("--model", a->model, "Model folder")->required();
-  chunk->add_option("--adapter-path,--adapter", a->adapter_path, "LoRA adapter folder to apply");
+  chunk->add_option("--adapter-path,--adapter", a->adapter_path, "LoRA adapter (mlx-lm or PEFT layout) or full fine-tune folder to apply");
   chunk->add_option("--data", a->data, "Test jsonl ({\"prompt\",\"completion\"} or {\"messages\"} rows)")->required();
   chunk->add_option("--max-examples", a->max_examples, "Score only the first N rows (default: all)");
   chunk->add_option("--max-tokens", a->max_tokens, "Generation limit per example (default 1024)");

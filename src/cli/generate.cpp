@@ -36,7 +36,7 @@ std::function<int()> setup_generate(CLI::App& app) {
   app.add_option("--seed", a->sampling.seed, "Sampling seed (default 0)");
   app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
   app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default float32)");
-  app.add_option("--adapter-path,--adapter", a->adapter_path, "LoRA adapter folder (mlx-lm or PEFT layout) to apply");
+  app.add_option("--adapter-path,--adapter", a->adapter_path, "LoRA adapter (mlx-lm or PEFT layout) or full fine-tune folder to apply");
   return [a] {
     using namespace hearth;
     c10::NoGradGuard no_grad;
@@ -45,10 +45,7 @@ std::function<int()> setup_generate(CLI::App& app) {
     eo.model_dir = a->model;
     eo.device = a->device;
     eo.dtype = a->dtype;
-    if (!a->adapter_path.empty()) {
-      eo.adapters.emplace_back("cli", a->adapter_path);
-      eo.default_adapter = "cli";
-    }
+    if (!a->adapter_path.empty()) server::use_adapter_path(eo, a->adapter_path, "cli");
     server::ModelEngine engine(std::move(eo));
 
     server::CompletionRequest req;

@@ -1,10 +1,12 @@
-// `hearth` entry point: builds the CLI from the self-registered verbs, runs the chosen one, and
-// turns every error into one line on stderr and a non-zero exit code.
+// `hearth` entry point: builds the CLI from the self-registered verbs, runs the chosen one (none:
+// the main job, cli/starter.h), and turns every error into one line on stderr and a non-zero exit
+// code.
 #include <c10/util/Exception.h>
 
 #include <iostream>
 #include <map>
 
+#include "cli/starter.h"
 #include "cli/verb.h"
 #include "core/error.h"
 
@@ -20,6 +22,10 @@ int main(int argc, char** argv) {
   CLI::App app{"Hearth: run, serve and fine-tune language models locally"};
   app.require_subcommand(0, 1);
   app.set_version_flag("--version", std::string("hearth 0.1.0"));
+  app.footer(
+      "With no verb, hearth serves the bundled starter model (models/starter next to the build folder, or\n"
+      "$HEARTH_STARTER) with its adapters on http://127.0.0.1:8080 ($HEARTH_PORT); `hearth serve --model DIR`\n"
+      "serves any other model folder.");
   std::map<std::string, std::function<int()>> actions;
   std::map<std::string, CLI::App*> subs;
   for (auto& verb : cli::verbs()) {
@@ -35,8 +41,7 @@ int main(int argc, char** argv) {
   try {
     for (auto& [name, sub] : subs)
       if (sub->parsed()) return actions[name]();
-    std::cout << app.help();
-    return 0;
+    return cli::run_starter();
   } catch (const hearth::Error& e) {
     std::cerr << "hearth: error: " << e.what() << "\n";
     return 1;

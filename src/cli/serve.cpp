@@ -9,27 +9,14 @@
 #include <memory>
 #include <thread>
 
+#include "cli/serve.h"
 #include "cli/verb.h"
 #include "core/error.h"
 #include "server/fake_engine.h"
-#include "server/model_engine.h"
-#include "server/server.h"
 
-namespace {
-
-struct ServeArgs {
-  std::string model;
-  hearth::server::ModelEngineOptions engine;
-  std::vector<std::string> adapters;  // NAME=PATH
-  std::vector<std::string> adapter_dirs;
-  hearth::server::ServerOptions server;
-  bool fake_engine = false;
-  int fake_delay_ms = 0;
-  int64_t fake_context = 4096;
-};
+namespace hearth::cli {
 
 int run_serve(const ServeArgs& a) {
-  using namespace hearth;
   std::unique_ptr<server::Engine> engine;
   if (a.fake_engine) {
     engine = std::make_unique<server::FakeEngine>(
@@ -78,14 +65,21 @@ int run_serve(const ServeArgs& a) {
   std::cout << "hearth: web chat at " << url << "/ ; try:\n  curl " << url
             << "/v1/chat/completions -H 'Content-Type: application/json'"
             << (a.server.api_key.empty() ? "" : " -H 'Authorization: Bearer $KEY'")
-            << " -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], \"max_tokens\": 64}'"
-            << std::endl;
+            << " -d '"
+            << (a.example_body.empty() ? R"({"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 64})"
+                                       : a.example_body)
+            << "'" << std::endl;
   srv.serve();
   unsigned char zero = 0;
   [[maybe_unused]] auto n = write(pipe_fds[1], &zero, 1);
   watcher.join();
   return 0;
 }
+
+}  // namespace hearth::cli
+
+namespace {
+using hearth::cli::ServeArgs;
 
 std::function<int()> setup_serve(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
@@ -126,7 +120,7 @@ std::function<int()> setup_serve(CLI::App& app) {
   app.add_flag("--fake-engine", a->fake_engine, "Serve a scripted fake engine (tests)")->group("");
   app.add_option("--fake-delay-ms", a->fake_delay_ms, "Fake engine: sleep per token")->group("");
   app.add_option("--fake-context", a->fake_context, "Fake engine: context length")->group("");
-  return [a] { return run_serve(*a); };
+  return [a] { return hearth::cli::run_serve(*a); };
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "adapters/adapter.h"
+#include "adapters/full.h"
 #include "adapters/mount.h"
 #include "core/error.h"
 #include "core/torch_compat.h"
@@ -98,12 +99,23 @@ bool under(const fs::path& p, const fs::path& root) {
 
 }  // namespace
 
+void use_adapter_path(ModelEngineOptions& opts, const fs::path& dir, const std::string& id) {
+  if (adapters::is_full_finetune(dir)) {
+    opts.full_finetune = dir;
+    return;
+  }
+  opts.adapters.emplace_back(id, dir);
+  opts.default_adapter = id;
+}
+
 ModelEngine::ModelEngine(ModelEngineOptions opts)
     : opts_(std::move(opts)), tokenizer_(tokenizer::Tokenizer::from_dir(opts_.model_dir)) {
   c10::NoGradGuard no_grad;
   const fs::path dir = fs::weakly_canonical(opts_.model_dir);
   model_id_ = dir.filename().string();
-  model_ = models::load_model(dir, nn::resolve_placement(opts_.device, opts_.dtype));
+  const nn::LoadOptions placement = nn::resolve_placement(opts_.device, opts_.dtype);
+  model_ = opts_.full_finetune.empty() ? models::load_model(dir, placement)
+                                       : adapters::load_model_with_full_finetune(dir, opts_.full_finetune, placement);
   gen_config_ = io::GenerationConfig::load(dir);
   context_length_ = opts_.context_length > 0 ? opts_.context_length : read_context_length(dir, tokenizer_);
   if (!tokenizer_.chat_template().empty()) {

@@ -41,6 +41,9 @@ struct ModelEngineOptions {
   std::vector<std::filesystem::path> adapter_roots;
   /// Adapters mounted at start (id, folder): trusted operator input, not limited to the roots.
   std::vector<std::pair<std::string, std::filesystem::path>> adapters;
+  /// A full fine-tune folder (adapters/full.h) whose trained tensors are loaded over the model's
+  /// weights ("" = none); not an adapter: it cannot be selected or unmounted.
+  std::filesystem::path full_finetune;
   /// Selection for requests that send no "adapter" ("" = base model), e.g. "a" or "a+b".
   std::string default_adapter;
   /// Prompt cache budget in bytes of KV (`hearth serve --prompt-cache-bytes`): -1 = the default
@@ -48,6 +51,11 @@ struct ModelEngineOptions {
   /// ModelEngine::prompt_cache()).
   int64_t prompt_cache_bytes = -1;
 };
+
+/// `--adapter-path DIR` of generate/chat/eval: a LoRA adapter is mounted as `id` and made the
+/// default selection; a full fine-tune (adapters::is_full_finetune) is loaded over the weights
+/// (ModelEngineOptions::full_finetune). Throws hearth::Error for bad JSON in DIR's config.
+void use_adapter_path(ModelEngineOptions& opts, const std::filesystem::path& dir, const std::string& id);
 
 class ModelEngine : public Engine {
  public:

@@ -1,0 +1,32 @@
+// `hearth serve`'s options and runner, shared by the serve verb (cli/serve.cpp) and the no-verb
+// main job (cli/starter.cpp). Not the HTTP server itself (server/server.h).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "server/model_engine.h"
+#include "server/server.h"
+
+namespace hearth::cli {
+
+struct ServeArgs {
+  std::string model;
+  server::ModelEngineOptions engine;
+  std::vector<std::string> adapters;  // NAME=PATH
+  std::vector<std::string> adapter_dirs;
+  server::ServerOptions server;
+  bool fake_engine = false;
+  int fake_delay_ms = 0;
+  int64_t fake_context = 4096;
+  /// JSON body of the ready-to-paste curl line printed at start ("" = a one-message "Hello!" chat).
+  /// Must hold no single quote (it is printed inside '...').
+  std::string example_body;
+};
+
+/// Loads the engine, binds, prints the URL, the web chat address and a curl line to stdout, and
+/// serves until SIGINT/SIGTERM (then returns 0). Throws hearth::Error on a bad model, adapter or
+/// port (before serving).
+int run_serve(const ServeArgs& a);
+
+}  // namespace hearth::cli
