@@ -62,13 +62,14 @@ int run_serve(const ServeArgs& a) {
   });
   const std::string url = "http://" + a.server.host + ":" + std::to_string(port);
   std::cout << "hearth: serving " << engine->model_id() << " on " << url << " (Ctrl-C to stop)" << std::endl;
+  // The body goes inside '...' for the shell: each ' in it becomes '\''.
+  std::string body = a.example_body.empty() ? R"({"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 64})"
+                                            : a.example_body;
+  for (size_t i = 0; (i = body.find('\'', i)) != std::string::npos; i += 4) body.replace(i, 1, "'\\''");
   std::cout << "hearth: web chat at " << url << "/ ; try:\n  curl " << url
             << "/v1/chat/completions -H 'Content-Type: application/json'"
-            << (a.server.api_key.empty() ? "" : " -H 'Authorization: Bearer $KEY'")
-            << " -d '"
-            << (a.example_body.empty() ? R"({"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 64})"
-                                       : a.example_body)
-            << "'" << std::endl;
+            << (a.server.api_key.empty() ? "" : " -H \"Authorization: Bearer $KEY\"") << " -d '" << body << "'"
+            << std::endl;
   srv.serve();
   unsigned char zero = 0;
   [[maybe_unused]] auto n = write(pipe_fds[1], &zero, 1);

@@ -32,7 +32,7 @@ int port_from_env() {
 }
 
 // The curl body: the chunking task's prompt (the format the adapter was trained on, see
-// docs/starter.md) on a two-sentence paragraph.
+// docs/starter.md) on a held-out Brown paragraph (the first row of tests/data/chunk_test_small.jsonl).
 std::string example_body(const std::string& model_id, const std::string& adapter) {
   nlohmann::ordered_json body;
   body["model"] = model_id;
@@ -41,10 +41,13 @@ std::string example_body(const std::string& model_id, const std::string& adapter
   message["role"] = "user";
   message["content"] =
       "Split the following paragraph into sentences. Answer with a JSON array of strings, one string per "
-      "sentence, each copied exactly from the paragraph.\n\nThe dog ran. It was fast.";
+      "sentence, each copied exactly from the paragraph.\n\nThe secretary based his assessment on the upturn in "
+      "retail sales. February's volume was 1 per cent above January's for the first pickup since last October, "
+      "although it's still 1.5 per cent off from February 1960.";
   body["messages"] = nlohmann::ordered_json::array();
   body["messages"].push_back(message);
   body["max_tokens"] = 200;
+  body["temperature"] = 0;  // greedy, as the adapter was evaluated
   return body.dump();
 }
 

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -82,10 +83,19 @@ TEST(StarterCli, ServesTheStarterWithItsAdaptersAndStopsOnSigint) {
   const std::string text = hearth::testing::read_text(log);
   std::smatch m;
   ASSERT_TRUE(std::regex_search(text, m, std::regex("curl (http://127\\.0\\.0\\.1:" + port +
-                                                    "/v1/chat/completions) -H 'Content-Type: application/json' -d '([^']*)'")))
+                                                    "/v1/chat/completions) -H 'Content-Type: application/json' -d ('[^\\n]*')")))
       << text;
   EXPECT_NE(text.find("http://127.0.0.1:" + port + "/"), std::string::npos) << text;  // the web chat address
-  const json example = json::parse(m[2].str());
+  // What a shell makes of the printed -d argument (the body has apostrophes: quoting must hold).
+  std::string shell_body;
+  {
+    FILE* p = popen(("printf '%s' " + m[2].str()).c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) shell_body.append(buf, n);
+    ASSERT_EQ(pclose(p), 0) << m[2].str();
+  }
+  const json example = json::parse(shell_body);
   EXPECT_EQ(example["adapter"], "chunk");
   EXPECT_EQ(example["model"], "starter");
   EXPECT_EQ(example["messages"][0]["role"], "user");
