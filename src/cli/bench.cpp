@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/torch_compat.h"
 #include "generate/generate.h"
+#include "io/hf_config.h"
 #include "models/registry.h"
 #include "nn/param_source.h"
 
@@ -28,7 +29,8 @@ double median(std::vector<double> v) {
 std::function<int()> setup_bench(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   app.add_option("--model", a->model, "Model folder")->required();
-  app.add_option("--prompt-tokens", a->prompt_tokens, "Random prompt length (default 512)");
+  app.add_option("--prompt-tokens", a->prompt_tokens,
+                 "Random prompt length (default 512; with --gen-tokens, at most the model's context)");
   app.add_option("--gen-tokens", a->gen_tokens, "Tokens to generate (default 128)");
   app.add_option("--runs", a->runs, "Timed runs after one warmup (default 3)");
   app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
@@ -36,6 +38,20 @@ std::function<int()> setup_bench(CLI::App& app) {
   return [a] {
     HEARTH_CHECK(a->prompt_tokens > 0 && a->gen_tokens > 0 && a->runs > 0,
                  "bench: --prompt-tokens, --gen-tokens and --runs must be positive");
+    // Positions past the trained context are not a measurement of the model: refuse them.
+    const std::filesystem::path cfg_path = std::filesystem::path(a->model) / "config.json";
+    const nlohmann::json cfg = hearth::io::read_json(cfg_path);
+    for (const nlohmann::json* c : {&cfg, cfg.contains("text_config") ? &cfg["text_config"] : nullptr}) {
+      if (!c || !c->is_object() || !c->contains("max_position_embeddings")) continue;
+      const nlohmann::json& m = (*c)["max_position_embeddings"];
+      if (!m.is_number_integer()) break;  // load_model names the bad value
+      const int64_t ctx = m.get<int64_t>();
+      HEARTH_CHECK(a->prompt_tokens + a->gen_tokens <= ctx, "bench: --prompt-tokens ", a->prompt_tokens,
+                   " + --gen-tokens ", a->gen_tokens, " = ", a->prompt_tokens + a->gen_tokens,
+                   " tokens exceed the model's context length ", ctx, " (", cfg_path.string(),
+                   " max_position_embeddings)");
+      break;
+    }
     c10::NoGradGuard no_grad;
     const hearth::nn::LoadOptions where = hearth::nn::resolve_placement(a->device, a->dtype);
     auto model = hearth::models::load_model(a->model, where);

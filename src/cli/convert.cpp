@@ -120,7 +120,11 @@ void convert_into(const ConvertOptions& o, const fs::path& in, const fs::path& t
     std::map<std::string, io::DType> stored;
     for (const Planned* p : shards[s]) {
       at::Tensor t = ws.get(p->source);
+      // Only floating tensors are cast (weights, and an MLX model's scales/biases, which then keep
+      // one dtype); packed codes and other integers keep their bytes and their stored label
+      // (U32 is read as kInt: without the label it would be written back as I32).
       if (t.is_floating_point()) t = t.to(dtype.value_or(t.scalar_type() == at::kDouble ? at::kFloat : t.scalar_type()));
+      else stored[p->source] = ws.info(p->source).dtype;
       if (p->quantized) {
         const std::string module = p->source.substr(0, p->source.size() - 7);
         nn::QuantizedWeight q = nn::quantize(t, spec);

@@ -23,7 +23,7 @@ std::function<int()> setup_generate(CLI::App& app) {
   auto a = std::make_shared<GenerateArgs>();
   app.add_option("--model", a->model, "Model folder (config.json, *.safetensors, tokenizer.json)")->required();
   app.add_option("--prompt", a->prompt, "Prompt text ('-' reads stdin)")->required();
-  app.add_option("--system", a->system, "System message (chat template only)");
+  app.add_option("--system", a->system, "System message (needs the chat template; an error without one)");
   app.add_flag("--ignore-chat-template", a->ignore_chat_template, "Send the prompt as raw text, without the chat template");
   app.add_option("--max-tokens", a->max_tokens, "Maximum tokens to generate (default 256)")->check(CLI::PositiveNumber);
   app.add_option("--temp", a->sampling.temperature, "Sampling temperature (default 0 = greedy)");
@@ -50,6 +50,13 @@ std::function<int()> setup_generate(CLI::App& app) {
 
     server::CompletionRequest req;
     req.chat = engine.has_chat_template() && !a->ignore_chat_template;
+    // A system message only exists inside a chat template: refuse rather than drop it silently.
+    HEARTH_CHECK_T(InvalidArgument, a->system.empty() || req.chat, "--system: ",
+                   a->ignore_chat_template ? "--ignore-chat-template sends the raw prompt, which has no system message"
+                                           : "model '" + engine.model_id() +
+                                                 "' has no chat template (tokenizer_config.json chat_template or "
+                                                 "chat_template.jinja), so there is no system message",
+                   "; put the text in --prompt instead");
     if (req.chat) {
       if (!a->system.empty()) req.messages.push_back(server::ChatMessage{"system", a->system, "", "", {}});
       req.messages.push_back(server::ChatMessage{"user", a->prompt, "", "", {}});

@@ -1,6 +1,6 @@
 // `hearth info --model DIR`: summarizes a model folder from config.json and safetensors headers
-// only (architecture, sizes, parameter count, dtypes, quantization, files). Loads no tensor data and
-// needs no model-family code.
+// only (architecture, sizes, parameter count, dtypes, quantization, files). Loads no tensor data;
+// validates config.json exactly as `hearth generate` does (models::check_config).
 #include <cstdio>
 #include <iostream>
 
@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "io/hf_config.h"
 #include "io/weights.h"
+#include "models/registry.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -51,6 +52,7 @@ int run_info(const fs::path& dir) {
   const fs::path cfg_path = dir / "config.json";
   const json config = io::read_json(cfg_path);
   HEARTH_CHECK(config.is_object(), cfg_path.string(), ": not a JSON object");
+  models::check_config(config, cfg_path.string());  // what generate would refuse, info refuses too
   const auto quant = io::QuantizationConfig::from_config(config, cfg_path.string());
   const io::WeightStore ws = io::WeightStore::open(dir);
 

@@ -89,6 +89,7 @@ std::function<int()> setup_train(CLI::App& app) {
                    " disagree (--grad-checkpoint is --segment-size 1)");
       c.segment_size = 1;
     }
+    hearth::train::check_config(c);  // bad flags fail before the model loads
     const hearth::nn::LoadOptions where = hearth::nn::resolve_placement(a->device, a->dtype);
     auto tok = hearth::tokenizer::Tokenizer::from_dir(a->model);
     auto model = hearth::models::load_model(a->model, where);

@@ -11,15 +11,33 @@
 namespace hearth::models {
 
 namespace {
+// What the registry knows of a family: how to build it, and how to validate its config alone.
+struct Family {
+  Factory create;
+  ConfigCheck check;
+};
+
 // One line per family.
-const std::map<std::string, Factory>& families() {
-  static const std::map<std::string, Factory> table = {
-      {"llama", llama::create},
-      {"mistral", llama::create},
-      {"qwen2", llama::create},
-      {"qwen3", llama::create},
+const std::map<std::string, Family>& families() {
+  static const std::map<std::string, Family> table = {
+      {"llama", {llama::create, llama::check_config}},
+      {"mistral", {llama::create, llama::check_config}},
+      {"qwen2", {llama::create, llama::check_config}},
+      {"qwen3", {llama::create, llama::check_config}},
   };
   return table;
+}
+
+const Family& family_of(const nlohmann::json& config, const std::string& origin) {
+  std::string type;
+  if (auto it = config.find("model_type"); config.is_object() && it != config.end() && it->is_string()) type = *it;
+  auto f = families().find(type);
+  if (f == families().end()) {
+    std::string list;
+    for (const auto& name : supported_model_types()) list += (list.empty() ? "" : ", ") + name;
+    throw Error(cat(origin, ": unsupported model_type '", type, "' (supported: ", list, ")"));
+  }
+  return f->second;
 }
 }  // namespace
 
@@ -29,16 +47,11 @@ std::vector<std::string> supported_model_types() {
   return out;
 }
 
-std::unique_ptr<Model> build_model(const BuildArgs& args) {
-  std::string type;
-  if (auto it = args.config.find("model_type"); it != args.config.end() && it->is_string()) type = *it;
-  auto f = families().find(type);
-  if (f == families().end()) {
-    std::string list;
-    for (const auto& name : supported_model_types()) list += (list.empty() ? "" : ", ") + name;
-    throw Error(cat(args.origin, ": unsupported model_type '", type, "' (supported: ", list, ")"));
-  }
-  return f->second(args);
+std::unique_ptr<Model> build_model(const BuildArgs& args) { return family_of(args.config, args.origin).create(args); }
+
+void check_config(const nlohmann::json& config, const std::string& origin) {
+  io::QuantizationConfig::from_config(config, origin);  // load_model's order: quantization, then family
+  family_of(config, origin).check(config, origin);
 }
 
 std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const nn::LoadOptions& opts) {

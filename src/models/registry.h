@@ -26,6 +26,8 @@ struct BuildArgs {
 };
 
 using Factory = std::function<std::unique_ptr<Model>(const BuildArgs&)>;
+/// Validates a family's config.json alone (no weights): throws what its factory would throw.
+using ConfigCheck = std::function<void(const nlohmann::json& config, const std::string& origin)>;
 
 /// The model_types Hearth can load, sorted.
 std::vector<std::string> supported_model_types();
@@ -33,6 +35,11 @@ std::vector<std::string> supported_model_types();
 /// Builds the model for config["model_type"]; throws hearth::Error "<origin>: unsupported
 /// model_type 'x' (supported: ...)" for an unknown or missing type.
 std::unique_ptr<Model> build_model(const BuildArgs& args);
+
+/// Validates config.json exactly as build_model will (model_type, the family's typed config with
+/// its ranges, the quantization block) without weights, for verbs that only read headers
+/// (`hearth info`). Throws hearth::Error "<origin>: <field> ..." on the first problem.
+void check_config(const nlohmann::json& config, const std::string& origin);
 
 /// Loads `dir` (config.json + safetensors) onto opts.device in opts.dtype.
 std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const nn::LoadOptions& opts);

@@ -40,6 +40,25 @@ at::Tensor place(const at::Tensor& t, const LoadOptions& opts) {
   return out;
 }
 
+namespace {
+// Whether this libtorch multiplies float16 matrices on the CPU (the models' Linear and attention
+// matmuls). Probed once, not assumed from a version: libtorch 1.13 throws "addmm_impl_cpu_" not
+// implemented for 'Half'; PyTorch 2.x has CPU half kernels.
+bool cpu_half_matmul_works() {
+  static const bool ok = [] {
+    try {
+      const at::Tensor x = at::ones({2, 4}, at::kHalf), w = at::ones({3, 4}, at::kHalf), b = at::ones({3}, at::kHalf);
+      (void)at::linear(x, w, b);
+      (void)at::matmul(x.unsqueeze(0), x.t().unsqueeze(0));
+      return true;
+    } catch (const c10::Error&) {
+      return false;
+    }
+  }();
+  return ok;
+}
+}  // namespace
+
 LoadOptions resolve_placement(const std::string& device, const std::string& dtype) {
   LoadOptions where;
   if (device.empty()) {
@@ -57,6 +76,9 @@ LoadOptions resolve_placement(const std::string& device, const std::string& dtyp
   else if (dtype == "bfloat16") where.dtype = at::kBFloat16;
   else if (dtype == "float16") where.dtype = at::kHalf;
   else throw InvalidArgument(cat("--dtype: '", dtype, "' is not float32, bfloat16 or float16"));
+  HEARTH_CHECK_T(InvalidArgument, !(where.dtype == at::kHalf && where.device.is_cpu() && !cpu_half_matmul_works()),
+                 "--dtype float16: this libtorch has no float16 matrix multiply on the CPU; use --dtype bfloat16 or "
+                 "float32 on the CPU (float16 works on CUDA)");
   return where;
 }
 

@@ -64,7 +64,8 @@ at::Tensor place(const at::Tensor& t, const LoadOptions& opts);
 
 /// Resolves the CLI's --device/--dtype flags: device "" → cuda when available, else cpu; dtype
 /// "" → bf16 on cuda, fp32 on cpu; names "cpu" | "cuda", "float32" | "bfloat16" | "float16".
-/// Throws hearth::InvalidArgument naming the flag on an unknown name or cuda without a device.
+/// Throws hearth::InvalidArgument naming the flag on an unknown name, cuda without a device, or
+/// float16 on the CPU when this libtorch cannot multiply float16 matrices there (1.13; probed).
 LoadOptions resolve_placement(const std::string& device, const std::string& dtype);
 
 }  // namespace hearth::nn

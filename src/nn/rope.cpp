@@ -12,16 +12,27 @@ namespace {
 
 using nlohmann::json;
 
-std::optional<double> opt_num(const json& j, const char* key) {
+// An optional number at `where`.`key`: absent or null -> nullopt; another JSON type, NaN or
+// infinity -> hearth::Error naming the field (never nlohmann's type_error text).
+std::optional<double> opt_num(const json& j, const char* key, const std::string& where) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return std::nullopt;
+  HEARTH_CHECK(it->is_number() && std::isfinite(it->get<double>()), where, ": '", key, "' must be a number, got ",
+               it->dump());
   return it->get<double>();
+}
+
+// As opt_num, and the value must be > 0.
+std::optional<double> opt_pos(const json& j, const char* key, const std::string& where) {
+  auto v = opt_num(j, key, where);
+  HEARTH_CHECK(!v || *v > 0, where, ": '", key, "' must be > 0, got ", j.at(key).dump());
+  return v;
 }
 
 double req_num(const json& j, const char* key, const std::string& where) {
   auto it = j.find(key);
-  HEARTH_CHECK(it != j.end() && it->is_number(), where, ": missing required number '", key, "'");
-  return it->get<double>();
+  HEARTH_CHECK(it != j.end() && !it->is_null(), where, ": missing required number '", key, "'");
+  return *opt_num(j, key, where);
 }
 
 // 1.0 / x, as torch evaluates `scalar / tensor` (reciprocal, then multiply).
@@ -44,44 +55,55 @@ double yarn_get_mscale(double scale, double mscale) {
 RopeParams RopeParams::from_json(const json& config, const std::string& origin) {
   RopeParams p;
   json scaling;  // the per-type parameter object, whichever convention
+  const std::string params_where = cat(origin, ": rope_parameters");
   if (auto it = config.find("rope_parameters"); it != config.end() && it->is_object()) {
     scaling = *it;
-    if (auto t = opt_num(scaling, "rope_theta")) p.theta = *t;
-    else if (auto t2 = opt_num(config, "rope_theta")) p.theta = *t2;
+    if (auto t = opt_pos(scaling, "rope_theta", params_where)) p.theta = *t;
+    else if (auto t2 = opt_pos(config, "rope_theta", origin)) p.theta = *t2;
   } else {
-    if (auto t = opt_num(config, "rope_theta")) p.theta = *t;
+    if (auto t = opt_pos(config, "rope_theta", origin)) p.theta = *t;
     if (auto it2 = config.find("rope_scaling"); it2 != config.end() && !it2->is_null()) {
       HEARTH_CHECK(it2->is_object(), origin, ": rope_scaling must be an object or null");
       scaling = *it2;
     }
   }
-  if (auto f = opt_num(config, "partial_rotary_factor")) p.partial_rotary_factor = *f;
+  if (auto f = opt_pos(config, "partial_rotary_factor", origin)) p.partial_rotary_factor = *f;
+  HEARTH_CHECK(p.partial_rotary_factor <= 1, origin, ": 'partial_rotary_factor' must be in (0, 1], got ",
+               p.partial_rotary_factor);
   if (scaling.is_null()) return p;
 
   const std::string where = cat(origin, ": ", config.contains("rope_parameters") ? "rope_parameters" : "rope_scaling");
   std::string type = "default";
   if (auto it = scaling.find("rope_type"); it != scaling.end() && it->is_string()) type = *it;
   else if (auto it2 = scaling.find("type"); it2 != scaling.end() && it2->is_string()) type = *it2;
-  if (auto f = opt_num(scaling, "partial_rotary_factor")) p.partial_rotary_factor = *f;
+  if (auto f = opt_pos(scaling, "partial_rotary_factor", where)) p.partial_rotary_factor = *f;
+  HEARTH_CHECK(p.partial_rotary_factor <= 1, where, ": 'partial_rotary_factor' must be in (0, 1], got ",
+               p.partial_rotary_factor);
   p.type = type;
   if (type == "default") return p;
+  auto positions = [&](double v, const char* key) {
+    HEARTH_CHECK(v >= 1 && v <= double(int64_t{1} << 40), where, ": '", key, "' must be a positive integer, got ", v);
+    return static_cast<int64_t>(v);
+  };
   if (type == "linear" || type == "dynamic") {
     p.factor = req_num(scaling, "factor", where);
   } else if (type == "llama3") {
     p.factor = req_num(scaling, "factor", where);
     p.low_freq_factor = req_num(scaling, "low_freq_factor", where);
     p.high_freq_factor = req_num(scaling, "high_freq_factor", where);
+    HEARTH_CHECK(p.low_freq_factor > 0 && p.high_freq_factor > p.low_freq_factor, where,
+                 ": needs 0 < low_freq_factor < high_freq_factor, got ", p.low_freq_factor, " and ", p.high_freq_factor);
     p.original_max_position_embeddings =
-        static_cast<int64_t>(req_num(scaling, "original_max_position_embeddings", where));
+        positions(req_num(scaling, "original_max_position_embeddings", where), "original_max_position_embeddings");
   } else if (type == "yarn") {
     p.factor = req_num(scaling, "factor", where);
-    if (auto v = opt_num(scaling, "original_max_position_embeddings"))
-      p.original_max_position_embeddings = static_cast<int64_t>(*v);
-    p.attention_factor = opt_num(scaling, "attention_factor");
-    p.beta_fast = opt_num(scaling, "beta_fast");
-    p.beta_slow = opt_num(scaling, "beta_slow");
-    p.mscale = opt_num(scaling, "mscale");
-    p.mscale_all_dim = opt_num(scaling, "mscale_all_dim");
+    if (auto v = opt_num(scaling, "original_max_position_embeddings", where))
+      p.original_max_position_embeddings = positions(*v, "original_max_position_embeddings");
+    p.attention_factor = opt_pos(scaling, "attention_factor", where);
+    p.beta_fast = opt_num(scaling, "beta_fast", where);
+    p.beta_slow = opt_num(scaling, "beta_slow", where);
+    p.mscale = opt_num(scaling, "mscale", where);
+    p.mscale_all_dim = opt_num(scaling, "mscale_all_dim", where);
     if (auto it = scaling.find("truncate"); it != scaling.end() && it->is_boolean()) p.truncate = *it;
   } else {
     throw Error(cat(where, ": unsupported rope type '", type,

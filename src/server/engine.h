@@ -55,8 +55,9 @@ struct CompletionRequest {
   std::string prompt;                 ///< completions only; the raw prompt text
   nlohmann::ordered_json tools = nlohmann::ordered_json::array();  ///< OpenAI tools array, verbatim
   std::string tool_choice = "auto";   ///< "none" | "auto" | "required" | a function name
-  /// Client's limit on generated tokens. In Engine::generate it is always set: the client's value
-  /// (or the server default) clamped to context_length() - prompt length.
+  /// Client's limit on generated tokens. A client value above context_length() - prompt length is
+  /// refused by EngineLoop (400, param "max_tokens"), never clamped. In Engine::generate it is
+  /// always set: the client's value, else the server default clamped to that room (0 = fill it).
   std::optional<int64_t> max_tokens;
   SamplingOptions sampling;
   std::vector<std::string> stop;      ///< stop strings (non-empty), matched on decoded text
@@ -100,7 +101,10 @@ struct TokenEvent {
 
 /// How a generation ended.
 struct Finish {
-  enum class Reason { kEos, kLength, kStopped };  ///< kStopped: on_token returned false
+  /// kStopped: on_token returned false. kAborted is never returned by an Engine: EngineLoop sets
+  /// it when on_token returned false because the job was cancelled (server shutdown, or a
+  /// streaming client that left), so the answer is reported cut (finish_reason "abort").
+  enum class Reason { kEos, kLength, kStopped, kAborted };
   Reason reason = Reason::kEos;
   int64_t completion_tokens = 0;  ///< tokens sampled, including a final EOS (never emitted)
   int64_t cached_tokens = 0;      ///< prompt tokens reused from the prompt cache (not prefilled)
@@ -176,7 +180,8 @@ class Engine {
   /// server::ApiError with the HTTP status (403 path outside the allowed roots, 404 no such
   /// folder, 409 id already mounted, 400 broken adapter or shapes that do not fit).
   virtual AdapterInfo mount_adapter(const std::string& id, const std::string& path);
-  /// Unmounts `id` (engine thread only, between requests); false when it is not mounted.
+  /// Unmounts `id` (engine thread only, between requests); false when it is not mounted. May
+  /// throw server::ApiError (e.g. 409 for the default adapter) with its status, param and code.
   virtual bool unmount_adapter(const std::string& id) { (void)id; return false; }
 };
 

@@ -12,11 +12,13 @@
 
 namespace hearth::server {
 namespace {
-StreamEvent error_event(int status, std::string message) {
+StreamEvent error_event(int status, std::string message, std::string param = {}, std::string code = {}) {
   StreamEvent ev;
   ev.kind = StreamEvent::Kind::kError;
   ev.status = status;
   ev.message = std::move(message);
+  ev.param = std::move(param);
+  ev.code = std::move(code);
   return ev;
 }
 }  // namespace
@@ -97,7 +99,7 @@ void EngineLoop::run_job(Job& job) {
       done.kind = StreamEvent::Kind::kDone;
       job.events.push(std::move(done));
     } catch (const ApiError& e) {
-      job.events.push(error_event(e.status(), e.what()));
+      job.events.push(error_event(e.status(), e.what(), e.param(), e.code()));
     } catch (const Error& e) {
       job.events.push(error_event(400, e.what()));
     } catch (const c10::Error& e) {
@@ -111,6 +113,9 @@ void EngineLoop::run_job(Job& job) {
   Prompt prompt;
   try {
     prompt = engine_.prepare(req);
+  } catch (const ApiError& e) {
+    job.events.push(error_event(e.status(), e.what(), e.param(), e.code()));
+    return;
   } catch (const InvalidArgument& e) {
     job.events.push(error_event(400, e.what()));
     return;
@@ -131,9 +136,22 @@ void EngineLoop::run_job(Job& job) {
                                          " tokens (prompt plus at least one generated token must fit).")));
     return;
   }
-  int64_t limit = req.max_tokens.value_or(req.chat ? opts_.default_max_tokens_chat : opts_.default_max_tokens_completion);
-  if (limit <= 0) limit = ctx - n_prompt;
-  req.max_tokens = std::min(limit, ctx - n_prompt);
+  const int64_t room = ctx - n_prompt;
+  if (req.max_tokens && *req.max_tokens > room) {
+    // OpenAI / vLLM: a client limit that cannot fit is refused, not silently lowered.
+    job.events.push(error_event(400, cat("max_tokens (or max_completion_tokens) is too large: ", *req.max_tokens,
+                                         ". This model's context length is ", ctx, " tokens and the prompt has ",
+                                         n_prompt, " tokens, so at most ", room, " tokens can be generated (", *req.max_tokens,
+                                         " > ", ctx, " - ", n_prompt, ")."),
+                                "max_tokens", "context_length_exceeded"));
+    return;
+  }
+  if (!req.max_tokens) {
+    // The server's default (chat: --max-tokens, completions: 512) is only a cap: clamp it to the
+    // room left; 0 fills the context.
+    int64_t limit = req.chat ? opts_.default_max_tokens_chat : opts_.default_max_tokens_completion;
+    req.max_tokens = limit <= 0 ? room : std::min(limit, room);
+  }
 
   StreamEvent started;
   started.kind = StreamEvent::Kind::kStarted;
@@ -142,10 +160,15 @@ void EngineLoop::run_job(Job& job) {
 
   OutputStream out(req, engine_, job.events);
   try {
+    bool cut = false;  // on_token refused a token because the job was cancelled
     Finish f = engine_.generate(prompt, req, [&](const TokenEvent& ev) {
-      if (job.cancelled.load(std::memory_order_relaxed)) return false;
+      if (job.cancelled.load(std::memory_order_relaxed)) {
+        cut = true;
+        return false;
+      }
       return out.on_token(ev);
     });
+    if (cut && f.reason == Finish::Reason::kStopped) f.reason = Finish::Reason::kAborted;
     out.finish(f, n_prompt);
   } catch (const c10::Error& e) {
     job.events.push(error_event(500, std::string("Generation failed: ") + e.what_without_backtrace()));

@@ -20,8 +20,12 @@ struct EngineLoopOptions {
 };
 
 /// Runs Jobs one at a time on its own thread: tasks, or prepare() (errors -> kError 400/413/500), then
-/// kStarted, generate() through an OutputStream (kDelta...), then kDone. A job whose `cancelled`
-/// flag is set is skipped, or stopped at its next token.
+/// kStarted, generate() through an OutputStream (kDelta...), then kDone. Limits: a prompt that
+/// leaves no room for one token -> 413; a client max_tokens above context - prompt -> 400 with
+/// param "max_tokens" (as OpenAI and vLLM; never clamped); no max_tokens -> the default above,
+/// clamped to the room left. A job whose `cancelled` flag is set is skipped, or stopped at its
+/// next token and finished with finish_reason "abort" (the partial answer is delivered; a cut
+/// answer never claims "stop"). kError events carry the ApiError's status, param and code.
 class EngineLoop {
  public:
   EngineLoop(Engine& engine, EngineLoopOptions opts);
@@ -36,7 +40,8 @@ class EngineLoop {
   /// the ApiError's status (hearth::Error → 400, anything else → 500). nullptr as submit().
   std::shared_ptr<Job> submit_task(std::function<void()> task);
 
-  /// Cancels the running job, fails queued ones with 503, and joins the thread. Idempotent.
+  /// Cancels the running job (it ends at its next token with finish_reason "abort", like vLLM's
+  /// aborted requests), fails queued ones with 503, and joins the thread. Idempotent.
   void shutdown();
 
   /// Jobs waiting to run (excluding the running one).

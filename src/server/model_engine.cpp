@@ -333,6 +333,12 @@ bool ModelEngine::unmount_adapter(const std::string& id) {
   std::lock_guard<std::mutex> lock(adapters_mu_);
   auto it = std::find_if(adapters_.begin(), adapters_.end(), [&](const AdapterInfo& a) { return a.id == id; });
   if (it == adapters_.end()) return false;
+  const std::vector<std::string> defaults = nn::parse_adapter_spec(opts_.default_adapter);
+  if (std::find(defaults.begin(), defaults.end(), id) != defaults.end())
+    throw ApiError(409, "Adapter '" + id + "' is part of the server's default adapter selection (--default-adapter \"" +
+                            opts_.default_adapter + "\"), which requests without \"adapter\" use; it cannot be "
+                            "unmounted while the server runs (restart without it, or mount another id).",
+                   "id", "adapter_in_use");
   adapters::unmount(*model_, id);
   adapters_.erase(it);
   if (prompt_cache_) {

@@ -94,7 +94,10 @@ class ModelEngine : public Engine {
   /// directory) resolves under an adapter root (403), exists (404), loads and fits the model
   /// (400; all-or-nothing).
   AdapterInfo mount_adapter(const std::string& id, const std::string& path) override;
-  /// Also drops the prompt cache's entries whose selection includes `id`.
+  /// Also drops the prompt cache's entries whose selection includes `id`. Refuses (ApiError 409,
+  /// code "adapter_in_use") an adapter named by the default selection (opts.default_adapter):
+  /// silently switching requests that send no "adapter" to the base model would change their
+  /// answers, so the operator's default stays valid for the server's lifetime.
   bool unmount_adapter(const std::string& id) override;
 
   /// Sampling for a request: each field from the request, else the operator default, else

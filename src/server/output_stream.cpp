@@ -58,8 +58,9 @@ void OutputStream::finish(const Finish& f, int64_t prompt_tokens) {
   }
   if (!stops_.stopped()) tail += stops_.flush();
   emit(std::move(tail));
-  if (!done.tool_calls.empty()) done.finish_reason = "tool_calls";
-  else if (stops_.stopped()) done.finish_reason = "stop";
+  if (stops_.stopped()) done.finish_reason = "stop";
+  else if (f.reason == Finish::Reason::kAborted) done.finish_reason = "abort";  // cut: never "stop"
+  else if (!done.tool_calls.empty()) done.finish_reason = "tool_calls";
   else if (f.reason == Finish::Reason::kLength) done.finish_reason = "length";
   else done.finish_reason = "stop";
   done.prompt_tokens = prompt_tokens;

@@ -20,7 +20,9 @@ class OutputStream {
   bool on_token(const TokenEvent& ev);
 
   /// Ends the request: releases held text, parses tool calls, pushes the final delta (if any)
-  /// and kDone with finish_reason and counts.
+  /// and kDone with finish_reason and counts. finish_reason: "stop" (a stop string matched),
+  /// "abort" (f.reason kAborted: cut by shutdown or cancellation), "tool_calls", "length", else
+  /// "stop" (EOS).
   void finish(const Finish& f, int64_t prompt_tokens);
 
  private:

@@ -246,6 +246,9 @@ void parse_common(const json& body, CompletionRequest& req) {
 }  // namespace
 
 nlohmann::ordered_json parse_body(std::string_view body) {
+  if (body.find_first_not_of(" \t\r\n") == std::string_view::npos)
+    throw ApiError(400, "The request body is empty: send a JSON object (Content-Type: application/json).", "",
+                   "invalid_json");
   json j;
   try {
     j = json::parse(body);

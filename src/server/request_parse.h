@@ -10,7 +10,8 @@
 
 namespace hearth::server {
 
-/// Parses a request body (raw bytes) into JSON; malformed JSON or a non-object -> ApiError(400).
+/// Parses a request body (raw bytes) into JSON; an empty body, malformed JSON or a non-object ->
+/// ApiError(400, code "invalid_json").
 nlohmann::ordered_json parse_body(std::string_view body);
 
 /// POST /v1/chat/completions body -> CompletionRequest (chat = true). Honours model, messages

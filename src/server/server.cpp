@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 
 #include "core/error.h"
@@ -31,6 +32,26 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
 
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Whether the request frames a body (Content-Length, or chunked Transfer-Encoding). Without
+// either, a request has no body (RFC 9112 §6.3), but httplib 0.11 would read one until the client
+// closes or the read timeout fires; routes check this first and answer at once.
+bool has_body_framing(const httplib::Request& req) {
+  if (req.has_header("Content-Length")) return true;
+  std::string te = req.get_header_value("Transfer-Encoding");
+  for (char& c : te) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return te.find("chunked") != std::string::npos;
+}
+
+// A handler for a route that takes no body: the body, if framed, is read and dropped (keeping the
+// connection in sync); an unframed request is not read at all (no wait for a body that never comes).
+using BodylessHandler = std::function<void(const httplib::Request&, httplib::Response&)>;
+httplib::Server::HandlerWithContentReader bodyless(BodylessHandler h) {
+  return [h = std::move(h)](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read) {
+    if (has_body_framing(req) && !read([](const char*, size_t) { return true; })) return;  // status set by httplib
+    h(req, res);
+  };
 }
 
 bool constant_time_equal(const std::string& a, const std::string& b) {
@@ -89,7 +110,7 @@ struct Server::Impl {
     http.set_payload_max_length(opts.max_body_bytes);
     http.set_keep_alive_timeout(2);
     http.set_keep_alive_max_count(1000);
-    http.set_read_timeout(30);
+    http.set_read_timeout(opts.read_timeout_s);
     http.set_write_timeout(30);
     routes();
   }
@@ -103,16 +124,24 @@ struct Server::Impl {
   }
 
   void routes() {
+    // Runs before httplib reads any body: auth, then POSTs without a body answered at once.
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      if (opts.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
-      std::string auth = req.get_header_value("Authorization");
-      const std::string prefix = "Bearer ";
-      if (auth.rfind(prefix, 0) == 0 && constant_time_equal(auth.substr(prefix.size()), opts.api_key))
-        return httplib::Server::HandlerResponse::Unhandled;
-      send_error(res, 401, auth.empty() ? "Missing API key: send 'Authorization: Bearer <key>'." : "Incorrect API key provided.",
-                 "", "invalid_api_key");
-      res.set_header("WWW-Authenticate", "Bearer");
-      return httplib::Server::HandlerResponse::Handled;
+      if (!opts.api_key.empty() && req.path.rfind("/v1/", 0) == 0) {
+        std::string auth = req.get_header_value("Authorization");
+        const std::string prefix = "Bearer ";
+        if (auth.rfind(prefix, 0) != 0 || !constant_time_equal(auth.substr(prefix.size()), opts.api_key)) {
+          send_error(res, 401, auth.empty() ? "Missing API key: send 'Authorization: Bearer <key>'." : "Incorrect API key provided.",
+                     "", "invalid_api_key");
+          res.set_header("WWW-Authenticate", "Bearer");
+          return httplib::Server::HandlerResponse::Handled;
+        }
+      }
+      if (req.method == "POST" && !has_body_framing(req)) {
+        send_error(res, 400, "The request has no body (no Content-Length or Transfer-Encoding): send a JSON object.", "",
+                   "invalid_json");
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      return httplib::Server::HandlerResponse::Unhandled;
     });
 
     http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
@@ -135,7 +164,7 @@ struct Server::Impl {
       res.set_content(dump_json(ojson{{"object", "list"}, {"adapters", list}}), kJson);
     });
     http.Post("/v1/adapters", [this](const httplib::Request& req, httplib::Response& res) { mount(req, res); });
-    http.Delete("/v1/adapters/(.+)", [this](const httplib::Request& req, httplib::Response& res) {
+    http.Delete("/v1/adapters/(.+)", bodyless([this](const httplib::Request& req, httplib::Response& res) {
       const std::string id = req.matches[1];
       auto task = [this, id] {
         if (!engine.unmount_adapter(id))
@@ -143,7 +172,7 @@ struct Server::Impl {
       };
       if (!run_task(task, res)) return;
       res.set_content(dump_json(ojson{{"id", id}, {"object", "adapter"}, {"deleted", true}}), kJson);
-    });
+    }));
     http.Get("/", [](const httplib::Request&, httplib::Response& res) { serve_asset("/index.html", res); });
     for (const auto& a : web_assets()) {
       std::string path(a.path);
@@ -159,15 +188,18 @@ struct Server::Impl {
     };
     http.Get(".*", fallback);
     http.Post(".*", fallback);
-    http.Put(".*", fallback);
-    http.Patch(".*", fallback);
-    http.Delete(".*", fallback);
+    http.Put(".*", bodyless(fallback));
+    http.Patch(".*", bodyless(fallback));
+    http.Delete(".*", bodyless(fallback));
     http.Options(".*", fallback);
 
     // httplib's own errors (413 payload too large, 400 malformed request, ...) get an OpenAI body.
     http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
       if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-      std::string msg = res.status == 413 ? "Request body too large." : std::string("HTTP error ") + std::to_string(res.status) + ".";
+      std::string msg = res.status == 413   ? "Request body too large."
+                        : res.status == 400 ? "Malformed request: bad request line or headers, or a body shorter than "
+                                              "its Content-Length (read timed out)."
+                                            : std::string("HTTP error ") + std::to_string(res.status) + ".";
       send_error(res, res.status, msg);
       return httplib::Server::HandlerResponse::Handled;
     }));
@@ -194,14 +226,15 @@ struct Server::Impl {
   bool run_task(std::function<void()> task, httplib::Response& res) {
     std::shared_ptr<Job> job = loop.submit_task(std::move(task));
     if (!job) {
-      send_error(res, stopped ? 503 : 429, stopped ? "The server is shutting down." : "Too many requests waiting; retry later.");
+      send_error(res, stopped ? 503 : 429, stopped ? "The server is shutting down." : "Too many requests waiting; retry later.",
+                 "", stopped ? "" : "queue_full");
       return false;
     }
     std::optional<StreamEvent> ev;
     while (!(ev = job->events.pop(200ms))) {
     }
     if (ev->kind == StreamEvent::Kind::kError) {
-      send_error(res, ev->status, ev->message);
+      send_error(res, ev->status, ev->message, ev->param, ev->code);
       return false;
     }
     return true;
@@ -221,7 +254,8 @@ struct Server::Impl {
     } catch (const ApiError& e) {
       return send_error(res, e.status(), e.what(), e.param(), e.code());
     }
-    if (!engine.supports_adapters()) return send_error(res, 501, "This engine does not support LoRA adapters.");
+    if (!engine.supports_adapters())
+      return send_error(res, 501, "This engine does not support LoRA adapters.", "", "adapters_unsupported");
     auto info = std::make_shared<AdapterInfo>();
     if (!run_task([this, id, path, info] { *info = engine.mount_adapter(id, path); }, res)) return;
     res.set_content(dump_json(adapter_json(*info)), kJson);
@@ -259,7 +293,8 @@ struct Server::Impl {
     std::optional<StreamEvent> first;
     while (!(first = job->events.pop(200ms))) {
     }
-    if (first->kind == StreamEvent::Kind::kError) return send_error(res, first->status, first->message);
+    if (first->kind == StreamEvent::Kind::kError)
+      return send_error(res, first->status, first->message, first->param, first->code);
 
     if (!stream) {
       std::vector<StreamEvent> deltas;
@@ -272,7 +307,7 @@ struct Server::Impl {
           res.set_content(dump_json(full_response(meta, deltas, *ev)), kJson);
           return;
         } else {
-          return send_error(res, ev->status, ev->message);
+          return send_error(res, ev->status, ev->message, ev->param, ev->code);
         }
       }
     }
@@ -303,7 +338,7 @@ struct Server::Impl {
               end = true;
               break;
             } else if (ev->kind == StreamEvent::Kind::kError) {
-              out += sse(error_json(ev->status, ev->message));
+              out += sse(error_json(ev->status, ev->message, ev->param, ev->code));
               end = true;
               break;
             }

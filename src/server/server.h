@@ -18,11 +18,20 @@ struct ServerOptions {
   size_t max_body_bytes = 16u << 20;  ///< larger request bodies -> 413
   size_t http_threads = 0;         ///< 0 = max_queue + 16 (every queued request holds a thread)
   int64_t default_max_tokens = 0;  ///< chat limit when a request sets none; 0 = context length
+  /// Seconds a connection may stay silent while its request line, headers or body are read. A
+  /// body shorter than its Content-Length is only detected when this runs out (httplib 0.11 reads
+  /// until Content-Length bytes arrive), so it is short; then the answer is a 400. A POST with
+  /// no Content-Length/Transfer-Encoding, or Content-Length 0, is answered 400 at once.
+  int read_timeout_s = 5;
 };
 
 /// The server. Lifecycle: construct, bind(), serve() (blocks) — stop() from any thread (or a
-/// signal watcher) cancels the running generation, fails queued requests with 503, and makes
-/// serve() return. Every error is answered in OpenAI's shape and the server keeps serving.
+/// signal watcher) cuts the running generation (its answer, streamed or not, ends with what was
+/// generated and finish_reason "abort", as vLLM reports aborted requests), fails queued requests
+/// with 503, and makes serve() return. Every error is answered in OpenAI's shape
+/// {"error": {"message", "type", "param", "code"}} (param/code null when they do not apply) and the
+/// server keeps serving. Known limit: a non-streaming client that disconnects is not noticed
+/// (httplib 0.11 gives handlers no way to see it); its generation runs to its end.
 class Server {
  public:
   Server(Engine& engine, ServerOptions opts);

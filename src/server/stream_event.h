@@ -24,11 +24,13 @@ struct StreamEvent {
   std::string text;                  ///< kDelta: client-visible text (after stop/tool hold-back)
   std::vector<TokenEvent> logprobs;  ///< kDelta: tokens accounted for since the last delta
   std::vector<ToolCall> tool_calls;  ///< kDone
-  std::string finish_reason;         ///< kDone: "stop" | "length" | "tool_calls"
+  std::string finish_reason;         ///< kDone: "stop" | "length" | "tool_calls" | "abort"
   int64_t completion_tokens = 0;     ///< kDone
   int64_t cached_tokens = 0;         ///< kDone: prompt tokens served from the prompt cache
   int status = 0;                    ///< kError: HTTP status
   std::string message;               ///< kError
+  std::string param;                 ///< kError: OpenAI `param` ("" = null)
+  std::string code;                  ///< kError: OpenAI `code` ("" = null)
 };
 
 /// A single-producer single-consumer queue of StreamEvents.
@@ -57,7 +59,8 @@ class EventChannel {
 };
 
 /// A request in flight: the parsed request, its output channel, and a cancel flag the HTTP side
-/// sets when the client disconnects (the engine checks it per token). A job with a `task` is an
+/// sets when a streaming client disconnects and EngineLoop::shutdown sets on the running job (the
+/// engine checks it per token; a generation cut this way ends with finish_reason "abort"). A job with a `task` is an
 /// engine-thread chore instead (adapter mount/unmount): it runs in queue order, between
 /// generations, and reports kDone or kError.
 struct Job {

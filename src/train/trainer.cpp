@@ -44,6 +44,8 @@ uint64_t rng_seed(uint64_t seed, int64_t step, int64_t micro, size_t segment) {
   return h & 0x7FFFFFFFFFFFFFFFull;
 }
 
+}  // namespace
+
 void check_config(const TrainConfig& c) {
   HEARTH_CHECK(c.fine_tune_type == "lora" || c.fine_tune_type == "full", "--fine-tune-type: '", c.fine_tune_type,
                "' is not lora or full");
@@ -60,7 +62,13 @@ void check_config(const TrainConfig& c) {
   HEARTH_CHECK(c.adapter_format == "mlx" || c.adapter_format == "peft", "--adapter-format: '", c.adapter_format,
                "' is not mlx or peft");
   HEARTH_CHECK(!c.adapter_path.empty(), "--adapter-path is required");
+  std::error_code ec;
+  HEARTH_CHECK(!std::filesystem::exists(c.adapter_path, ec) || std::filesystem::is_directory(c.adapter_path, ec),
+               "--adapter-path ", c.adapter_path.string(), ": exists and is not a folder (the adapter, checkpoints and "
+               "metrics.jsonl are written into a folder)");
 }
+
+namespace {
 
 // Token-mean CE over up to `max_batches` batches of `data` (no graph, no shuffling).
 double evaluate(models::Model& model, const Dataset& data, int64_t batch_size, int64_t max_batches, int64_t chunk) {

@@ -86,6 +86,11 @@ std::vector<TrainableParam> full_parameters(models::Model& model, int64_t num_la
 /// The LayerStack of `model` (embed / forward_layers without cache / head) over `params`.
 LayerStack make_layer_stack(models::Model& model, const std::vector<TrainableParam>& params);
 
+/// Validates the run's options alone (ranges, names, --adapter-path not an existing regular
+/// file); run_training calls it first, the CLI before loading the model. Throws hearth::Error
+/// naming the flag.
+void check_config(const TrainConfig& cfg);
+
 /// Runs the loop. `model` and `tok` are loaded by the caller (on the device and dtype wanted).
 /// Gradient accumulation follows mlx-lm: each micro-batch's loss is its own token mean and the
 /// step's gradient is the average over micro-batches (Σ_m ∇mean_m / N). Reports go to

@@ -46,7 +46,7 @@ void make_model(const std::filesystem::path& dir) {
                                 {"model.layers.0.mlp.odd_proj.weight", at::randn({8, 48})},  // 48 % 32 != 0
                                 {"model.layers.0.input_layernorm.weight", at::ones({64})}});
   hearth::io::write_file_atomic(dir / "config.json", R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"],
-      "num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
       "vocab_size": 16, "torch_dtype": "float32"})");
   hearth::io::write_file_atomic(dir / "tokenizer.json", "{}");
   hearth::io::write_file_atomic(dir / "chat_template.jinja", "{{ messages }}");

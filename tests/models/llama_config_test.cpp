@@ -77,6 +77,49 @@ TEST(LlamaConfig, MissingKeyIsNamed) {
             std::string::npos);
 }
 
+TEST(LlamaConfig, OutOfRangeValuesAreOneLineNamingTheField) {
+  using J = nlohmann::json;
+  struct Case {
+    J patch;
+    std::string expected;  // the whole message
+  };
+  const std::vector<Case> cases = {
+      {{{"rms_norm_eps", 0}}, "m/config.json: 'rms_norm_eps' must be a number > 0, got 0"},
+      {{{"rms_norm_eps", -1e-6}}, "m/config.json: 'rms_norm_eps' must be a number > 0, got -1e-06"},
+      {{{"rms_norm_eps", "small"}}, "m/config.json: 'rms_norm_eps' must be a number > 0, got \"small\""},
+      {{{"rope_theta", 0.0}}, "m/config.json: 'rope_theta' must be > 0, got 0.0"},
+      {{{"rope_theta", -10000}}, "m/config.json: 'rope_theta' must be > 0, got -10000"},
+      {{{"rope_theta", "x"}}, "m/config.json: 'rope_theta' must be a number, got \"x\""},
+      {{{"head_dim", 0}}, "m/config.json: 'head_dim' must be a positive integer, got 0"},
+      {{{"head_dim", -8}}, "m/config.json: 'head_dim' must be a positive integer, got -8"},
+      {{{"head_dim", 2.5}}, "m/config.json: 'head_dim' must be a positive integer, got 2.5"},
+      {{{"head_dim", 7}}, "m/config.json: the rotary dimension (head_dim 7 x partial_rotary_factor 1 = 7) must be positive and even"},
+      {{{"num_key_value_heads", -2}}, "m/config.json: 'num_key_value_heads' must be a positive integer, got -2"},
+      {{{"max_position_embeddings", 0}}, "m/config.json: 'max_position_embeddings' must be a positive integer, got 0"},
+      {{{"partial_rotary_factor", 1.5}}, "m/config.json: 'partial_rotary_factor' must be in (0, 1], got 1.5"},
+      {{{"rope_scaling", {{"type", "linear"}, {"factor", "big"}}}}, "m/config.json: rope_scaling: 'factor' must be a number, got \"big\""},
+      {{{"rope_scaling", {{"type", "linear"}, {"factor", -2.0}}}}, "m/config.json: rope_scaling: factor must be > 0, got -2"},
+      {{{"rope_parameters", {{"rope_type", "default"}, {"rope_theta", "y"}}}},
+       "m/config.json: rope_parameters: 'rope_theta' must be a number, got \"y\""},
+      {{{"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 4.0}, {"high_freq_factor", 4.0},
+                          {"original_max_position_embeddings", 64}}}},
+       "m/config.json: rope_scaling: needs 0 < low_freq_factor < high_freq_factor, got 4 and 4"},
+      {{{"model_type", "qwen2"}, {"use_sliding_window", true}, {"sliding_window", 4}, {"max_window_layers", -3}},
+       "m/config.json: 'max_window_layers' must be >= 0, got -3"},
+      {{{"tie_word_embeddings", "no"}}, "m/config.json: 'tie_word_embeddings' has the wrong type (\"no\")"},
+  };
+  for (const auto& c : cases) {
+    const std::string msg = error_of([&] { LlamaConfig::from_json(tiny_llama_config(c.patch), "m/config.json"); });
+    EXPECT_EQ(msg, c.expected) << c.patch.dump();
+    EXPECT_EQ(msg.find("json.exception"), std::string::npos) << msg;
+    // The registry's header-only check (used by `hearth info`) says the same.
+    EXPECT_EQ(error_of([&] { hearth::models::check_config(tiny_llama_config(c.patch), "m/config.json"); }), msg);
+  }
+  EXPECT_EQ(error_of([] { hearth::models::check_config(tiny_llama_config(), "m/config.json"); }), "");
+  EXPECT_EQ(error_of([] { hearth::models::check_config(tiny_llama_config({{"model_type", "gpt2"}}), "m/config.json"); }),
+            "m/config.json: unsupported model_type 'gpt2' (supported: llama, mistral, qwen2, qwen3)");
+}
+
 TEST(LlamaConfig, UnsupportedModelTypeListsSupported) {
   nlohmann::json j = tiny_llama_config({{"model_type", "gpt2"}});
   hearth::nn::TensorMapSource src({});

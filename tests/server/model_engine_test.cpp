@@ -440,6 +440,46 @@ TEST_F(ModelServerTest, AdapterRoutesMountSelectAndUnmount) {
             base["choices"][0]["text"]);
 }
 
+// The error body of `r`: status, and OpenAI's four fields with param/code as given ("" = null).
+void expect_api_error(const httplib::Result& r, int status, const std::string& param, const std::string& code) {
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, status) << r->body;
+  J e = J::parse(r->body)["error"];
+  EXPECT_TRUE(e["message"].is_string() && !e["message"].get<std::string>().empty()) << r->body;
+  EXPECT_EQ(e["type"], status >= 500 ? "server_error" : "invalid_request_error") << r->body;
+  EXPECT_EQ(e["param"], param.empty() ? J() : J(param)) << r->body;
+  EXPECT_EQ(e["code"], code.empty() ? J() : J(code)) << r->body;
+}
+
+TEST_F(ModelServerTest, DefaultAdapterCannotBeUnmountedAndAdapterErrorsKeepParamAndCode) {
+  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kTemplate);
+  fs::copy(golden_lora("llama_mha"), dir / "adapters" / "lora", fs::copy_options::recursive);
+  ModelEngineOptions o = cpu_options(dir);
+  o.adapters.emplace_back("boot", golden_lora("llama_mha"));
+  o.default_adapter = "boot";
+  start(o);
+  J req = {{"prompt", "hello world"}, {"max_tokens", 8}, {"temperature", 0}};
+  const J before = post_ok("/v1/completions", req);
+  expect_api_error(client().Delete("/v1/adapters/boot"), 409, "id", "adapter_in_use");
+  ASSERT_EQ(J::parse(client().Get("/v1/adapters")->body)["adapters"].size(), 1u);
+  // Requests without "adapter" still get the default, and it still differs from the base model.
+  EXPECT_EQ(post_ok("/v1/completions", req)["choices"][0]["text"], before["choices"][0]["text"]);
+  req["adapter"] = "none";
+  EXPECT_NE(post_ok("/v1/completions", req)["choices"][0]["text"], before["choices"][0]["text"]);
+
+  const std::string lora = (dir / "adapters" / "lora").string();
+  expect_api_error(post("/v1/adapters", {{"id", "x"}, {"path", golden_lora("llama_mha").string()}}), 403, "path", "");
+  expect_api_error(post("/v1/adapters", {{"id", "x"}, {"path", (dir / "adapters" / "missing").string()}}), 404, "path",
+                   "adapter_not_found");
+  expect_api_error(post("/v1/adapters", {{"id", "a+b"}, {"path", lora}}), 400, "id", "");
+  post_ok("/v1/adapters", {{"id", "x"}, {"path", lora}});
+  expect_api_error(post("/v1/adapters", {{"id", "x"}, {"path", lora}}), 409, "id", "adapter_exists");
+  auto d = client().Delete("/v1/adapters/x");
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->status, 200) << d->body;
+  expect_api_error(client().Delete("/v1/adapters/x"), 404, "id", "adapter_not_found");
+}
+
 TEST_F(ModelServerTest, AdapterDirFlagAddsARootAndStartupAdaptersMount) {
   fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kTemplate);
   fs::create_directories(tmp_.path() / "extra");

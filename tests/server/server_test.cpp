@@ -4,6 +4,12 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -61,7 +67,42 @@ class ServerTest : public ::testing::Test {
     EXPECT_EQ(done, expect_done);
     return out;
   }
-  static void expect_error(const httplib::Result& r, int status, const std::string& param = "") {
+  // Sends `raw` bytes on a fresh connection, keeps it open, and returns what the server answers
+  // (read until the server closes or `wait` passes) and how long the first bytes took.
+  struct RawReply {
+    std::string text;
+    std::chrono::milliseconds first_byte{0};
+  };
+  RawReply raw_exchange(const std::string& raw, std::chrono::milliseconds wait = 3000ms) {
+    RawReply out;
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port_));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    timeval tv{0, 100 * 1000};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    EXPECT_EQ(::send(fd, raw.data(), raw.size(), 0), static_cast<ssize_t>(raw.size()));
+    const auto t0 = std::chrono::steady_clock::now();
+    char buf[4096];
+    while (std::chrono::steady_clock::now() - t0 < wait) {
+      ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n == 0) break;
+      if (n < 0) {
+        // Timed out this round; once a whole response is in, stop waiting.
+        if (out.text.find("\r\n\r\n") != std::string::npos && out.text.back() == '}') break;
+        continue;
+      }
+      if (out.text.empty())
+        out.first_byte = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+      out.text.append(buf, static_cast<size_t>(n));
+    }
+    ::close(fd);
+    return out;
+  }
+  static void expect_error(const httplib::Result& r, int status, const std::string& param = "",
+                           const std::string& code = "") {
     ASSERT_TRUE(r) << "no response";
     EXPECT_EQ(r->status, status) << r->body;
     J j = J::parse(r->body);
@@ -72,6 +113,7 @@ class ServerTest : public ::testing::Test {
     EXPECT_TRUE(j["error"].contains("param"));
     EXPECT_TRUE(j["error"].contains("code"));
     if (!param.empty()) EXPECT_EQ(j["error"]["param"], param) << r->body;
+    if (!code.empty()) EXPECT_EQ(j["error"]["code"], code) << r->body;
   }
 
   std::unique_ptr<FakeEngine> engine_;
@@ -194,11 +236,39 @@ TEST_F(ServerTest, MaxTokensLimitsAndMaxCompletionTokensWins) {
   EXPECT_EQ(engine_->last_request().max_tokens.value(), 3);
 }
 
-TEST_F(ServerTest, MaxTokensIsClampedToTheContext) {
+TEST_F(ServerTest, MaxTokensBeyondTheContextIs400NotClamped) {
   start({}, FakeEngineOptions{"m", 10, 0});
-  post("/v1/chat/completions", chat_body("a b", R"(, "max_tokens": 1000)"));
   // Prompt "user: a b\nassistant:" is 4 tokens; 10 - 4 = 6 may be generated.
+  for (const char* field : {"max_tokens", "max_completion_tokens"}) {
+    auto r = post("/v1/chat/completions", chat_body("a b", std::string(", \"") + field + "\": 7"));
+    expect_error(r, 400, "max_tokens", "context_length_exceeded");
+    const std::string msg = J::parse(r->body)["error"]["message"];
+    EXPECT_NE(msg.find("too large: 7"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("context length is 10 tokens"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("prompt has 4 tokens"), std::string::npos) << msg;
+  }
+  expect_error(post("/v1/chat/completions", chat_body("a b", R"(, "max_tokens": 1000, "stream": true)")), 400,
+               "max_tokens");
+  expect_error(post("/v1/completions", R"({"prompt": "a b c d", "max_tokens": 7})"), 400, "max_tokens");
+  EXPECT_EQ(engine_->generations(), 0);
+  // Exactly the room left is fine.
+  ASSERT_EQ(post("/v1/chat/completions", chat_body("a b", R"(, "max_tokens": 6)"))->status, 200);
   EXPECT_EQ(engine_->last_request().max_tokens.value(), 6);
+  // Omitted: chat fills the context (--max-tokens 0), completions take min(512, room).
+  ASSERT_EQ(post("/v1/chat/completions", chat_body("a b"))->status, 200);
+  EXPECT_EQ(engine_->last_request().max_tokens.value(), 6);
+  ASSERT_EQ(post("/v1/completions", R"({"prompt": "a b c"})")->status, 200);
+  EXPECT_EQ(engine_->last_request().max_tokens.value(), 7);
+}
+
+TEST_F(ServerTest, ServerDefaultMaxTokensIsACapClampedToTheRoom) {
+  ServerOptions o;
+  o.default_max_tokens = 3;
+  start(o, FakeEngineOptions{"m", 6, 0});
+  ASSERT_EQ(post("/v1/chat/completions", chat_body("a"))->status, 200);  // 3 prompt tokens, room 3
+  EXPECT_EQ(engine_->last_request().max_tokens.value(), 3);
+  ASSERT_EQ(post("/v1/chat/completions", chat_body("a b"))->status, 200);  // room 2: the default is lowered
+  EXPECT_EQ(engine_->last_request().max_tokens.value(), 2);
 }
 
 TEST_F(ServerTest, SamplingFieldsReachTheEngineAndOmittedOnesStayUnset) {
@@ -376,6 +446,60 @@ TEST_F(ServerTest, BodyTooLargeIs413) {
   EXPECT_EQ(post("/v1/chat/completions", chat_body("small"))->status, 200);
 }
 
+TEST_F(ServerTest, MissingEmptyOrTruncatedBodiesAre400WithoutWaiting) {
+  ServerOptions o;
+  o.read_timeout_s = 1;
+  start(o);
+  auto status_and_body = [](const std::string& reply) {
+    std::pair<int, J> out{0, J()};
+    if (reply.rfind("HTTP/1.1 ", 0) == 0) out.first = std::stoi(reply.substr(9, 3));
+    size_t b = reply.find("\r\n\r\n");
+    if (b != std::string::npos) out.second = J::parse(reply.substr(b + 4), nullptr, false);
+    return out;
+  };
+  // No Content-Length and no Transfer-Encoding: no body (RFC 9112); answered at once.
+  RawReply r = raw_exchange("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\r\n");
+  auto [status, body] = status_and_body(r.text);
+  EXPECT_EQ(status, 400) << r.text;
+  EXPECT_EQ(body["error"]["code"], "invalid_json") << r.text;
+  EXPECT_LT(r.first_byte, 500ms);
+  // Content-Length: 0.
+  auto e = post("/v1/chat/completions", "");
+  expect_error(e, 400, "", "invalid_json");
+  EXPECT_NE(J::parse(e->body)["error"]["message"].get<std::string>().find("empty"), std::string::npos) << e->body;
+  expect_error(post("/v1/adapters", ""), 400);
+  // A body shorter than its Content-Length: 400 once the (short) read timeout runs out.
+  r = raw_exchange("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"messages\"");
+  std::tie(status, body) = status_and_body(r.text);
+  EXPECT_EQ(status, 400) << r.text;
+  EXPECT_TRUE(body["error"]["message"].is_string()) << r.text;
+  EXPECT_GE(r.first_byte, 800ms);
+  EXPECT_LT(r.first_byte, 2500ms);
+  // Body-less methods without Content-Length (curl -X DELETE) are not read at all.
+  r = raw_exchange("DELETE /v1/adapters/ghost HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::tie(status, body) = status_and_body(r.text);
+  EXPECT_EQ(status, 404) << r.text;
+  EXPECT_LT(r.first_byte, 500ms);
+  r = raw_exchange("DELETE /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(status_and_body(r.text).first, 405) << r.text;
+  EXPECT_LT(r.first_byte, 500ms);
+  EXPECT_EQ(post("/v1/chat/completions", chat_body("fine"))->status, 200);
+}
+
+TEST_F(ServerTest, AdapterRouteErrorsCarryParamAndCode) {
+  start();
+  // The fake engine mounts nothing: unmount of any id is a 404 from the engine thread.
+  expect_error(client().Delete("/v1/adapters/ghost"), 404, "id", "adapter_not_found");
+  expect_error(post("/v1/adapters", R"({"path": "/x"})"), 400, "id", "");
+  expect_error(post("/v1/adapters", R"({"id": "a", "path": 3})"), 400, "path");
+  expect_error(post("/v1/adapters", "[1]"), 400, "", "invalid_json");
+  expect_error(post("/v1/adapters", R"({"id": "a", "path": "/x"})"), 501, "", "adapters_unsupported");
+  expect_error(client().Put("/v1/adapters", "{}", "application/json"), 405);
+  auto l = client().Get("/v1/adapters");
+  ASSERT_EQ(l->status, 200);
+  EXPECT_EQ(J::parse(l->body)["adapters"], J::array());
+}
+
 TEST_F(ServerTest, PromptLongerThanTheContextIs413) {
   start({}, FakeEngineOptions{"m", 8, 0});
   expect_error(post("/v1/chat/completions", chat_body("one two three four five six seven")), 413);
@@ -453,6 +577,31 @@ TEST_F(ServerTest, StopEndsAStreamAndFailsQueuedRequestsPromptly) {
   EXPECT_LT(engine_->tokens_emitted(), 100);
   ASSERT_TRUE(rb && *rb);
   expect_error(*rb, 503);
+  // The cut stream says so: finish_reason "abort", never "stop".
+  ASSERT_GE(evs.size(), 2u);
+  EXPECT_EQ(evs.back()["choices"][0]["finish_reason"], "abort");
+}
+
+TEST_F(ServerTest, StopDuringANonStreamingAnswerReportsAbortWithThePartialText) {
+  start({}, FakeEngineOptions{"m", 4096, 20});
+  const std::string text(300, 'w');  // 100 tokens of "www", 2 s
+  std::optional<httplib::Result> r;
+  std::thread a([&] { r.emplace(post("/v1/chat/completions", chat_body("emit:" + text))); });
+  for (int i = 0; i < 200 && engine_->tokens_emitted() < 5; ++i) std::this_thread::sleep_for(5ms);
+  server_->stop();
+  thread_.join();
+  a.join();
+  ASSERT_TRUE(r && *r);
+  ASSERT_EQ((*r)->status, 200) << (*r)->body;
+  J j = J::parse((*r)->body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "abort");
+  const std::string content = j["choices"][0]["message"]["content"];
+  EXPECT_GE(content.size(), 15u);
+  EXPECT_LT(content.size(), text.size());
+  EXPECT_EQ(text.rfind(content, 0), 0u);  // a prefix of the full answer
+  // Tokens sampled: the emitted ones, plus the one refused at the cut.
+  EXPECT_GE(j["usage"]["completion_tokens"].get<int64_t>(), static_cast<int64_t>(content.size() / 3));
+  EXPECT_LE(j["usage"]["completion_tokens"].get<int64_t>(), static_cast<int64_t>(content.size() / 3 + 1));
 }
 
 TEST_F(ServerTest, WebUiIsServed) {

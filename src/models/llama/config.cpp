@@ -1,6 +1,8 @@
 // LlamaConfig::from_json, with the per-model_type defaults of transformers' config classes.
 #include "models/llama/config.h"
 
+#include <cmath>
+
 #include "core/error.h"
 
 namespace hearth::models::llama {
@@ -11,6 +13,16 @@ using nlohmann::json;
 int64_t req_int(const json& j, const char* key, const std::string& origin) {
   auto it = j.find(key);
   HEARTH_CHECK(it != j.end() && !it->is_null(), origin, ": missing required key '", key, "'");
+  HEARTH_CHECK(it->is_number_integer() && it->get<int64_t>() > 0, origin, ": '", key,
+               "' must be a positive integer, got ", it->dump());
+  return it->get<int64_t>();
+}
+
+// An optional positive integer (absent or null -> fallback). A float such as 2.5, a string or a
+// value <= 0 is an error naming the key (nlohmann would truncate 2.5 or throw its own text).
+int64_t opt_pos_int(const json& j, const char* key, int64_t fallback, const std::string& origin) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
   HEARTH_CHECK(it->is_number_integer() && it->get<int64_t>() > 0, origin, ": '", key,
                "' must be a positive integer, got ", it->dump());
   return it->get<int64_t>();
@@ -42,20 +54,24 @@ LlamaConfig LlamaConfig::from_json(const json& j, const std::string& origin) {
   HEARTH_CHECK(c.num_hidden_layers >= 1 && c.num_hidden_layers <= 4096, origin, ": num_hidden_layers must be in 1..4096, got ",
                c.num_hidden_layers);
   c.num_attention_heads = req_int(j, "num_attention_heads", origin);
-  c.num_key_value_heads = opt<int64_t>(j, "num_key_value_heads", c.num_attention_heads, origin);
+  c.num_key_value_heads = opt_pos_int(j, "num_key_value_heads", c.num_attention_heads, origin);
   HEARTH_CHECK(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0, origin,
                ": num_attention_heads (", c.num_attention_heads, ") must be a multiple of num_key_value_heads (",
                c.num_key_value_heads, ")");
-  c.head_dim = opt<int64_t>(j, "head_dim", 0, origin);
-  if (c.head_dim <= 0) {
+  c.head_dim = opt_pos_int(j, "head_dim", 0, origin);  // 0: not given
+  if (c.head_dim == 0) {
     HEARTH_CHECK(c.hidden_size % c.num_attention_heads == 0, origin, ": hidden_size ", c.hidden_size,
                  " is not divisible by num_attention_heads ", c.num_attention_heads, " and head_dim is not given");
     c.head_dim = c.hidden_size / c.num_attention_heads;
   }
-  c.rms_norm_eps = opt<double>(j, "rms_norm_eps", 1e-6, origin);
+  if (auto it = j.find("rms_norm_eps"); it != j.end() && !it->is_null()) {
+    HEARTH_CHECK(it->is_number() && std::isfinite(it->get<double>()) && it->get<double>() > 0, origin,
+                 ": 'rms_norm_eps' must be a number > 0, got ", it->dump());
+    c.rms_norm_eps = it->get<double>();
+  }
   c.tie_word_embeddings = opt<bool>(j, "tie_word_embeddings", false, origin);
-  c.max_position_embeddings = opt<int64_t>(j, "max_position_embeddings", mt == "mistral" ? 4096 * 32 : 2048, origin);
-  if (mt == "qwen2" || mt == "qwen3") c.max_position_embeddings = opt<int64_t>(j, "max_position_embeddings", 32768, origin);
+  c.max_position_embeddings =
+      opt_pos_int(j, "max_position_embeddings", mt == "mistral" ? 4096 * 32 : mt == "llama" ? 2048 : 32768, origin);
   c.mlp_bias = mt == "llama" ? opt<bool>(j, "mlp_bias", false, origin) : false;
 
   if (mt == "llama") {
@@ -94,6 +110,7 @@ LlamaConfig LlamaConfig::from_json(const json& j, const std::string& origin) {
       }
     } else if (qwen) {
       const int64_t max_window_layers = opt<int64_t>(j, "max_window_layers", 28, origin);
+      HEARTH_CHECK(max_window_layers >= 0, origin, ": 'max_window_layers' must be >= 0, got ", max_window_layers);
       for (int64_t i = max_window_layers; i < c.num_hidden_layers; ++i) c.layer_windows[i] = window;
     } else {
       for (auto& w : c.layer_windows) w = window;
@@ -101,6 +118,9 @@ LlamaConfig LlamaConfig::from_json(const json& j, const std::string& origin) {
   }
 
   c.rope = nn::RopeParams::from_json(j, origin);  // rope_theta defaults to 10000 for all four types
+  const auto rotary = static_cast<int64_t>(static_cast<double>(c.head_dim) * c.rope.partial_rotary_factor);
+  HEARTH_CHECK(rotary > 0 && rotary % 2 == 0, origin, ": the rotary dimension (head_dim ", c.head_dim,
+               " x partial_rotary_factor ", c.rope.partial_rotary_factor, " = ", rotary, ") must be positive and even");
   return c;
 }
 

@@ -195,6 +195,8 @@ void LlamaModel::set_attention_backend(nn::AttentionBackend backend) {
   for (auto& l : layers_) l.self_attn.backend = backend;
 }
 
+void check_config(const nlohmann::json& config, const std::string& origin) { LlamaConfig::from_json(config, origin); }
+
 std::unique_ptr<Model> create(const BuildArgs& args) {
   return std::make_unique<LlamaModel>(LlamaConfig::from_json(args.config, args.origin), args.weights,
                                       args.quantization, args.placement);

@@ -82,5 +82,7 @@ class LlamaModel : public Model {
 
 /// The registry factory for llama, mistral, qwen2 and qwen3.
 std::unique_ptr<Model> create(const BuildArgs& args);
+/// Validates config.json for this family (LlamaConfig::from_json) without building anything.
+void check_config(const nlohmann::json& config, const std::string& origin);
 
 }  // namespace hearth::models::llama

@@ -1,0 +1,193 @@
+// CLI input checks from the issue-2 attack, through the built binary: each bad input is exit 1 and
+// ONE stderr line naming the file or flag — config.json ranges and types (`info` and `generate`
+// say the same), `convert --dtype` of an already-quantized model (packed codes untouched, the
+// result loads and matches), `--dtype float16` on the CPU, `train --adapter-path` on a file,
+// `generate --system` without a chat template, `bench` beyond the context.
+#include <gtest/gtest.h>
+#include <c10/core/GradMode.h>
+
+#include <fstream>
+
+#include "../io/io_test_util.h"
+#include "../test_util.h"
+#include "io/atomic_file.h"
+#include "io/hf_config.h"
+#include "io/weights.h"
+#include "models/registry.h"
+#include "nn/param_source.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using hearth::testing::shell_quote;
+using hearth::testing::TempDir;
+using J = nlohmann::json;
+
+fs::path golden_model(const std::string& variant) { return fs::path(HEARTH_SOURCE_DIR) / "tests/golden/models" / variant; }
+
+struct CliRun {
+  int rc = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+CliRun hearth_run(const std::string& args, const TempDir& scratch) {
+  const fs::path err = scratch / "stderr.txt";
+  const std::string cmd = std::string(HEARTH_BINARY) + " " + args + " 2>" + shell_quote(err.string()) + " </dev/null";
+  CliRun r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) r.out.append(buf, n);
+  const int status = ::pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.err = hearth::io::read_file(err);
+  return r;
+}
+
+// Exit 1 and exactly one stderr line, "hearth: error: ..." containing `needle`.
+void expect_one_line_error(const CliRun& r, const std::string& needle) {
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_EQ(r.err.rfind("hearth: error: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+}
+
+// A copy of a golden model whose config.json gets `patch` merged in.
+fs::path patched_model(const TempDir& d, const std::string& name, const J& patch) {
+  const fs::path dir = d / name;
+  fs::copy(golden_model("llama_mha"), dir, fs::copy_options::recursive);
+  J cfg = hearth::io::read_json(dir / "config.json");
+  cfg.update(patch);
+  std::ofstream(dir / "config.json") << cfg.dump(1);
+  return dir;
+}
+
+TEST(InputChecksCli, BadConfigValuesAreOneLineAndInfoAgreesWithGenerate) {
+  TempDir d;
+  const std::vector<std::pair<J, std::string>> cases = {
+      {{{"rope_theta", "x"}}, "config.json: 'rope_theta' must be a number, got \"x\""},
+      {{{"rms_norm_eps", -1e-5}}, "config.json: 'rms_norm_eps' must be a number > 0, got -1e-05"},
+      {{{"rms_norm_eps", 0}}, "config.json: 'rms_norm_eps' must be a number > 0, got 0"},
+      {{{"head_dim", 0}}, "config.json: 'head_dim' must be a positive integer, got 0"},
+      {{{"rope_theta", -1.0}}, "config.json: 'rope_theta' must be > 0, got -1.0"},
+  };
+  int i = 0;
+  for (const auto& [patch, expected] : cases) {
+    const fs::path m = patched_model(d, "m" + std::to_string(i++), patch);
+    const CliRun info = hearth_run("info --model " + shell_quote(m.string()), d);
+    expect_one_line_error(info, (m / expected).string());
+    EXPECT_EQ(info.err.find("json.exception"), std::string::npos) << info.err;
+    const CliRun gen = hearth_run("generate --model " + shell_quote(m.string()) + " --prompt hi --device cpu --max-tokens 2", d);
+    EXPECT_EQ(gen.rc, 1);
+    EXPECT_EQ(gen.err, info.err);  // the same validation, the same line
+  }
+  // The untouched model passes both.
+  const fs::path ok = patched_model(d, "ok", J::object());
+  EXPECT_EQ(hearth_run("info --model " + shell_quote(ok.string()), d).rc, 0);
+}
+
+TEST(InputChecksCli, ConvertDtypeOfAQuantizedModelKeepsPackedCodesAndStillMatches) {
+  TempDir d;
+  const fs::path src = golden_model("mlx_q4"), out = d / "bf16";
+  const CliRun r = hearth_run("convert --dtype bf16 --model " + shell_quote(src.string()) + " --out " + shell_quote(out.string()), d);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const hearth::io::WeightStore a = hearth::io::WeightStore::open(src), b = hearth::io::WeightStore::open(out);
+  ASSERT_EQ(a.names(), b.names());
+  int packed = 0;
+  for (const auto& name : a.names()) {
+    if (a.info(name).dtype == hearth::io::DType::U32) {
+      ++packed;
+      EXPECT_EQ(b.info(name).dtype, hearth::io::DType::U32) << name;  // not relabelled I32
+      EXPECT_TRUE(at::equal(a.get(name), b.get(name))) << name;       // bytes untouched
+    } else {
+      EXPECT_EQ(b.info(name).dtype, hearth::io::DType::BF16) << name;  // weights, scales and biases alike
+      EXPECT_TRUE(at::equal(a.get(name).to(at::kBFloat16), b.get(name))) << name;
+    }
+  }
+  EXPECT_EQ(packed, 15);
+  EXPECT_EQ(hearth::io::read_json(out / "config.json")["quantization"], hearth::io::read_json(src / "config.json")["quantization"]);
+  // info still sees a quantized model with the same logical parameter count.
+  const CliRun ia = hearth_run("info --model " + shell_quote(src.string()), d);
+  const CliRun ib = hearth_run("info --model " + shell_quote(out.string()), d);
+  ASSERT_EQ(ib.rc, 0) << ib.err;
+  auto line = [](const std::string& text, const std::string& key) {
+    const size_t p = text.find(key);
+    return p == std::string::npos ? std::string() : text.substr(p, text.find('\n', p) - p);
+  };
+  EXPECT_EQ(line(ib.out, "parameters:"), line(ia.out, "parameters:"));
+  EXPECT_EQ(line(ib.out, "quantization:"), line(ia.out, "quantization:"));
+  EXPECT_NE(line(ib.out, "quantization:").find("4-bit affine"), std::string::npos) << ib.out;
+  // Loaded in bf16, both give the same logits (the scales were cast to bf16 either way).
+  c10::NoGradGuard no_grad;
+  auto ma = hearth::models::load_model(src, {at::kCPU, at::kBFloat16});
+  auto mb = hearth::models::load_model(out, {at::kCPU, at::kBFloat16});
+  const at::Tensor ids = at::arange(1, 13, at::kLong).unsqueeze(0);
+  const at::Tensor la = ma->forward(ids, 0, nullptr), lb = mb->forward(ids, 0, nullptr);
+  EXPECT_TRUE(at::equal(la, lb)) << (la.to(at::kFloat) - lb.to(at::kFloat)).abs().max().item<float>();
+  // In float32 it is exactly the source model with every float tensor rounded through bf16 and
+  // the packed codes as they were (built here from the source's tensors, not the converted file).
+  std::map<std::string, at::Tensor> rounded;
+  for (const auto& name : a.names()) {
+    at::Tensor t = a.get(name);
+    rounded[name] = t.is_floating_point() ? t.to(at::kBFloat16).to(at::kFloat) : t;
+  }
+  const J cfg = hearth::io::read_json(src / "config.json");
+  hearth::nn::TensorMapSource rsrc(rounded, "rounded");
+  auto fr = hearth::models::build_model({cfg, "config.json", rsrc,
+                                         hearth::io::QuantizationConfig::from_config(cfg, "config.json"), {at::kCPU, at::kFloat}});
+  auto fb = hearth::models::load_model(out, {at::kCPU, at::kFloat});
+  EXPECT_TRUE(at::equal(fr->forward(ids, 0, nullptr), fb->forward(ids, 0, nullptr)));
+}
+
+TEST(InputChecksCli, Float16OnTheCpuRunsOrIsAOneLineError) {
+  TempDir d;
+  const CliRun r = hearth_run("generate --model " + shell_quote(golden_model("llama_mha").string()) +
+                               " --prompt hi --device cpu --dtype float16 --max-tokens 2",
+                           d);
+  if (r.rc == 0) return;  // this libtorch has CPU half matmuls (PyTorch 2.x)
+  expect_one_line_error(r, "--dtype float16: this libtorch has no float16 matrix multiply on the CPU");
+  EXPECT_EQ(r.err.find("addmm"), std::string::npos) << r.err;
+}
+
+TEST(InputChecksCli, TrainAdapterPathOnARegularFileIsOneLine) {
+  TempDir d;
+  const fs::path file = d / "adapter.txt";
+  hearth::io::write_file_atomic(file, "keep me");
+  const CliRun r = hearth_run("train --model " + shell_quote(golden_model("llama_mha").string()) + " --data " +
+                               shell_quote((d / "data").string()) + " --adapter-path " + shell_quote(file.string()) +
+                               " --iters 1 --device cpu",
+                           d);
+  expect_one_line_error(r, "--adapter-path " + file.string() + ": exists and is not a folder");
+  EXPECT_EQ(hearth::io::read_file(file), "keep me");
+}
+
+TEST(InputChecksCli, GenerateSystemWithoutAChatTemplateIsAnError) {
+  TempDir d;
+  const std::string model = " --model " + shell_quote(golden_model("llama_mha").string()) + " --device cpu --max-tokens 2";
+  const CliRun r = hearth_run("generate" + model + " --prompt hi --system 'be brief'", d);
+  expect_one_line_error(r, "--system: model 'llama_mha' has no chat template");
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(hearth_run("generate" + model + " --prompt hi", d).rc, 0);
+  // With a template, --ignore-chat-template drops the system message: also refused.
+  const fs::path t = d / "t";
+  fs::copy(golden_model("llama_mha"), t, fs::copy_options::recursive);
+  hearth::io::write_file_atomic(t / "chat_template.jinja", "{% for m in messages %}{{ m.content }}\n{% endfor %}");
+  const std::string tmodel = " --model " + shell_quote(t.string()) + " --device cpu --max-tokens 2 --prompt hi --system sys";
+  EXPECT_EQ(hearth_run("generate" + tmodel, d).rc, 0) << hearth_run("generate" + tmodel, d).err;
+  expect_one_line_error(hearth_run("generate" + tmodel + " --ignore-chat-template", d),
+                        "--system: --ignore-chat-template sends the raw prompt");
+}
+
+TEST(InputChecksCli, BenchBeyondTheContextIsOneLine) {
+  TempDir d;
+  const std::string model = "bench --model " + shell_quote(golden_model("llama_mha").string()) + " --device cpu --runs 1";
+  expect_one_line_error(hearth_run(model + " --prompt-tokens 300 --gen-tokens 1", d),
+                        "bench: --prompt-tokens 300 + --gen-tokens 1 = 301 tokens exceed the model's context length 256");
+  expect_one_line_error(hearth_run(model + " --prompt-tokens 200 --gen-tokens 100", d), "context length 256");
+  const CliRun ok = hearth_run(model + " --prompt-tokens 8 --gen-tokens 2", d);
+  EXPECT_EQ(ok.rc, 0) << ok.err;
+  EXPECT_NE(ok.out.find("prompt 8 tokens, generate 2 tokens"), std::string::npos) << ok.out;
+}
+
+}  // namespace
