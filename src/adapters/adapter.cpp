@@ -305,6 +305,10 @@ Adapter load_adapter(const fs::path& dir_in) {
   HEARTH_CHECK(ad.config.rank > 0, where, ": rank must be positive, got ", ad.config.rank);
   HEARTH_CHECK(ad.config.dropout >= 0.0 && ad.config.dropout < 1.0, where, ": dropout must be in [0, 1), got ",
                ad.config.dropout);
+  // NaN/Inf weights would turn every answer into garbage silently.
+  for (const auto& [module, m] : ad.modules)
+    HEARTH_CHECK(at::isfinite(m.a).all().item<bool>() && at::isfinite(m.b).all().item<bool>(), dir.string(),
+                 ": module ", module, " has NaN or infinite LoRA weights");
   return ad;
 }
 

@@ -151,6 +151,12 @@ void convert_into(const ConvertOptions& o, const fs::path& in, const fs::path& t
     config["quantization"] = q;
     config["quantization_config"] = q;
   }
+  // The float dtype the files now hold (transformers reads torch_dtype; 5.x also writes "dtype").
+  if (dtype) {
+    const char* name = *dtype == at::kBFloat16 ? "bfloat16" : *dtype == at::kHalf ? "float16" : "float32";
+    config["torch_dtype"] = name;
+    if (config.contains("dtype")) config["dtype"] = name;
+  }
   io::write_file_atomic(tmp / "config.json", config.dump(4) + "\n");
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(in, ec)) {

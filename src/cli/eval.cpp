@@ -8,10 +8,12 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <sstream>
 
 #include "cli/verb.h"
 #include "core/error.h"
 #include "eval/chunk_task.h"
+#include "io/atomic_file.h"
 #include "server/model_engine.h"
 
 namespace {
@@ -57,11 +59,12 @@ int run_eval_chunk(const EvalChunkArgs& a) {
   if (!a.adapter_path.empty()) server::use_adapter_path(eo, a.adapter_path, "eval");
   server::ModelEngine engine(std::move(eo));
 
-  std::ofstream out;
-  if (!a.out.empty()) {
-    out.open(a.out, std::ios::trunc);
-    HEARTH_CHECK(out, a.out, ": cannot open for writing");
-  }
+  // Per-example rows are collected and written atomically at the end (an interrupted run leaves
+  // any earlier --out file as it was); --out may not be the data file itself.
+  std::error_code ec;
+  HEARTH_CHECK(a.out.empty() || !std::filesystem::equivalent(a.out, a.data, ec), "--out ", a.out,
+               " is the --data file: it would be overwritten; pick another path");
+  std::ostringstream out;
   const auto t0 = std::chrono::steady_clock::now();
   double f1_sum = 0;
   int64_t valid = 0, generated = 0;
@@ -80,7 +83,7 @@ int run_eval_chunk(const EvalChunkArgs& a) {
     const eval::ChunkScore s = eval::score_chunk_output(text, ex.reference);
     f1_sum += s.f1;
     valid += s.valid_json ? 1 : 0;
-    if (out) {
+    if (!a.out.empty()) {
       nlohmann::json row = {{"index", i},          {"f1", s.f1},     {"valid_json", s.valid_json},
                             {"prompt_tokens", prompt.ids.size()},   {"output", text},
                             {"reference", ex.reference}};
@@ -90,6 +93,7 @@ int run_eval_chunk(const EvalChunkArgs& a) {
       std::cerr << "[" << i + 1 << "/" << examples.size() << "] f1 " << std::fixed << std::setprecision(3) << s.f1
                 << (s.valid_json ? "" : " (invalid JSON)") << "\n";
   }
+  if (!a.out.empty()) io::write_file_atomic(a.out, out.str());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double n = static_cast<double>(examples.size());
   std::cout << std::fixed << std::setprecision(2) << "chunk score: " << 100.0 * f1_sum / n << "/100 over "

@@ -90,7 +90,9 @@ int run_starter() {
   std::vector<std::string> names;
   if (fs::is_directory(dir / "adapters"))
     for (const auto& e : fs::directory_iterator(dir / "adapters"))
-      if (e.is_directory()) names.push_back(e.path().filename().string());
+      // Hidden folders (an editor's or a tool's: .cache, .ipynb_checkpoints) are not adapters.
+      if (e.is_directory() && e.path().filename().string().rfind('.', 0) != 0)
+        names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   for (const auto& n : names) a.adapters.push_back(n + "=" + (dir / "adapters" / n).string());
   const std::string adapter = std::find(names.begin(), names.end(), "chunk") != names.end() ? "chunk"

@@ -73,13 +73,18 @@ std::vector<ChunkExample> load_chunk_examples(const std::filesystem::path& path,
       completion = row["completion"].get<std::string>();
     } else if (row.contains("messages") && row["messages"].is_array()) {
       const auto& msgs = row["messages"];
+      // A message's string field, or "" when the message is not an object or the field not a string.
+      auto field = [](const nlohmann::json& m, const char* key) {
+        if (!m.is_object() || !m.contains(key) || !m[key].is_string()) return std::string();
+        return m[key].get<std::string>();
+      };
       int64_t last = -1;
       for (size_t i = 0; i < msgs.size(); ++i)
-        if (msgs[i].is_object() && msgs[i].value("role", "") == "assistant") last = static_cast<int64_t>(i);
+        if (field(msgs[i], "role") == "assistant") last = static_cast<int64_t>(i);
       if (last < 1) throw fail("\"messages\" needs a user message followed by an assistant message");
       const auto& user = msgs[last - 1];
       const auto& asst = msgs[last];
-      if (user.value("role", "") != "user" || !user.value("content", nlohmann::json()).is_string() ||
+      if (field(user, "role") != "user" || !user.is_object() || !user.value("content", nlohmann::json()).is_string() ||
           !asst.value("content", nlohmann::json()).is_string())
         throw fail("the last assistant message must follow a user message, both with string \"content\"");
       ex.prompt = user["content"].get<std::string>();

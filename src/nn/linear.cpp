@@ -43,6 +43,8 @@ std::vector<std::string> parse_adapter_spec(const std::string& spec) {
     size_t end = spec.find_first_of("+,", start);
     std::string id = spec.substr(start, end == std::string::npos ? std::string::npos : end - start);
     HEARTH_CHECK_T(InvalidArgument, !id.empty(), "adapter selection '", spec, "': empty adapter id");
+    HEARTH_CHECK_T(InvalidArgument, std::find(ids.begin(), ids.end(), id) == ids.end(), "adapter selection '", spec,
+                   "': adapter '", id, "' is listed twice");
     ids.push_back(std::move(id));
     if (end == std::string::npos) break;
     start = end + 1;

@@ -380,7 +380,7 @@ int Server::bind() {
     return port;
   }
   HEARTH_CHECK(impl_->http.bind_to_port(o.host, o.port), "serve: cannot bind ", o.host, ":", o.port,
-               " (in use, or not a local address); pick another --port or --host");
+               " (in use, or not a local address); pick another port (--port, or HEARTH_PORT for `hearth` alone) or --host");
   impl_->http.deepen_backlog(1024);
   return o.port;
 }

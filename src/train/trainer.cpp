@@ -59,6 +59,10 @@ void check_config(const TrainConfig& c) {
   HEARTH_CHECK(c.steps_per_eval >= 1, "--steps-per-eval must be >= 1, got ", c.steps_per_eval);
   HEARTH_CHECK(c.save_every >= 0, "--save-every must be >= 0, got ", c.save_every);
   HEARTH_CHECK(c.segment_size >= 0, "--segment-size must be >= 0, got ", c.segment_size);
+  HEARTH_CHECK(c.num_layers == -1 || c.num_layers >= 1, "--num-layers must be -1 (all) or >= 1, got ", c.num_layers);
+  HEARTH_CHECK(c.grad_clip >= 0, "--grad-clip must be >= 0 (0 = off), got ", c.grad_clip);
+  HEARTH_CHECK(c.val_batches == -1 || c.val_batches >= 1, "--val-batches must be -1 (all) or >= 1, got ",
+               c.val_batches);
   HEARTH_CHECK(c.adapter_format == "mlx" || c.adapter_format == "peft", "--adapter-format: '", c.adapter_format,
                "' is not mlx or peft");
   HEARTH_CHECK(!c.adapter_path.empty(), "--adapter-path is required");
@@ -222,6 +226,8 @@ int64_t checkpoint_step(const std::filesystem::path& dir) {
 TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tokenizer::Tokenizer& tok,
                          const std::function<void(const Report&)>& on_report) {
   check_config(cfg);
+  HEARTH_CHECK(cfg.num_layers <= model.num_layers(), "--num-layers ", cfg.num_layers, " exceeds the model's ",
+               model.num_layers(), " layers (-1 = all)");
   const bool full = cfg.fine_tune_type == "full";
   DataOptions dopt;
   dopt.max_seq_length = cfg.max_seq_length;

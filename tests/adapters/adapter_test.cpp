@@ -4,6 +4,8 @@
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <cstdlib>
 #include <fstream>
 
@@ -80,6 +82,17 @@ TEST(AdapterFormat, MlxPeftRoundTrip) {
   io::write_file_atomic(tmp / "as_mlx" / "stale.txt", "x");
   adapters::save_adapter(tmp / "as_mlx", peft, adapters::Format::Mlx);
   EXPECT_FALSE(fs::exists(tmp / "as_mlx" / "stale.txt"));
+  // Non-finite weights are refused at load, naming the folder and the module.
+  auto bad = peft;
+  bad.modules.at("model.layers.1.self_attn.k_proj").b[0][0] = std::numeric_limits<float>::quiet_NaN();
+  adapters::save_adapter(tmp / "nan", bad, adapters::Format::Mlx);
+  try {
+    adapters::load_adapter(tmp / "nan");
+    ADD_FAILURE() << "NaN weights loaded";
+  } catch (const hearth::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.layers.1.self_attn.k_proj has NaN or infinite"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(AdapterFormat, PartialAdapterWritesFullPathsForPeft) {

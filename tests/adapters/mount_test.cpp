@@ -150,6 +150,8 @@ TEST(Mount, ParseAdapterSpec) {
   EXPECT_EQ(nn::parse_adapter_spec("x"), std::vector<std::string>{"x"});
   EXPECT_EQ(nn::parse_adapter_spec("a+b,c"), (std::vector<std::string>{"a", "b", "c"}));
   EXPECT_THROW(nn::parse_adapter_spec("a++b"), InvalidArgument);
+  EXPECT_THROW(nn::parse_adapter_spec("a+a"), InvalidArgument);  // would apply it twice
+  EXPECT_THROW(nn::parse_adapter_spec("a,b+a"), InvalidArgument);
 }
 
 void expect_mount_error(models::Model& model, const adapters::Adapter& ad, const std::string& needle) {

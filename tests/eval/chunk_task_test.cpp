@@ -107,6 +107,21 @@ TEST(ChunkData, BadRowsNameFileAndLine) {
   }
   fs::path q = write_temp("bad2.jsonl", "{\"text\": \"x\"}\n");
   EXPECT_THROW(load_chunk_examples(q), hearth::Error);
+  // Messages of the wrong JSON types: our line with file and line, not a library type_error.
+  for (const char* row : {R"({"messages":["hi",{"role":"assistant","content":"[]"}]})",
+                          R"({"messages":[{"role":5,"content":"x"},{"role":"assistant","content":"[\"a\"]"}]})",
+                          R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","content":7}]})"}) {
+    fs::path m = write_temp("bad3.jsonl", std::string(row) + "\n");
+    try {
+      load_chunk_examples(m);
+      ADD_FAILURE() << "expected an error for " << row;
+    } catch (const hearth::Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("bad3.jsonl:1: "), std::string::npos) << msg;
+      EXPECT_EQ(msg.find("json.exception"), std::string::npos) << msg;
+    }
+    fs::remove(m);
+  }
   fs::path empty = write_temp("empty.jsonl", "\n");
   EXPECT_THROW(load_chunk_examples(empty), hearth::Error);
   EXPECT_THROW(load_chunk_examples("/nonexistent/x.jsonl"), hearth::NotFound);

@@ -116,3 +116,16 @@ TEST_F(EvalChunkCli, BadInputIsOneLineError) {
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
   EXPECT_NE(r.out.find("bad.jsonl:1: the completion is not a JSON array of strings"), std::string::npos) << r.out;
 }
+
+TEST_F(EvalChunkCli, OutCannotBeTheDataFile) {
+  const fs::path data = dir_ / "same.jsonl";
+  const std::string row = R"({"prompt": "x", "completion": "[\"a\"]"})";
+  std::ofstream(data) << row << "\n" << row << "\n";
+  CliResult r = run("eval chunk --model " + model(false).string() + " --data " + data.string() + " --out " +
+                    data.string() + " --max-tokens 2");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.out.find("is the --data file"), std::string::npos) << r.out;
+  std::ifstream in(data);
+  std::string all((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_EQ(all, row + "\n" + row + "\n");  // untouched
+}

@@ -127,4 +127,5 @@ TEST(CliIo, ConvertCastsDtype) {
   hearth::io::WeightStore orig = hearth::io::WeightStore::open(d / "m");
   EXPECT_TRUE(at::equal(ws.get("model.embed_tokens.weight"), orig.get("model.embed_tokens.weight").to(at::kBFloat16)));
   EXPECT_FALSE(hearth::io::read_json(d / "b" / "config.json").contains("quantization"));
+  EXPECT_EQ(hearth::io::read_json(d / "b" / "config.json")["torch_dtype"], "bfloat16");  // was float32
 }
