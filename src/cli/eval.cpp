@@ -67,13 +67,15 @@ int run_eval_chunk(const EvalChunkArgs& a) {
   std::ostringstream out;
   const auto t0 = std::chrono::steady_clock::now();
   double f1_sum = 0;
-  int64_t valid = 0, generated = 0;
+  int64_t valid = 0, generated = 0, too_long = 0;
   for (size_t i = 0; i < examples.size(); ++i) {
     const auto& ex = examples[i];
     server::CompletionRequest req = make_request(engine, ex.prompt, a.max_tokens);
     server::Prompt prompt = engine.prepare(req);
     std::string text;
-    if (static_cast<int64_t>(prompt.ids.size()) < engine.context_length()) {
+    const bool fits = static_cast<int64_t>(prompt.ids.size()) < engine.context_length();
+    too_long += fits ? 0 : 1;  // no room to answer: scored 0, and counted in the summary
+    if (fits) {
       engine.generate(prompt, req, [&](const server::TokenEvent& ev) {
         text += ev.text;
         return true;
@@ -91,14 +93,18 @@ int run_eval_chunk(const EvalChunkArgs& a) {
     }
     if (!a.quiet)
       std::cerr << "[" << i + 1 << "/" << examples.size() << "] f1 " << std::fixed << std::setprecision(3) << s.f1
-                << (s.valid_json ? "" : " (invalid JSON)") << "\n";
+                << (s.valid_json ? "" : fits ? " (invalid JSON)" : " (prompt fills the context: not answered)") << "\n";
   }
   if (!a.out.empty()) io::write_file_atomic(a.out, out.str());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double n = static_cast<double>(examples.size());
   std::cout << std::fixed << std::setprecision(2) << "chunk score: " << 100.0 * f1_sum / n << "/100 over "
             << examples.size() << " examples; valid JSON: " << 100.0 * valid / n << "% (" << valid << "/"
-            << examples.size() << "); " << generated << " tokens generated in " << secs << " s\n";
+            << examples.size() << "); " << generated << " tokens generated in " << secs << " s";
+  if (too_long > 0)
+    std::cout << "; " << too_long << " prompt(s) filled the " << engine.context_length()
+              << "-token context and scored 0 unanswered";
+  std::cout << "\n";
   return 0;
 }
 

@@ -117,6 +117,17 @@ TEST_F(EvalChunkCli, BadInputIsOneLineError) {
   EXPECT_NE(r.out.find("bad.jsonl:1: the completion is not a JSON array of strings"), std::string::npos) << r.out;
 }
 
+TEST_F(EvalChunkCli, PromptOverTheContextIsCountedNotHidden) {
+  std::string prompt;
+  for (int i = 0; i < 400; ++i) prompt += "word ";  // far beyond the tiny models' 256-token context
+  std::ofstream(dir_ / "long.jsonl") << json{{"prompt", prompt}, {"completion", R"(["a"])"}}.dump() << "\n";
+  CliResult r = run("eval chunk --model " + model(false).string() + " --data " + (dir_ / "long.jsonl").string());
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("chunk score: 0.00/100 over 1 examples"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1 prompt(s) filled the 256-token context"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(prompt fills the context: not answered)"), std::string::npos) << r.out;
+}
+
 TEST_F(EvalChunkCli, OutCannotBeTheDataFile) {
   const fs::path data = dir_ / "same.jsonl";
   const std::string row = R"({"prompt": "x", "completion": "[\"a\"]"})";
