@@ -111,6 +111,19 @@ at::Tensor Sampler::process(const at::Tensor& logits_in, const std::vector<int64
   HEARTH_CHECK(logits_in.dim() == 1, "Sampler: logits must be [V], got ", logits_in.sizes());
   at::Tensor logits = logits_in.to(at::kFloat);
   const SamplingParams& p = params_;
+  if (!p.logit_bias.empty()) {
+    if (logits.data_ptr() == logits_in.data_ptr()) logits = logits.clone();  // never touch the caller's tensor
+    std::vector<int64_t> ids;
+    std::vector<float> bias;
+    for (const auto& [id, b] : p.logit_bias) {
+      HEARTH_CHECK(id >= 0 && id < logits.size(0), "logit_bias: token id ", id, " outside the vocabulary of ",
+                   logits.size(0));
+      ids.push_back(id);
+      bias.push_back(static_cast<float>(b));
+    }
+    logits.index_add_(0, at::tensor(ids, at::kLong).to(logits.device()),
+                      at::tensor(bias, at::kFloat).to(logits.device()));
+  }
   if (tokens.empty()) return logits;
   // mlx-lm: "if repetition_penalty" (0 = off); 1 changes nothing, so it is skipped too.
   if (p.repetition_penalty != 0 && p.repetition_penalty != 1)

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace hearth::generate {
@@ -26,6 +27,9 @@ struct SamplingParams {
   double frequency_penalty = 0.0;   // active when != 0; subtracted once per occurrence in the window
   int64_t frequency_context_size = 20;
   uint64_t seed = 0;
+  /// OpenAI logit_bias / mlx-lm make_logits_processors(logit_bias): (token id, bias) pairs added
+  /// to the logits first, every step. Ids must lie in [0, V) (the engine checks).
+  std::vector<std::pair<int64_t, double>> logit_bias;
 };
 
 /// y = logits with the penalty applied to the ids in `context` (each id once): positive logits
@@ -58,7 +62,7 @@ class Sampler {
   /// 0 = all). Same as sample_processed(process(logits, tokens)).
   int64_t sample(const at::Tensor& logits, const std::vector<int64_t>& tokens);
 
-  /// The logits processors alone, in mlx-lm's order (repetition → presence → frequency):
+  /// The logits processors alone, in mlx-lm's order (logit bias → repetition → presence → frequency):
   /// logits [V] → float32 logits [V] on the same device. Their log-softmax is the distribution
   /// mlx-lm reports as logprobs (before top-p/min-p/top-k truncation and temperature).
   at::Tensor process(const at::Tensor& logits, const std::vector<int64_t>& tokens) const;

@@ -45,6 +45,7 @@ struct SamplingOptions {
   std::optional<double> repetition_penalty;  ///< > 0; 1 = off
   std::optional<double> presence_penalty;    ///< [-2, 2]
   std::optional<double> frequency_penalty;   ///< [-2, 2]
+  std::vector<std::pair<int64_t, double>> logit_bias;  ///< token id (>= 0) → bias in [-100, 100]
 };
 
 /// A chat or text completion request in native form (src/server/request_parse.h builds it).

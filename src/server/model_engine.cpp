@@ -166,8 +166,17 @@ std::vector<std::string> ModelEngine::selected_adapters(const CompletionRequest&
   return ids;
 }
 
+void ModelEngine::check_logit_bias(const CompletionRequest& req) const {
+  for (const auto& [id, b] : req.sampling.logit_bias)
+    if (id >= model_->vocab_size())
+      throw ApiError(400, "Invalid 'logit_bias': token id " + std::to_string(id) + " is outside the vocabulary (" +
+                              std::to_string(model_->vocab_size()) + " tokens).",
+                     "logit_bias", "invalid_value");
+}
+
 Prompt ModelEngine::prepare(const CompletionRequest& req) {
   selected_adapters(req);
+  check_logit_bias(req);  // here, so the client gets a 400 before generation starts
   Prompt p;
   if (req.chat) {
     HEARTH_CHECK_T(InvalidArgument, chat_template_, "model '", model_id_,
@@ -212,6 +221,8 @@ generate::SamplingParams ModelEngine::resolve_sampling(const CompletionRequest& 
       r.repetition_penalty ? *r.repetition_penalty : d.repetition_penalty ? *d.repetition_penalty : g.repetition_penalty.value_or(0.0);
   sp.presence_penalty = r.presence_penalty.value_or(0.0);
   sp.frequency_penalty = r.frequency_penalty.value_or(0.0);
+  check_logit_bias(req);
+  sp.logit_bias = r.logit_bias;
   sp.seed = r.seed ? static_cast<uint64_t>(*r.seed) : fresh_seed();
   return sp;
 }

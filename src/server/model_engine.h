@@ -105,8 +105,11 @@ class ModelEngine : public Engine {
   /// (temperature 0.7, the rest off). With chat_template_kwargs.enable_thinking == false and no
   /// explicit temperature, temperature = min(that, 0.7) (mlx-bun). Seed: the request's, else a
   /// fresh one per request. Presence/frequency penalties: request only (mlx-lm semantics over
-  /// the last 20 tokens of prompt + output; see generate/sampler.h).
+  /// the last 20 tokens of prompt + output; see generate/sampler.h). logit_bias: the request's
+  /// (ids checked against the vocabulary: ApiError 400).
   generate::SamplingParams resolve_sampling(const CompletionRequest& req) const;
+  /// Throws ApiError 400 (param "logit_bias") for a logit_bias token id outside the vocabulary.
+  void check_logit_bias(const CompletionRequest& req) const;
 
   const tokenizer::Tokenizer& tokenizer() const { return tokenizer_; }
   models::Model& model() { return *model_; }

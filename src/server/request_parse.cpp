@@ -2,6 +2,7 @@
 // Not responsible for defaults or context limits (engine_loop.cpp) or for the response shape.
 #include "server/request_parse.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -216,6 +217,20 @@ void parse_common(const json& body, CompletionRequest& req) {
   s.repetition_penalty = number_in(body, "repetition_penalty", 0, 100, /*lo_open=*/true);
   s.presence_penalty = number_in(body, "presence_penalty", -2, 2);
   s.frequency_penalty = number_in(body, "frequency_penalty", -2, 2);
+  if (const json* lb = field(body, "logit_bias")) {
+    // OpenAI: an object from token ids (as strings) to a bias in [-100, 100].
+    if (!lb->is_object()) bad_type("logit_bias", *lb, "an object mapping token ids to numbers");
+    if (lb->size() > 1024) bad("logit_bias", "Invalid 'logit_bias': at most 1024 entries are supported.");
+    for (const auto& [key, value] : lb->items()) {
+      const bool digits = !key.empty() && key.size() <= 12 &&
+                          std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+      if (!digits) bad("logit_bias", "Invalid 'logit_bias': key '" + key + "' is not a token id.");
+      if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < -100 ||
+          value.get<double>() > 100)
+        bad("logit_bias", "Invalid 'logit_bias': the bias of token " + key + " must be a number in [-100, 100].");
+      s.logit_bias.emplace_back(std::stoll(key), value.get<double>());
+    }
+  }
   if (auto n = integer_in(body, "n", 1, kMaxTokensLimit); n && *n != 1)
     bad("n", "Invalid 'n': only n = 1 is supported by this server, but got " + std::to_string(*n) + ".");
   if (const json* stop = field(body, "stop")) {

@@ -2,6 +2,8 @@
 // distributions (expected sets worked out from mlx-lm's rules in the comments), penalty math.
 #include "generate/sampler.h"
 
+#include "core/error.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,6 +25,24 @@ TEST(Sampler, GreedyIsArgmax) {
   Sampler s({});
   EXPECT_EQ(s.sample(at::tensor({0.1f, 2.5f, -1.f, 2.4f}), {}), 1);
   EXPECT_EQ(s.sample(at::tensor({-3.f, -2.f, -2.5f}), {}), 1);
+}
+
+TEST(Sampler, LogitBiasIsAddedFirstEveryStep) {
+  SamplingParams p;
+  p.logit_bias = {{2, 5.0}, {0, -1.0}};
+  Sampler s(p);
+  const at::Tensor logits = at::zeros({4});
+  // Applied even before any token exists (the penalties need a history; the bias does not).
+  const at::Tensor out = s.process(logits, {});
+  EXPECT_TRUE(at::equal(out, at::tensor({-1.0f, 0.0f, 5.0f, 0.0f})));
+  EXPECT_TRUE(at::equal(logits, at::zeros({4})));  // the caller's tensor is untouched
+  EXPECT_EQ(s.sample(logits, {1, 1}), 2);
+  // Then the penalties, on the biased logits (mlx-lm's order): presence 1 at id 2 → 4.
+  p.presence_penalty = 1.0;
+  Sampler t(p);
+  EXPECT_TRUE(at::equal(t.process(logits, {2}), at::tensor({-1.0f, 0.0f, 4.0f, 0.0f})));
+  p.logit_bias = {{4, 1.0}};
+  EXPECT_THROW(Sampler(p).process(logits, {}), hearth::Error);
 }
 
 TEST(Sampler, TopK1IsGreedy) {

@@ -14,6 +14,7 @@
 #include "../adapters/lora_test_util.h"
 #include "../io/io_test_util.h"
 #include "chat/chat_template.h"
+#include "server/api_error.h"
 #include "server/model_engine.h"
 #include "server/server.h"
 
@@ -217,6 +218,30 @@ TEST_F(ModelServerTest, SamplingDefaultsResolveRequestThenServerThenGenerationCo
   EXPECT_EQ(d.top_k, 0);
   EXPECT_DOUBLE_EQ(d.repetition_penalty, 0.0);
   EXPECT_NE(d.seed, e2.resolve_sampling(bare).seed);
+}
+
+TEST_F(ModelServerTest, LogitBiasSteersGreedyDecodingAndIdsAreChecked) {
+  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kTemplate);
+  ModelEngine engine(cpu_options(dir));
+  CompletionRequest req = chat_request("x", 3);
+  req.sampling.temperature = 0.0;
+  const int64_t forced = 300;  // a plain vocabulary id of the tiny tokenizer (not EOS)
+  req.sampling.logit_bias = {{forced, 100.0}};
+  std::vector<int64_t> got;
+  engine.generate(engine.prepare(req), req, [&](const TokenEvent& ev) {
+    got.push_back(ev.id);
+    return true;
+  });
+  EXPECT_EQ(got, (std::vector<int64_t>{forced, forced, forced}));
+  req.sampling.logit_bias = {{512, 1.0}};  // the tiny vocabulary has 512 ids
+  EXPECT_THROW(engine.prepare(req), ApiError);  // before generation: the client gets a 400
+  try {
+    engine.resolve_sampling(req);
+    ADD_FAILURE() << "an id outside the vocabulary was accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_EQ(e.param(), "logit_bias");
+  }
 }
 
 TEST_F(ModelServerTest, GreedyChatThroughHttpEqualsTheGenerationLoop) {

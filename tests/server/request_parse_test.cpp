@@ -123,6 +123,11 @@ TEST(RequestParse, BadFieldsAreRejectedNamingTheField) {
   EXPECT_EQ(rejected_param("{" + m + R"(, "stop": ["a", 1]})"), "stop[1]");
   EXPECT_EQ(rejected_param("{" + m + R"(, "seed": 1.5})"), "seed");
   EXPECT_EQ(rejected_param("{" + m + R"(, "presence_penalty": 3})"), "presence_penalty");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "logit_bias": [1]})"), "logit_bias");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "logit_bias": {"x": 1}})"), "logit_bias");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "logit_bias": {"-1": 1}})"), "logit_bias");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "logit_bias": {"5": 101}})"), "logit_bias");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "logit_bias": {"5": "1"}})"), "logit_bias");
   EXPECT_EQ(rejected_param("{" + m + R"(, "frequency_penalty": -2.5})"), "frequency_penalty");
   EXPECT_EQ(rejected_param("{" + m + R"(, "repetition_penalty": 0})"), "repetition_penalty");
   EXPECT_EQ(rejected_param("{" + m + R"(, "logprobs": 1})"), "logprobs");
