@@ -266,6 +266,20 @@ namespace {
 // Rows of the weight decoded per tile; bounded so the fp32 tile stays cache-sized.
 int64_t tile_rows(int64_t in) { return std::clamp<int64_t>((int64_t{1} << 20) / (in * 4), 8, 256); }
 
+// Σx over each group of `gs` inputs, per row of x [M, in]: [M, in / gs] (the bias term of an
+// affine group is b · Σx_g).
+std::vector<float> group_sums(const float* x, int64_t M, int64_t in, int64_t gs) {
+  const int64_t ng = in / gs;
+  std::vector<float> xsum(static_cast<size_t>(M * ng));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < ng; ++g) {
+      float s = 0;
+      for (int64_t j = 0; j < gs; ++j) s += x[m * in + g * gs + j];
+      xsum[m * ng + g] = s;
+    }
+  return xsum;
+}
+
 // y[M, out] = x[M, in] · Wᵀ for M small: per output row and group, y += s·(q·x_g) + b·Σx_g, with
 // Σx_g precomputed. The codes of one row are decoded to fp32 once and reused for all M rows of x.
 void qmm_small_m(const float* x, int64_t M, const QuantizedWeight& qw, const float* scales, const float* biases,
@@ -274,13 +288,7 @@ void qmm_small_m(const float* x, int64_t M, const QuantizedWeight& qw, const flo
   const int64_t words = qw.wq.size(1);
   const int bits = qw.spec.bits;
   const uint32_t* w = reinterpret_cast<const uint32_t*>(qw.wq.data_ptr<int32_t>());
-  std::vector<float> xsum(static_cast<size_t>(M * ng));
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < ng; ++g) {
-      float s = 0;
-      for (int64_t j = 0; j < gs; ++j) s += x[m * in + g * gs + j];
-      xsum[m * ng + g] = s;
-    }
+  const std::vector<float> xsum = group_sums(x, M, in, gs);
   at::parallel_for(0, out, 8, [&](int64_t r0, int64_t r1) {
     std::vector<float> qrow(static_cast<size_t>(in));
     for (int64_t r = r0; r < r1; ++r) {
@@ -381,13 +389,7 @@ void qmv_fast(const float* x, int64_t M, const QuantizedWeight& qw, const at::Te
   const int64_t out = qw.out_features(), in = qw.in_features(), ng = in / GS;
   const int64_t row_bytes = in * Bits / 8, group_bytes = GS * Bits / 8;
   const uint8_t* w = reinterpret_cast<const uint8_t*>(qw.wq.data_ptr<int32_t>());
-  std::vector<float> xsum(static_cast<size_t>(M * ng));
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < ng; ++g) {
-      float s = 0;
-      for (int64_t j = 0; j < GS; ++j) s += x[m * in + g * GS + j];
-      xsum[m * ng + g] = s;
-    }
+  const std::vector<float> xsum = group_sums(x, M, in, GS);
   const int64_t grain = std::max<int64_t>(1, 16384 / in);
   at::parallel_for(0, out, grain, [&](int64_t r0, int64_t r1) {
     std::vector<float> sb(static_cast<size_t>(2 * ng));

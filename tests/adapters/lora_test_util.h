@@ -6,11 +6,10 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 
 #include "../io/io_test_util.h"
+#include "../test_util.h"  // CliResult, run_hearth
 #include "core/error.h"
 #include "adapters/adapter.h"
 #include "adapters/mount.h"
@@ -71,20 +70,6 @@ inline at::Tensor logits_of(models::Model& m, const at::Tensor& ids) {
 
 inline double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
-}
-
-struct CliResult {
-  int rc;
-  std::string out;
-};
-inline CliResult run_hearth(const std::string& args) {
-  std::string cmd = std::string(HEARTH_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  int rc = pclose(p);
-  return {WEXITSTATUS(rc), out};
 }
 
 }  // namespace hearth::testing
