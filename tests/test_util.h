@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "test_paths.h"
 
 namespace hearth::testing {
 

@@ -8,6 +8,7 @@
 
 #include "cli/serve.h"
 #include "core/error.h"
+#include "core/source_dir.h"
 
 namespace hearth::cli {
 namespace fs = std::filesystem;

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <string>
 #include <vector>
+#include "core/source_dir.h"
 
 namespace hearth::cli {
 

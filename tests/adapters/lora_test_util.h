@@ -15,6 +15,7 @@
 #include "adapters/mount.h"
 #include "io/hf_config.h"
 #include "models/registry.h"
+#include "test_paths.h"
 
 namespace hearth::testing {
 

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "chat/chat_template.h"
+#include "test_paths.h"
 
 namespace {
 using nlohmann::ordered_json;

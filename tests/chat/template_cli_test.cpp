@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include "test_paths.h"
 
 namespace {
 namespace fs = std::filesystem;

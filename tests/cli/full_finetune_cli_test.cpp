@@ -19,6 +19,7 @@
 #include "nn/quant.h"
 #include "server/api_error.h"
 #include "server/model_engine.h"
+#include "test_paths.h"
 
 namespace {
 

@@ -19,6 +19,7 @@
 #include "io/safetensors.h"
 #include "models/registry.h"
 #include "tokenizer/tokenizer.h"
+#include "test_paths.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

@@ -15,6 +15,7 @@
 #include "io/weights.h"
 #include "models/registry.h"
 #include "nn/param_source.h"
+#include "test_paths.h"
 
 namespace {
 

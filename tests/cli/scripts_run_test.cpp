@@ -14,6 +14,7 @@
 
 #include "../io/io_test_util.h"
 #include "../test_util.h"
+#include "test_paths.h"
 
 namespace {
 

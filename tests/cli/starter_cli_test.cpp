@@ -18,6 +18,7 @@
 #include "../test_util.h"
 #include "io/atomic_file.h"
 #include "io/hf_config.h"
+#include "test_paths.h"
 
 namespace {
 

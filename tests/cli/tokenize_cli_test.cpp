@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include "test_paths.h"
 
 namespace fs = std::filesystem;
 

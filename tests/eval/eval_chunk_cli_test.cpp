@@ -16,6 +16,7 @@
 
 #include "io/atomic_file.h"
 #include "io/hf_config.h"
+#include "test_paths.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

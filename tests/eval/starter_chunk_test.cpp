@@ -9,6 +9,7 @@
 #include <regex>
 
 #include "../test_util.h"
+#include "test_paths.h"
 
 namespace {
 

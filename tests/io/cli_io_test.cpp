@@ -10,6 +10,7 @@
 #include "io/weights.h"
 #include "io_test_util.h"
 #include "nn/quant.h"
+#include "test_paths.h"
 
 using hearth::testing::TempDir;
 

@@ -11,6 +11,7 @@
 #include "generate/generate.h"
 #include "io/hf_config.h"
 #include "models/registry.h"
+#include "test_paths.h"
 
 namespace fs = std::filesystem;
 

@@ -10,6 +10,7 @@
 #include "io/hf_config.h"
 #include "models/registry.h"
 #include "tokenizer/tokenizer.h"
+#include "test_paths.h"
 
 namespace fs = std::filesystem;
 

@@ -17,6 +17,7 @@
 #include "server/api_error.h"
 #include "server/model_engine.h"
 #include "server/server.h"
+#include "test_paths.h"
 
 namespace hearth::server {
 namespace {

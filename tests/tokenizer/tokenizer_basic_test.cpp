@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "tokenizer/tokenizer.h"
+#include "test_paths.h"
 
 namespace fs = std::filesystem;
 using hearth::tokenizer::Tokenizer;

@@ -11,6 +11,7 @@
 #include <map>
 
 #include "tokenizer/tokenizer.h"
+#include "test_paths.h"
 
 namespace fs = std::filesystem;
 using hearth::tokenizer::StreamDecoder;

@@ -10,6 +10,7 @@
 #include "io/atomic_file.h"
 #include "core/error.h"
 #include "tokenizer/tokenizer.h"
+#include "test_paths.h"
 
 namespace fs = std::filesystem;
 using hearth::tokenizer::StreamDecoder;

@@ -11,6 +11,7 @@
 #include "tokenizer/tokenizer.h"
 #include "train/dataset.h"
 #include "train/loss.h"
+#include "test_paths.h"
 
 using namespace hearth::train;
 namespace fs = std::filesystem;

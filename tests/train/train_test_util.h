@@ -12,6 +12,7 @@
 #include "io/hf_config.h"
 #include "models/registry.h"
 #include "nn/param_source.h"
+#include "test_paths.h"
 
 namespace hearth::train::testing {
 

@@ -19,6 +19,7 @@
 #include "train/optimizer.h"
 #include "train/trainer.h"
 #include "train_test_util.h"
+#include "test_paths.h"
 
 using namespace hearth::train;
 using namespace hearth::train::testing;
