@@ -48,6 +48,16 @@ int64_t KVCache::trim(int64_t n) {
   return t;
 }
 
+std::unique_ptr<LayerCache> KVCache::clone() const {
+  auto c = std::make_unique<KVCache>(step_);
+  c->offset_ = offset_;
+  if (keys_.defined()) {
+    c->keys_ = keys_.clone();
+    c->values_ = values_.clone();
+  }
+  return c;
+}
+
 int64_t KVCache::nbytes() const { return keys_.defined() ? keys_.nbytes() + values_.nbytes() : 0; }
 
 RotatingKVCache::RotatingKVCache(int64_t window, int64_t step) : window_(window), step_(step) {
@@ -100,6 +110,43 @@ int64_t total_bytes(const Caches& caches) {
   int64_t n = 0;
   for (const auto& c : caches) n += c ? c->nbytes() : 0;
   return n;
+}
+
+std::unique_ptr<LayerCache> RotatingKVCache::clone() const {
+  auto c = std::make_unique<RotatingKVCache>(window_, step_);
+  c->offset_ = offset_;
+  c->start_ = start_;
+  c->used_ = used_;
+  if (keys_.defined()) {
+    c->keys_ = keys_.clone();
+    c->values_ = values_.clone();
+  }
+  return c;
+}
+
+int64_t offset_of(const Caches& caches) {
+  int64_t offset = -1;
+  for (size_t i = 0; i < caches.size(); ++i) {
+    if (!caches[i]) continue;
+    if (offset < 0) offset = caches[i]->offset();
+    HEARTH_CHECK(caches[i]->offset() == offset, "caches: layer ", i, " holds ", caches[i]->offset(),
+                 " tokens, an earlier layer ", offset);
+  }
+  return offset < 0 ? 0 : offset;
+}
+
+Caches clone(const Caches& caches) {
+  Caches out;
+  out.reserve(caches.size());
+  for (const auto& c : caches) out.push_back(c ? c->clone() : nullptr);
+  return out;
+}
+
+bool trim_all(Caches& caches, int64_t n) {
+  bool exact = true;
+  for (auto& c : caches)
+    if (c && c->trim(n) != n) exact = false;
+  return exact;
 }
 
 }  // namespace hearth::cache

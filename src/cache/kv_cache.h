@@ -1,6 +1,7 @@
-// Per-layer caches for generation: LayerCache (the common interface), KVCache (keys/values of
-// every past token, grown in chunks) and RotatingKVCache (sliding window: only the last W-1
-// tokens are kept). Not the prompt/prefix cache across requests (prompt_cache.h).
+// Per-layer caches for generation: LayerCache (the common interface of every cache kind),
+// KVCache (keys/values of every past token, grown in chunks) and RotatingKVCache (sliding
+// window: only the last W-1 tokens are kept). The state cache of linear-attention layers is in
+// recurrent_cache.h. Not the prompt/prefix cache across requests (prompt_cache.h).
 #pragma once
 #include <ATen/ATen.h>
 
@@ -22,6 +23,9 @@ class LayerCache {
   /// Bytes of device memory held.
   virtual int64_t nbytes() const = 0;
   virtual std::string kind() const = 0;
+  /// A deep copy (own buffers) holding the same tokens: a snapshot the prompt cache can keep while
+  /// this cache goes on (the only way to go back on a cache that cannot trim).
+  virtual std::unique_ptr<LayerCache> clone() const = 0;
 };
 
 /// Keys/values visible to the current queries: keys/values [B, Hkv, S, D], where keys[:, :, 0]
@@ -50,6 +54,7 @@ class KVCache : public KVCacheBase {
   int64_t trim(int64_t n) override;
   int64_t nbytes() const override;
   std::string kind() const override { return "kv"; }
+  std::unique_ptr<LayerCache> clone() const override;
   int64_t capacity() const { return keys_.defined() ? keys_.size(2) : 0; }
 
  private:
@@ -70,6 +75,7 @@ class RotatingKVCache : public KVCacheBase {
   int64_t trim(int64_t n) override;
   int64_t nbytes() const override;
   std::string kind() const override { return "rotating_kv"; }
+  std::unique_ptr<LayerCache> clone() const override;
   int64_t window() const { return window_; }
   /// Absolute position of the oldest token held.
   int64_t start() const { return start_; }
@@ -82,10 +88,23 @@ class RotatingKVCache : public KVCacheBase {
   at::Tensor keys_, values_;
 };
 
-/// One cache per layer, as a model's make_cache() returns them.
+/// One entry per layer, as a model's make_cache() returns them. An entry is null for a layer that
+/// keeps no state of its own (Gemma 4's KV-sharing layers read an earlier layer's cache).
 using Caches = std::vector<std::unique_ptr<LayerCache>>;
 
 /// Sum of nbytes() over the layers.
 int64_t total_bytes(const Caches& caches);
+
+/// The number of tokens the caches hold (the position of the next token): the common offset()
+/// of the non-null entries, 0 when there are none. Throws hearth::Error when layers disagree.
+int64_t offset_of(const Caches& caches);
+
+/// Deep copies of every entry (null stays null): see LayerCache::clone.
+Caches clone(const Caches& caches);
+
+/// Removes the last `n` tokens from every layer. Returns false when some layer cannot trim exactly
+/// `n` (a recurrent state, a sliding window that already dropped what is needed); the caches are
+/// then inconsistent and must be discarded.
+bool trim_all(Caches& caches, int64_t n);
 
 }  // namespace hearth::cache

@@ -33,12 +33,9 @@ PromptCacheHit PromptCache::take(const std::string& ns, const std::vector<int64_
   Entry e = std::move(*best);
   bytes_ -= e.bytes;
   entries_.erase(best);
-  for (auto& c : e.caches) {
-    const int64_t want = c->offset() - best_p;
-    if (c->trim(want) != want) {  // cannot reach exactly p tokens: discard, start fresh
-      ++misses_;
-      return hit;
-    }
+  if (!trim_all(e.caches, offset_of(e.caches) - best_p)) {  // cannot reach exactly p tokens: discard, start fresh
+    ++misses_;
+    return hit;
   }
   ++hits_;
   hit.caches = std::move(e.caches);
@@ -47,9 +44,9 @@ PromptCacheHit PromptCache::take(const std::string& ns, const std::vector<int64_
 }
 
 void PromptCache::put(const std::string& ns, std::vector<int64_t> tokens, Caches caches) {
-  for (const auto& c : caches)
-    HEARTH_CHECK(c && c->offset() == static_cast<int64_t>(tokens.size()), "prompt cache: a layer cache holds ",
-                 c ? c->offset() : -1, " tokens, but the entry has ", tokens.size());
+  const int64_t held = offset_of(caches);
+  HEARTH_CHECK(held == static_cast<int64_t>(tokens.size()), "prompt cache: the layer caches hold ", held,
+               " tokens, but the entry has ", tokens.size());
   Entry e{ns, std::move(tokens), std::move(caches), 0};
   e.bytes = total_bytes(e.caches);
   if (e.bytes > max_bytes_ || e.tokens.empty()) return;

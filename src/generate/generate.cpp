@@ -44,9 +44,7 @@ GenerationResult generate(models::Model& model, const std::vector<int64_t>& prom
   st.prompt_tokens = static_cast<int64_t>(prompt.size());
   std::vector<int64_t> tokens = prompt;  // context for the repetition penalty
   if (caches.empty()) caches = model.make_cache();
-  int64_t offset = caches.front() ? caches.front()->offset() : 0;
-  for (const auto& c : caches)
-    HEARTH_CHECK(c && c->offset() == offset, "generate: the layer caches hold different numbers of tokens");
+  int64_t offset = cache::offset_of(caches);
   HEARTH_CHECK(offset < st.prompt_tokens, "generate: the caches already hold ", offset, " tokens, the prompt has ",
                st.prompt_tokens, " (at least one prompt token must be prefilled)");
   st.cached_tokens = offset;

@@ -1,6 +1,7 @@
-// The interface every model family implements: token ids in, logits out, with per-layer caches
-// and layer-range entry points for segmented training. Not a loader (registry.h) or a
-// generation loop (generate/generate.h).
+// The interface every model family implements: token ids in, logits out, with per-layer typed
+// caches, a position per sequence, and layer-range entry points that pass a Boundary (the hidden
+// stream plus the streams a family carries across layers) for segmented training. Not a loader
+// (registry.h) or a generation loop (generate/generate.h). docs/architecture.md explains the seam.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -9,37 +10,70 @@
 #include <vector>
 
 #include "cache/kv_cache.h"
+#include "models/boundary.h"
 #include "core/error.h"
 #include "nn/linear.h"
 #include "nn/param_source.h"
 
 namespace hearth::models {
 
+/// Where each sequence of a step starts: offsets[b] is the absolute position of the first token of
+/// row b of input_ids [B, T] (= the tokens row b's caches already hold).
+struct Positions {
+  std::vector<int64_t> offsets;
+
+  /// B rows all starting at `offset`.
+  static Positions uniform(int64_t offset, int64_t batch = 1) { return {std::vector<int64_t>(batch, offset)}; }
+  int64_t batch() const { return static_cast<int64_t>(offsets.size()); }
+  /// The offset shared by every row. Throws hearth::Error naming `who` when the rows differ (a path
+  /// that does not take ragged batches) or when there are no rows.
+  int64_t common(const char* who) const {
+    HEARTH_CHECK(!offsets.empty(), who, ": no positions given");
+    for (int64_t o : offsets)
+      HEARTH_CHECK(o == offsets.front(), who, ": rows at different positions (", offsets.front(), " and ", o,
+                   ") are not supported on this path");
+    return offsets.front();
+  }
+};
+
 class Model {
  public:
   virtual ~Model() = default;
 
-  /// logits [B, T', V] for input_ids [B, T] (int64) at absolute positions offset..offset+T-1,
-  /// T' = T, or the last `logits_to_keep` positions when > 0. With `caches` (from make_cache(),
-  /// whose offset() must equal `offset`), past keys/values are read and the new ones appended;
-  /// without, the T tokens attend only to each other. Throws hearth::Error on bad shapes.
-  at::Tensor forward(const at::Tensor& input_ids, int64_t offset, cache::Caches* caches, int64_t logits_to_keep = 0) {
-    at::Tensor h = forward_layers(embed(input_ids), 0, num_layers(), offset, caches);
+  /// logits [B, T', V] for input_ids [B, T] (int64), row b at absolute positions
+  /// pos.offsets[b].., T' = T, or the last `logits_to_keep` positions when > 0. With `caches`
+  /// (from make_cache(), holding pos.offsets[b] tokens), past state is read and the new tokens
+  /// appended; without, the T tokens attend only to each other. Throws hearth::Error on bad shapes
+  /// or positions a family's path does not take.
+  at::Tensor forward(const at::Tensor& input_ids, const Positions& pos, cache::Caches* caches,
+                     int64_t logits_to_keep = 0) {
+    at::Tensor h = forward_layers(embed(input_ids), 0, num_layers(), pos, caches).hidden;
     if (logits_to_keep > 0 && logits_to_keep < h.size(1)) h = h.narrow(1, h.size(1) - logits_to_keep, logits_to_keep);
     return head(h);
   }
+  /// The same with every row at `offset`.
+  at::Tensor forward(const at::Tensor& input_ids, int64_t offset, cache::Caches* caches, int64_t logits_to_keep = 0) {
+    return forward(input_ids, Positions::uniform(offset, input_ids.dim() > 0 ? input_ids.size(0) : 1), caches,
+                   logits_to_keep);
+  }
 
-  /// Token embeddings: input_ids [B, T] → hidden [B, T, C] (with any family-specific scaling).
-  virtual at::Tensor embed(const at::Tensor& input_ids) = 0;
-  /// Runs decoder layers [begin, end) on hidden [B, T, C] at positions offset.. → [B, T, C].
+  /// Token embeddings and the streams computed from the ids: input_ids [B, T] → Boundary with
+  /// hidden [B, T, C] (family scaling applied) and any family streams (Gemma 4's per-layer inputs).
+  virtual Boundary embed(const at::Tensor& input_ids) = 0;
+  /// Runs decoder layers [begin, end) on `in` at positions `pos` → the boundary after layer end-1.
   /// `caches` (if any) holds all layers; only [begin, end) are touched.
-  virtual at::Tensor forward_layers(const at::Tensor& hidden, int64_t begin, int64_t end, int64_t offset,
-                                    cache::Caches* caches) = 0;
-  /// Final norm + lm_head: hidden [B, T, C] → logits [B, T, V].
+  virtual Boundary forward_layers(const Boundary& in, int64_t begin, int64_t end, const Positions& pos,
+                                  cache::Caches* caches) = 0;
+  /// Final norm + lm_head (+ any logit softcap): hidden [B, T, C] → logits [B, T, V].
   virtual at::Tensor head(const at::Tensor& hidden) = 0;
 
-  /// Fresh per-layer caches (one per layer, typed by the layer's attention: full or windowed).
+  /// Fresh per-layer caches, one entry per layer typed by the layer's kind (KV, rotating KV,
+  /// recurrent state; null for a layer without state of its own).
   virtual cache::Caches make_cache() const = 0;
+
+  /// Layers a segmented backward should give a segment of their own (e.g. a hybrid's full-attention
+  /// layers, whose activations dominate). Default: none.
+  virtual std::vector<int64_t> isolated_layers() const { return {}; }
 
   virtual const std::string& model_type() const = 0;
   virtual int64_t num_layers() const = 0;

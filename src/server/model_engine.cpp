@@ -279,7 +279,7 @@ Finish ModelEngine::generate(const Prompt& prompt, const CompletionRequest& req,
     // nor the last token when the limit or the callback stopped it).
     std::vector<int64_t> history = prompt.ids;
     history.insert(history.end(), result.tokens.begin(), result.tokens.end());
-    history.resize(static_cast<size_t>(std::min<int64_t>(caches.front()->offset(), history.size())));
+    history.resize(static_cast<size_t>(std::min<int64_t>(cache::offset_of(caches), history.size())));
     prompt_cache_->put(ns, std::move(history), std::move(caches));
   }
   Finish f;

@@ -36,6 +36,10 @@ std::vector<std::pair<int64_t, int64_t>> plan_segments(int64_t num_layers, int64
 
 namespace {
 
+using models::Boundary;
+// Cotangents by field name ("" is the hidden stream); an absent or undefined entry is zero.
+using Cotangents = std::vector<std::pair<std::string, at::Tensor>>;
+
 void add_grads(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads, size_t offset) {
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& g = grads[offset + i];
@@ -46,18 +50,87 @@ void add_grads(const std::vector<at::Tensor>& params, const std::vector<at::Tens
   }
 }
 
-// VJP of `out` (computed from `in` and `params`) with cotangent `dout`; returns d/d in (undefined
-// if `in` is not differentiable) and adds the parameter gradients to their .grad.
-at::Tensor vjp(const at::Tensor& out, const at::Tensor& in, const std::vector<at::Tensor>& params,
-               const at::Tensor& dout) {
+void accumulate(Cotangents& d, const std::string& name, const at::Tensor& g) {
+  if (!g.defined()) return;
+  for (auto& [n, t] : d)
+    if (n == name) {
+      t = t.defined() ? t + g : g;
+      return;
+    }
+  d.emplace_back(name, g);
+}
+
+at::Tensor find(const Cotangents& d, const std::string& name) {
+  for (const auto& [n, t] : d)
+    if (n == name) return t;
+  return {};
+}
+
+// Every field of a boundary by name, hidden first as "".
+std::vector<std::pair<std::string, at::Tensor>> fields(const Boundary& b) {
+  std::vector<std::pair<std::string, at::Tensor>> f{{"", b.hidden}};
+  f.insert(f.end(), b.streams.begin(), b.streams.end());
+  return f;
+}
+
+bool differentiable(const at::Tensor& t) { return t.defined() && at::isFloatingType(t.scalar_type()); }
+
+// A graph-free copy of `b` (shares storage); floating fields become leaves requiring grad when
+// `requires_grad`.
+Boundary leaf(const Boundary& b, bool requires_grad) {
+  auto mk = [&](const at::Tensor& t) {
+    if (!t.defined()) return t;
+    at::Tensor d = t.detach();
+    if (requires_grad && differentiable(d)) d.requires_grad_(true);
+    return d;
+  };
+  Boundary out(mk(b.hidden));
+  for (const auto& [n, t] : b.streams) out.streams.emplace_back(n, mk(t));
+  return out;
+}
+
+int64_t boundary_bytes(const Boundary& b) {
+  int64_t n = 0;
+  for (const auto& [name, t] : fields(b)) n += t.defined() ? t.nbytes() : 0;
+  return n;
+}
+
+// VJP of the segment y = f(x, params) with cotangents `dy` for y's fields: adds the parameter
+// gradients to their .grad and returns the cotangents of x's fields (empty when x has no leaf
+// requiring grad). A field of y that is x's own tensor (passed through) hands its cotangent to x
+// directly.
+Cotangents vjp(const Boundary& y, const Boundary& x, const std::vector<at::Tensor>& params, const Cotangents& dy) {
+  Cotangents dx;
+  std::vector<std::pair<std::string, at::Tensor>> x_fields = fields(x);
+  std::vector<at::Tensor> outputs, grad_outputs;
+  for (const auto& [name, t] : fields(y)) {
+    at::Tensor g = find(dy, name);
+    if (!g.defined() || !t.defined()) continue;
+    bool passed = false;
+    for (const auto& [xn, xt] : x_fields)
+      if (xt.defined() && xt.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+        if (xt.requires_grad()) accumulate(dx, xn, g);
+        passed = true;
+      }
+    if (passed || !t.requires_grad()) continue;
+    outputs.push_back(t);
+    grad_outputs.push_back(g);
+  }
   std::vector<at::Tensor> inputs;
-  if (in.defined()) inputs.push_back(in);
+  std::vector<std::string> input_names;
+  for (const auto& [xn, xt] : x_fields)
+    if (xt.defined() && xt.requires_grad()) {
+      inputs.push_back(xt);
+      input_names.push_back(xn);
+    }
+  const size_t n_in = inputs.size();
   inputs.insert(inputs.end(), params.begin(), params.end());
-  if (inputs.empty() || !out.requires_grad()) return {};
-  auto grads = torch::autograd::grad({out}, inputs, {dout}, /*retain_graph=*/false, /*create_graph=*/false,
+  if (inputs.empty() || outputs.empty()) return dx;
+  auto grads = torch::autograd::grad(outputs, inputs, grad_outputs, /*retain_graph=*/false, /*create_graph=*/false,
                                      /*allow_unused=*/true);
-  add_grads(params, grads, in.defined() ? 1 : 0);
-  return in.defined() ? grads[0] : at::Tensor();
+  add_grads(params, grads, n_in);
+  for (size_t i = 0; i < n_in; ++i) accumulate(dx, input_names[i], grads[i]);
+  return dx;
 }
 
 }  // namespace
@@ -75,47 +148,51 @@ BackwardResult backward(const LayerStack& model, const at::Tensor& input_ids, co
   const bool train_embed = !model.embed_params.empty();
 
   // Forward without a graph, keeping one detached boundary per segment edge.
-  std::vector<at::Tensor> bounds;
+  std::vector<Boundary> bounds;
   {
     c10::NoGradGuard no_grad;
-    bounds.push_back(model.embed(input_ids).detach());
+    bounds.push_back(leaf(model.embed(input_ids), false));
     if (opts.segment_size > 0) {
       for (size_t s = 0; s < plan.size(); ++s) {
         if (opts.on_segment) opts.on_segment(s, false);
-        bounds.push_back(model.layers(bounds.back(), plan[s].first, plan[s].second).detach());
-        res.peak_boundaries_bytes += bounds.back().nbytes();
+        bounds.push_back(leaf(model.layers(bounds.back(), plan[s].first, plan[s].second), false));
+        res.peak_boundaries_bytes += boundary_bytes(bounds.back());
       }
     }
   }
 
   c10::AutoGradMode grad_mode(true);
-  at::Tensor dh;
+  Cotangents d;
   if (opts.segment_size > 0) {
-    HeadVjp head = chunked_cross_entropy_vjp(bounds.back(), targets, model.head, opts.loss_chunk, scale,
+    HeadVjp head = chunked_cross_entropy_vjp(bounds.back().hidden, targets, model.head, opts.loss_chunk, scale,
                                              model.head_params);
     res.loss_sum = head.loss_sum;
-    dh = head.grad_hidden;
+    d = {{"", head.grad_hidden}};
     bounds.pop_back();
     for (size_t s = plan.size(); s-- > 0;) {
       if (opts.on_segment) opts.on_segment(s, true);
       const bool need_input_grad = s > 0 || train_embed;
-      at::Tensor x = bounds.back().detach().requires_grad_(need_input_grad);
-      at::Tensor y = model.layers(x, plan[s].first, plan[s].second);
-      dh = vjp(y, need_input_grad ? x : at::Tensor(), model.layer_params(plan[s].first, plan[s].second), dh);
+      Boundary x = leaf(bounds.back(), need_input_grad);
+      Boundary y = model.layers(x, plan[s].first, plan[s].second);
+      d = vjp(y, x, model.layer_params(plan[s].first, plan[s].second), d);
       bounds.pop_back();
     }
   } else {
     // Full backward: one graph over all layers; the loss head is still chunked and its VJP
     // gives the cotangent at the top of the stack.
-    at::Tensor x = bounds.back().detach().requires_grad_(train_embed);
+    Boundary x = leaf(bounds.back(), train_embed);
     if (opts.on_segment) opts.on_segment(0, false);
-    at::Tensor top = model.layers(x, 0, model.num_layers);
-    HeadVjp head = chunked_cross_entropy_vjp(top.detach(), targets, model.head, opts.loss_chunk, scale,
+    Boundary top = model.layers(x, 0, model.num_layers);
+    HeadVjp head = chunked_cross_entropy_vjp(top.hidden.detach(), targets, model.head, opts.loss_chunk, scale,
                                              model.head_params);
     res.loss_sum = head.loss_sum;
-    dh = vjp(top, train_embed ? x : at::Tensor(), model.layer_params(0, model.num_layers), head.grad_hidden);
+    d = vjp(top, x, model.layer_params(0, model.num_layers), {{"", head.grad_hidden}});
   }
-  if (train_embed && dh.defined()) vjp(model.embed(input_ids), at::Tensor(), model.embed_params, dh);
+  if (train_embed && !d.empty()) {
+    // The embedding's own graph, with the cotangents of every field it produced.
+    Boundary e = model.embed(input_ids);
+    vjp(e, Boundary(), model.embed_params, d);
+  }
   return res;
 }
 

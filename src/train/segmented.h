@@ -1,8 +1,11 @@
 // Segmented backward: gradients of a layer stack's token-mean CE loss with only one segment of
-// layers' activations alive at a time. Forward keeps detached boundary tensors every segment;
-// the loss head's VJP gives the gradient at the last boundary; then, segment by segment in
-// reverse, the segment's forward is recomputed and its VJP (torch::autograd::grad with
-// grad_outputs) taken w.r.t. its input boundary and its trainable parameters.
+// layers' activations alive at a time. Forward keeps a detached models::Boundary (the hidden
+// stream and any family streams) at every segment edge; the loss head's VJP gives the cotangent
+// of the last hidden stream; then, segment by segment in reverse, the segment's forward is
+// recomputed and its VJP (torch::autograd::grad with grad_outputs) taken w.r.t. every floating
+// field of its input boundary and its trainable parameters. A stream a segment passes through
+// unchanged keeps its cotangent and adds what the segment's own uses give, so a stream made in
+// one segment and read in several later ones (Gemma 4's shared K/V) gets the sum of them all.
 // Follows mlx-bun's segmented-backward design notes (shared/seeds/, inventory §5). Not an
 // optimizer step or a data loader (trainer.h).
 #pragma once
@@ -12,14 +15,16 @@
 #include <utility>
 #include <vector>
 
+#include "models/boundary.h"
+
 namespace hearth::train {
 
-/// The pieces of a model the backward drivers need. All tensors [B, T, C] unless said.
+/// The pieces of a model the backward drivers need. Hidden tensors are [B, T, C].
 struct LayerStack {
-  /// input_ids [B, T] int64 → hidden [B, T, C].
-  std::function<at::Tensor(const at::Tensor&)> embed;
-  /// Runs layers [begin, end) on hidden → hidden.
-  std::function<at::Tensor(const at::Tensor&, int64_t, int64_t)> layers;
+  /// input_ids [B, T] int64 → the boundary before layer 0 (hidden [B, T, C] and family streams).
+  std::function<models::Boundary(const at::Tensor&)> embed;
+  /// Runs layers [begin, end) on a boundary → the boundary after them.
+  std::function<models::Boundary(const models::Boundary&, int64_t, int64_t)> layers;
   /// Final norm + lm_head: hidden [B, t, C] → logits [B, t, V].
   std::function<at::Tensor(const at::Tensor&)> head;
   int64_t num_layers = 0;
@@ -40,7 +45,7 @@ std::vector<std::pair<int64_t, int64_t>> plan_segments(int64_t num_layers, int64
 struct BackwardResult {
   double loss_sum = 0.0;   // Σ CE over supervised positions
   int64_t n_tokens = 0;    // supervised positions
-  int64_t peak_boundaries_bytes = 0;  // bytes held by saved boundaries
+  int64_t peak_boundaries_bytes = 0;  // bytes held by saved boundaries (a shared stream counted once per edge)
 };
 
 /// Options for the backward drivers.

@@ -83,7 +83,8 @@ double evaluate(models::Model& model, const Dataset& data, int64_t batch_size, i
   int64_t count = 0;
   for (int64_t i = 0; i < n; ++i) {
     Batch batch = b.next();
-    at::Tensor h = model.forward_layers(model.embed(batch.input_ids), 0, model.num_layers(), 0, nullptr);
+    const models::Positions start = models::Positions::uniform(0, batch.input_ids.size(0));
+    at::Tensor h = model.forward_layers(model.embed(batch.input_ids), 0, model.num_layers(), start, nullptr).hidden;
     HeadVjp r = chunked_cross_entropy(h, shift_labels(batch.labels), [&](const at::Tensor& x) { return model.head(x); },
                                       chunk);
     sum += r.loss_sum;
@@ -197,7 +198,9 @@ LayerStack make_layer_stack(models::Model& model, const std::vector<TrainablePar
   LayerStack s;
   s.num_layers = model.num_layers();
   s.embed = [&model](const at::Tensor& ids) { return model.embed(ids); };
-  s.layers = [&model](const at::Tensor& h, int64_t b, int64_t e) { return model.forward_layers(h, b, e, 0, nullptr); };
+  s.layers = [&model](const models::Boundary& x, int64_t b, int64_t e) {
+    return model.forward_layers(x, b, e, models::Positions::uniform(0, x.hidden.size(0)), nullptr);
+  };
   s.head = [&model](const at::Tensor& h) { return model.head(h); };
   auto per_layer = std::make_shared<std::vector<std::vector<at::Tensor>>>(s.num_layers);
   for (const auto& p : params) {
@@ -274,6 +277,7 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
 
   BackwardOptions bopt;
   bopt.segment_size = cfg.segment_size;
+  bopt.isolate = model.isolated_layers();
   bopt.loss_chunk = cfg.loss_chunk;
   double window_loss = 0, window_time = 0;
   int64_t window_steps = 0, window_tokens = 0, trained_tokens = 0;

@@ -133,7 +133,7 @@ TEST_F(InitModelCli, TiedSeededAndBf16) {
   // Tied: the head is the embedding, so logits = final hidden · embedᵀ.
   auto model = hearth::models::load_model(dir_ / "a", hearth::nn::LoadOptions{});
   at::Tensor ids = at::tensor({3, 9, 27}, at::kLong).unsqueeze(0);
-  at::Tensor h = model->forward_layers(model->embed(ids), 0, model->num_layers(), 0, nullptr);
+  at::Tensor h = model->forward_layers(model->embed(ids), 0, model->num_layers(), hearth::models::Positions::uniform(0, ids.size(0)), nullptr).hidden;
   at::Tensor logits = model->head(h);
   auto fresh = hearth::io::SafetensorsFile::open(dir_ / "a/model.safetensors");
   at::Tensor E = fresh->tensor("model.embed_tokens.weight");

@@ -1,5 +1,7 @@
 // Segmented backward == full backward == plain autograd, on a toy LoRA layer stack (fp32, 1e-6
-// relative), for segment sizes 1, 2, a non-divisor, the whole stack, and with isolated layers.
+// relative), for segment sizes 1, 2, a non-divisor, the whole stack, and with isolated layers;
+// and on a toy that carries extra boundary streams like Gemma 4 (a constant per-layer input made
+// by the embedding, and "donor" streams made by one layer and read by every later one).
 #include <gtest/gtest.h>
 
 #include "core/error.h"
@@ -7,19 +9,26 @@
 #include "train/segmented.h"
 
 using namespace hearth::train;
+using hearth::models::Boundary;
 
 namespace {
 
 // L layers: h ← h + tanh(norm(h) (W + s·B A)ᵀ), with frozen W [C, C] and trainable A [r, C], B [C, r].
+// With `streams`: the embedding also makes "pli" = tanh(emb2[ids]) that every layer adds; layer
+// 1 makes "kv.a" and layer 3 "kv.b" (donors), which every later layer reads (sharers), and a
+// layer range passes every stream it does not replace through unchanged.
 struct Toy {
   int64_t L, C, V, r = 2;
-  at::Tensor emb, head_w, norm_w;
+  bool streams = false;
+  at::Tensor emb, emb2, head_w, norm_w;
   std::vector<at::Tensor> W, A, B;
-  Toy(int64_t L_, int64_t C_, int64_t V_, bool train_ends) : L(L_), C(C_), V(V_) {
+  Toy(int64_t L_, int64_t C_, int64_t V_, bool train_ends, bool streams_ = false)
+      : L(L_), C(C_), V(V_), streams(streams_) {
     at::manual_seed(5);
     emb = at::randn({V, C}) * 0.5;
     head_w = at::randn({V, C}) * 0.3;
     norm_w = 1 + 0.1 * at::randn({C});
+    emb2 = at::randn({V, C}) * 0.5;
     for (int64_t l = 0; l < L; ++l) {
       W.push_back(at::randn({C, C}) * 0.3);
       A.push_back((at::randn({r, C}) * 0.3).requires_grad_(true));
@@ -27,8 +36,20 @@ struct Toy {
     }
     if (train_ends) {
       emb.requires_grad_(true);
+      if (streams) emb2.requires_grad_(true);
       head_w.requires_grad_(true);
     }
+  }
+  Boundary streamed_layer(const Boundary& in, int64_t l) const {
+    Boundary out = in;
+    out.hidden = layer(in.hidden, l) + 0.1 * *in.find("pli");
+    if (l == 1 || l == 3) {
+      at::Tensor n = out.hidden * at::rsqrt(out.hidden.pow(2).mean(-1, true) + 1e-5);
+      out.set(l == 1 ? "kv.a" : "kv.b", at::tanh(at::matmul(n, W[l]) + 0.5 * at::matmul(at::matmul(n, A[l].t()), B[l].t())));
+    }
+    if (l > 1) out.hidden = out.hidden + 0.2 * *out.find("kv.a") * at::sigmoid(out.hidden);
+    if (l > 3) out.hidden = out.hidden + 0.2 * *out.find("kv.b");
+    return out;
   }
   at::Tensor layer(const at::Tensor& h, int64_t l) const {
     at::Tensor n = h * at::rsqrt(h.pow(2).mean(-1, true) + 1e-5);
@@ -37,10 +58,17 @@ struct Toy {
   }
   LayerStack stack() {
     LayerStack s;
-    s.embed = [this](const at::Tensor& ids) { return at::embedding(emb, ids); };
-    s.layers = [this](const at::Tensor& h, int64_t b, int64_t e) {
-      at::Tensor x = h;
-      for (int64_t l = b; l < e; ++l) x = layer(x, l);
+    s.embed = [this](const at::Tensor& ids) {
+      Boundary b(at::embedding(emb, ids));
+      if (streams) b.set("pli", at::tanh(at::embedding(emb2, ids)));
+      return b;
+    };
+    s.layers = [this](const Boundary& in, int64_t b, int64_t e) {
+      Boundary x = in;
+      for (int64_t l = b; l < e; ++l) {
+        if (streams) x = streamed_layer(x, l);
+        else x.hidden = layer(x.hidden, l);
+      }
       return x;
     };
     s.head = [this](const at::Tensor& h) {
@@ -54,6 +82,7 @@ struct Toy {
     };
     if (emb.requires_grad()) {
       s.embed_params = {emb};
+      if (streams) s.embed_params.push_back(emb2);
       s.head_params = {head_w};
     }
     return s;
@@ -62,6 +91,7 @@ struct Toy {
     std::vector<at::Tensor> p;
     for (int64_t l = 0; l < L; ++l) p.insert(p.end(), {A[l], B[l]});
     if (emb.requires_grad()) p.insert(p.end(), {emb, head_w});
+    if (emb2.requires_grad()) p.push_back(emb2);
     return p;
   }
   void zero_grad() {
@@ -81,7 +111,7 @@ double rel(const at::Tensor& a, const at::Tensor& b) {
 std::vector<at::Tensor> reference_grads(Toy& toy, const at::Tensor& ids, const at::Tensor& targets, double* loss) {
   toy.zero_grad();
   LayerStack s = toy.stack();
-  at::Tensor logits = s.head(s.layers(s.embed(ids), 0, toy.L));
+  at::Tensor logits = s.head(s.layers(s.embed(ids), 0, toy.L).hidden);
   at::Tensor l = at::cross_entropy_loss(logits.reshape({-1, toy.V}), targets.reshape({-1}), {}, at::Reduction::Mean,
                                         kIgnoreIndex);
   l.backward();
@@ -89,8 +119,8 @@ std::vector<at::Tensor> reference_grads(Toy& toy, const at::Tensor& ids, const a
   return toy.grads();
 }
 
-void check_all_segmentations(bool train_ends) {
-  Toy toy(7, 16, 23, train_ends);
+void check_all_segmentations(bool train_ends, bool streams = false) {
+  Toy toy(7, 16, 23, train_ends, streams);
   at::Tensor ids = at::randint(0, 23, {2, 13}, at::kLong);
   at::Tensor labels = ids.clone();
   labels.index_put_({0, at::indexing::Slice(0, 4)}, kIgnoreIndex);
@@ -98,7 +128,8 @@ void check_all_segmentations(bool train_ends) {
   double ref_loss = 0;
   auto ref = reference_grads(toy, ids, targets, &ref_loss);
   struct Case { int64_t seg; std::vector<int64_t> iso; };
-  for (const Case& c : std::vector<Case>{{0, {}}, {1, {}}, {2, {}}, {3, {}}, {7, {}}, {3, {1, 5}}}) {
+  // Cuts that put the donors (1, 3) and their readers in the same and in different segments.
+  for (const Case& c : std::vector<Case>{{0, {}}, {1, {}}, {2, {}}, {3, {}}, {4, {}}, {7, {}}, {3, {1, 5}}, {6, {3}}}) {
     toy.zero_grad();
     BackwardOptions o;
     o.segment_size = c.seg;
@@ -127,6 +158,11 @@ TEST(SegmentPlan, SizesNonDivisorsAndIsolation) {
 TEST(SegmentedBackward, LoraGradsEqualFullAutograd) { check_all_segmentations(false); }
 
 TEST(SegmentedBackward, EmbeddingAndHeadGradsEqualFullAutograd) { check_all_segmentations(true); }
+
+// Boundary streams (Gemma 4's per-layer inputs and shared donor K/V): the cotangent of a donor's
+// stream is gathered from every later segment that reads it before the donor's segment runs.
+TEST(SegmentedBackward, StreamsCarriedAcrossSegmentsGiveFullGrads) { check_all_segmentations(false, true); }
+TEST(SegmentedBackward, StreamsWithTrainableEmbeddingGiveFullGrads) { check_all_segmentations(true, true); }
 
 TEST(SegmentedBackward, OnlyBoundariesAreKept) {
   Toy toy(6, 16, 23, false);

@@ -92,13 +92,17 @@ LlamaModel::LlamaModel(LlamaConfig config, const nn::ParamSource& w, const std::
   rotary_emb_ = nn::RotaryEmbedding(c.rope, D, c.max_position_embeddings, placement_.device);
 }
 
-at::Tensor LlamaModel::embed(const at::Tensor& input_ids) {
+Boundary LlamaModel::embed(const at::Tensor& input_ids) {
   HEARTH_CHECK(input_ids.dim() == 2, "LlamaModel: input_ids must be [B, T], got ", input_ids.sizes());
-  return embed_tokens_.forward(input_ids.to(placement_.device, at::kLong));
+  return Boundary(embed_tokens_.forward(input_ids.to(placement_.device, at::kLong)));
 }
 
-at::Tensor LlamaModel::forward_layers(const at::Tensor& hidden, int64_t begin, int64_t end, int64_t offset,
-                                      cache::Caches* caches) {
+Boundary LlamaModel::forward_layers(const Boundary& in, int64_t begin, int64_t end, const Positions& pos,
+                                    cache::Caches* caches) {
+  const at::Tensor& hidden = in.hidden;
+  HEARTH_CHECK(pos.batch() == hidden.size(0), "LlamaModel: ", pos.batch(), " positions for a batch of ",
+               hidden.size(0));
+  const int64_t offset = pos.common("LlamaModel");
   HEARTH_CHECK(0 <= begin && begin <= end && end <= num_layers(), "LlamaModel: layer range [", begin, ", ", end,
                ") outside [0, ", num_layers(), ")");
   HEARTH_CHECK(!caches || static_cast<int64_t>(caches->size()) == num_layers(), "LlamaModel: got ",
@@ -116,7 +120,7 @@ at::Tensor LlamaModel::forward_layers(const at::Tensor& hidden, int64_t begin, i
     }
     h = layers_[i].forward(h, cos, sin, offset, kv);
   }
-  return h;
+  return Boundary(h);
 }
 
 at::Tensor LlamaModel::head(const at::Tensor& hidden) { return lm_head_.forward(norm_.forward(hidden)); }

@@ -50,9 +50,10 @@ class LlamaModel : public Model {
   LlamaModel(LlamaConfig config, const nn::ParamSource& weights, const std::optional<io::QuantizationConfig>& quant,
              const nn::LoadOptions& placement);
 
-  at::Tensor embed(const at::Tensor& input_ids) override;
-  at::Tensor forward_layers(const at::Tensor& hidden, int64_t begin, int64_t end, int64_t offset,
-                            cache::Caches* caches) override;
+  Boundary embed(const at::Tensor& input_ids) override;
+  /// Rows must share one position (pos.common): ragged batches are not taken yet.
+  Boundary forward_layers(const Boundary& in, int64_t begin, int64_t end, const Positions& pos,
+                          cache::Caches* caches) override;
   at::Tensor head(const at::Tensor& hidden) override;
   cache::Caches make_cache() const override;
 
