@@ -36,10 +36,28 @@ fs::path thinking_model(const fs::path& dir, const std::string& tmpl = kTemplate
   J cfg = io::read_json(dir / "tokenizer_config.json");
   cfg["chat_template"] = tmpl;
   std::ofstream(dir / "tokenizer_config.json") << cfg.dump(1);
+  // Added tokens take the vocabulary's id when their text is in it (else the next free id, which
+  // the model could not embed): the vocabulary entries kThink/kEndThink are renamed, and the merges
+  // that made or used the old pieces dropped.
   J tok = io::read_json(dir / "tokenizer.json");
-  for (auto [id, content] : {std::pair{kThink, "<think>"}, std::pair{kEndThink, "</think>"}})
+  J& vocab = tok["model"]["vocab"];
+  for (auto [id, content] : {std::pair{kThink, "<think>"}, std::pair{kEndThink, "</think>"}}) {
+    std::string old;
+    for (auto it = vocab.begin(); it != vocab.end(); ++it)
+      if (it.value() == id) old = it.key();
+    vocab.erase(old);
+    vocab[content] = id;
+    J kept = J::array();
+    for (const auto& m : tok["model"]["merges"]) {
+      std::string a, b;
+      if (m.is_array()) a = m[0], b = m[1];
+      else a = m.get<std::string>().substr(0, m.get<std::string>().find(' ')), b = m.get<std::string>().substr(a.size() + 1);
+      if (a != old && b != old && a + b != old) kept.push_back(m);
+    }
+    tok["model"]["merges"] = kept;
     tok["added_tokens"].push_back(J{{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false},
                                     {"rstrip", false}, {"normalized", false}, {"special", true}});
+  }
   std::ofstream(dir / "tokenizer.json") << tok.dump();
   return dir;
 }
