@@ -100,15 +100,7 @@ bool xml_to_call(const std::string& body, const ordered_json& tools, ToolCall& o
     std::string value = inner.substr(kgt + 1, vend - kgt - 1);
     if (!value.empty() && value.front() == '\n') value.erase(0, 1);
     if (!value.empty() && value.back() == '\n') value.pop_back();
-    std::string ty = param_type(tools, name, key);
-    ordered_json decoded = value;
-    if (ty == "integer" || ty == "number" || ty == "boolean" || ty == "object" || ty == "array" || ty == "null") {
-      std::string v = trim(value);
-      if (ty == "boolean" && (v == "True" || v == "False")) v = v == "True" ? "true" : "false";
-      ordered_json parsed = ordered_json::parse(v, nullptr, false);
-      if (!parsed.is_discarded()) decoded = parsed;
-    }
-    args[key] = decoded;
+    args[key] = xml_param_value(value, param_type(tools, name, key));
     pos = vend + pclose.size();
   }
   out.id = new_call_id();
@@ -209,6 +201,7 @@ size_t partial_marker(const std::string& text, const std::string& marker) {
 }  // namespace
 
 ToolCallFormat detect_tool_call_format(const std::string& t) {
+  if (t.find("<|tool_call>") != std::string::npos) return ToolCallFormat::Gemma4;
   if (t.find("<tool_call>") != std::string::npos)
     return t.find("<function=") != std::string::npos ? ToolCallFormat::Xml : ToolCallFormat::Hermes;
   if (t.find(kPythonTag) != std::string::npos) return ToolCallFormat::Llama3Json;
@@ -223,6 +216,7 @@ ParsedToolCalls parse_tool_calls(const std::string& text, ToolCallFormat format,
       case ToolCallFormat::Hermes:
       case ToolCallFormat::Xml: return parse_tagged(text, format, tools);
       case ToolCallFormat::Llama3Json: return parse_llama3(text);
+      case ToolCallFormat::Gemma4: return parse_gemma4_tool_calls(text);
       case ToolCallFormat::None: break;
     }
   } catch (const std::exception&) {  // defensive: model output must never raise
@@ -245,9 +239,21 @@ size_t tool_call_holdback_start(const std::string& text, ToolCallFormat format) 
       if (b == text.size() || text[b] == '{' || text[b] == '[') return 0;  // may be a bare JSON call
       return partial_marker(text, kPythonTag);
     }
+    case ToolCallFormat::Gemma4: return gemma4_tool_call_holdback_start(text);
     case ToolCallFormat::None: break;
   }
   return text.size();
+}
+
+std::string tool_call_start_marker(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::Hermes:
+    case ToolCallFormat::Xml: return kOpen;
+    case ToolCallFormat::Llama3Json: return kPythonTag;
+    case ToolCallFormat::Gemma4: return "<|tool_call>";
+    case ToolCallFormat::None: break;
+  }
+  return "";
 }
 
 }  // namespace hearth::chat

@@ -118,10 +118,18 @@ std::function<int()> setup_serve(CLI::App& app) {
   app.add_option("--repetition-penalty", a->engine.defaults.repetition_penalty,
                  "Default repetition penalty (else generation_config.json, else off)")
       ->check(CLI::PositiveNumber);
+  auto thinking = std::make_shared<std::string>();
+  app.add_option("--thinking", *thinking,
+                 "on | off: enable_thinking for chat requests that do not set it in chat_template_kwargs "
+                 "(default: the template's own default)")
+      ->check(CLI::IsMember({"on", "off", "true", "false"}));
   app.add_flag("--fake-engine", a->fake_engine, "Serve a scripted fake engine (tests)")->group("");
   app.add_option("--fake-delay-ms", a->fake_delay_ms, "Fake engine: sleep per token")->group("");
   app.add_option("--fake-context", a->fake_context, "Fake engine: context length")->group("");
-  return [a] { return hearth::cli::run_serve(*a); };
+  return [a, thinking] {
+    if (!thinking->empty()) a->engine.thinking = *thinking == "on" || *thinking == "true";
+    return hearth::cli::run_serve(*a);
+  };
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
-// Engine's default hooks: Hermes tool calls (through src/chat/'s parsers) and no adapters.
+// Engine's default hooks: Hermes tool calls (through src/chat/'s parsers), no reasoning split, no adapters.
 // Not an engine: ModelEngine and FakeEngine implement the rest.
 #include "server/engine.h"
 
+#include "chat/reasoning.h"
 #include "chat/tool_calls.h"
 #include "server/api_error.h"
 
@@ -13,6 +14,10 @@ size_t Engine::tool_call_holdback_start(const std::string& text) const {
 
 ParsedToolCalls Engine::parse_tool_calls(const std::string& text, const nlohmann::ordered_json& tools) const {
   return to_server(chat::parse_tool_calls(text, chat::ToolCallFormat::Hermes, tools));
+}
+
+std::unique_ptr<chat::ReasoningSplitter> Engine::reasoning_splitter(const CompletionRequest&, const Prompt&) const {
+  return nullptr;
 }
 
 AdapterInfo Engine::mount_adapter(const std::string&, const std::string&) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -13,6 +14,7 @@
 
 namespace hearth::chat {
 struct ParsedToolCalls;
+class ReasoningSplitter;
 }
 
 namespace hearth::server {
@@ -32,6 +34,9 @@ struct ChatMessage {
   std::string name;          ///< optional participant / tool name
   std::string tool_call_id;  ///< role "tool": the call this message answers
   std::vector<ToolCall> tool_calls;  ///< role "assistant": calls it made
+  /// role "assistant": its thought (`reasoning_content`, or `reasoning`), passed to the template as
+  /// `reasoning_content` (Qwen3.5 and Gemma 4 templates render it for tool-calling turns).
+  std::optional<std::string> reasoning_content;
 };
 
 /// Sampling knobs. Unset fields mean "the model's default" (generation_config.json, then
@@ -77,6 +82,9 @@ struct CompletionRequest {
 struct Prompt {
   std::vector<int64_t> ids;  ///< [T] token ids, BOS included when the model wants one
   std::string text;          ///< rendered prompt text (chat template output, or the raw prompt)
+  /// The prompt ends inside an open thought (the template primed "<think>"): the output starts as
+  /// reasoning (chat::prompt_opens_reasoning).
+  bool reasoning_open = false;
 };
 
 /// An alternative token at one position, for logprobs.
@@ -169,6 +177,11 @@ class Engine {
   /// XML-format parameters). Default: Hermes blocks `<tool_call>{"name", "arguments"}</tool_call>`
   /// (chat::parse_tool_calls). Never throws on model output. Any thread.
   virtual ParsedToolCalls parse_tool_calls(const std::string& text, const nlohmann::ordered_json& tools) const;
+  /// Reasoning routing: a fresh splitter (chat/reasoning.h) that separates the thought from the
+  /// answer in this request's output, or nullptr when the model has no reasoning format or the
+  /// request is not a chat (then all text is content). Default: nullptr. Any thread.
+  virtual std::unique_ptr<chat::ReasoningSplitter> reasoning_splitter(const CompletionRequest& req,
+                                                                      const Prompt& prompt) const;
 
   // --- LoRA adapters (optional; the default engine has none) --------------------------------
   /// Whether mount/unmount are supported (else the adapter routes answer 404 for ids, and

@@ -158,7 +158,7 @@ void EngineLoop::run_job(Job& job) {
   started.prompt_tokens = n_prompt;
   job.events.push(std::move(started));
 
-  OutputStream out(req, engine_, job.events);
+  OutputStream out(req, prompt, engine_, job.events);
   try {
     bool cut = false;  // on_token refused a token because the job was cancelled
     Finish f = engine_.generate(prompt, req, [&](const TokenEvent& ev) {

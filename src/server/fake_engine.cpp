@@ -58,6 +58,10 @@ Prompt FakeEngine::prepare(const CompletionRequest& req) {
   }
   if (p.text.find("__bad_prompt__") != std::string::npos)
     throw InvalidArgument("prompt: contains __bad_prompt__ (the fake engine refuses it)");
+  if (req.chat && opts_.reasoning != chat::ReasoningFormat::None) {
+    auto t = req.chat_template_kwargs.find("enable_thinking");
+    p.reasoning_open = t != req.chat_template_kwargs.end() && t->is_boolean() && t->get<bool>();
+  }
   auto ws = words(p.text);
   for (size_t i = 0; i < ws.size(); ++i) p.ids.push_back(static_cast<int64_t>(std::hash<std::string>{}(ws[i]) % 32000));
   return p;
@@ -128,6 +132,14 @@ Finish FakeEngine::generate(const Prompt& prompt, const CompletionRequest& req, 
   }
   busy_ = false;
   return f;
+}
+
+std::unique_ptr<chat::ReasoningSplitter> FakeEngine::reasoning_splitter(const CompletionRequest& req,
+                                                                        const Prompt& prompt) const {
+  if (!req.chat || opts_.reasoning == chat::ReasoningFormat::None) return nullptr;
+  std::vector<std::string> ends;
+  if (req.tools_active()) ends.emplace_back("<tool_call>");
+  return std::make_unique<chat::ReasoningSplitter>(opts_.reasoning, prompt.reasoning_open, std::move(ends));
 }
 
 CompletionRequest FakeEngine::last_request() const {

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <mutex>
 
+#include "chat/reasoning.h"
 #include "server/engine.h"
 
 namespace hearth::server {
@@ -13,6 +14,10 @@ struct FakeEngineOptions {
   std::string model_id = "fake-model";
   int64_t context_length = 4096;
   int token_delay_ms = 0;  ///< sleep before each token (to test disconnects and a full queue)
+  /// Reasoning convention of the pretend model (chat requests): its output is split into
+  /// reasoning_content and content; chat_template_kwargs.enable_thinking == true stands for a
+  /// template that primed the open marker (Prompt::reasoning_open).
+  chat::ReasoningFormat reasoning = chat::ReasoningFormat::None;
 };
 
 /// Behaviour, by the last message (chat) or the prompt (completions):
@@ -33,6 +38,10 @@ class FakeEngine : public Engine {
   int64_t context_length() const override { return opts_.context_length; }
   Prompt prepare(const CompletionRequest& req) override;
   Finish generate(const Prompt& prompt, const CompletionRequest& req, const TokenCallback& on_token) override;
+  /// opts.reasoning's splitter for chat requests (Hermes "<tool_call>" ends a thought when tools
+  /// are active), else nullptr.
+  std::unique_ptr<chat::ReasoningSplitter> reasoning_splitter(const CompletionRequest& req,
+                                                              const Prompt& prompt) const override;
 
   void set_token_delay_ms(int ms) { delay_ms_ = ms; }
   int generations() const { return generations_; }        ///< generate() calls started

@@ -18,6 +18,7 @@
 #include "io/hf_config.h"
 #include "models/registry.h"
 #include "server/api_error.h"
+#include "server/marker_decoder.h"
 
 namespace hearth::server {
 
@@ -38,6 +39,7 @@ uint64_t fresh_seed() {
 ojson message_json(const ChatMessage& m) {
   ojson j = {{"role", m.role}};
   j["content"] = m.content ? ojson(*m.content) : ojson(nullptr);
+  if (m.reasoning_content) j["reasoning_content"] = *m.reasoning_content;
   if (!m.name.empty()) j["name"] = m.name;
   if (!m.tool_call_id.empty()) j["tool_call_id"] = m.tool_call_id;
   if (!m.tool_calls.empty()) {
@@ -85,6 +87,23 @@ bool uses_dynamic_rope(const nlohmann::json& cfg) {
   return false;
 }
 
+// eos_token_id of config.json (top level, then text_config): an int or a list of ints; anything
+// else is a one-line error naming the file.
+std::vector<int64_t> config_eos_ids(const nlohmann::json& cfg, const fs::path& file) {
+  std::vector<int64_t> ids;
+  for (const auto* c : {&cfg, cfg.contains("text_config") ? &cfg["text_config"] : nullptr}) {
+    if (!c || !c->is_object() || !c->contains("eos_token_id") || (*c)["eos_token_id"].is_null()) continue;
+    const auto& e = (*c)["eos_token_id"];
+    const bool ok = e.is_number_integer() ||
+                    (e.is_array() && std::all_of(e.begin(), e.end(), [](const auto& v) { return v.is_number_integer(); }));
+    HEARTH_CHECK(ok, file.string(), ": eos_token_id must be an integer or a list of integers, got ", e.dump());
+    if (e.is_number_integer()) ids.push_back(e.get<int64_t>());
+    else
+      for (const auto& v : e) ids.push_back(v.get<int64_t>());
+  }
+  return ids;
+}
+
 // The prompt cache's namespace for an adapter selection: ids joined by '+' ("" = base model).
 std::string selection_key(const std::vector<std::string>& ids) {
   std::string k;
@@ -123,10 +142,20 @@ ModelEngine::ModelEngine(ModelEngineOptions opts)
     tool_format_ = chat::detect_tool_call_format(tokenizer_.chat_template());
     if (tool_format_ == chat::ToolCallFormat::None) tool_format_ = chat::ToolCallFormat::Hermes;
   }
-  eos_ids_ = gen_config_.eos_token_ids;
+  const nlohmann::json config = io::read_json(dir / "config.json");
+  eos_ids_ = config_eos_ids(config, dir / "config.json");
+  eos_ids_.insert(eos_ids_.end(), gen_config_.eos_token_ids.begin(), gen_config_.eos_token_ids.end());
   if (auto eos = tokenizer_.eos_id()) eos_ids_.push_back(*eos);
   std::sort(eos_ids_.begin(), eos_ids_.end());
   eos_ids_.erase(std::unique(eos_ids_.begin(), eos_ids_.end()), eos_ids_.end());
+  reasoning_format_ = chat::detect_reasoning_format([&](std::string_view t) { return tokenizer_.token_to_id(t).has_value(); });
+  {
+    const chat::ReasoningMarkers& rm = chat::reasoning_markers(reasoning_format_);
+    std::vector<std::string> markers{rm.open, rm.close};
+    if (tool_format_ == chat::ToolCallFormat::Gemma4)
+      for (const char* m : {"<|tool_call>", "<tool_call|>", "<|\"|>"}) markers.emplace_back(m);
+    visible_markers_ = special_marker_ids(tokenizer_, markers);
+  }
 
   roots_.push_back(fs::weakly_canonical(dir / "adapters"));
   for (const auto& r : opts_.adapter_roots) roots_.push_back(fs::weakly_canonical(fs::absolute(r)));
@@ -142,7 +171,7 @@ ModelEngine::ModelEngine(ModelEngineOptions opts)
   }
   int64_t pc_bytes = opts_.prompt_cache_bytes;
   if (pc_bytes < 0) pc_bytes = model_->placement().device.is_cuda() ? (int64_t{2} << 30) : (int64_t{512} << 20);
-  if (pc_bytes > 0 && !uses_dynamic_rope(io::read_json(dir / "config.json")))
+  if (pc_bytes > 0 && !uses_dynamic_rope(config))
     prompt_cache_ = std::make_unique<cache::PromptCache>(pc_bytes);
   if (!opts_.default_adapter.empty()) {
     CompletionRequest probe;
@@ -187,6 +216,7 @@ Prompt ModelEngine::prepare(const CompletionRequest& req) {
     if (req.tools_active()) in.tools = req.tools;
     in.add_generation_prompt = true;
     in.extra_kwargs = req.chat_template_kwargs;
+    if (opts_.thinking && !in.extra_kwargs.contains("enable_thinking")) in.extra_kwargs["enable_thinking"] = *opts_.thinking;
     in.bos_token = tokenizer_.bos_token();
     in.eos_token = tokenizer_.eos_token();
     try {
@@ -202,6 +232,7 @@ Prompt ModelEngine::prepare(const CompletionRequest& req) {
   if (auto bos = tokenizer_.bos_id(); bos && ids.size() >= 2 && ids[0] == *bos && ids[1] == *bos) ids.erase(ids.begin());
   HEARTH_CHECK_T(InvalidArgument, !ids.empty(), req.chat ? "messages" : "prompt", ": the prompt has no tokens");
   p.ids.assign(ids.begin(), ids.end());
+  p.reasoning_open = req.chat && chat::prompt_opens_reasoning(p.text, reasoning_format_);
   return p;
 }
 
@@ -212,8 +243,10 @@ generate::SamplingParams ModelEngine::resolve_sampling(const CompletionRequest& 
   generate::SamplingParams sp;
   sp.temperature = r.temperature ? *r.temperature : d.temperature ? *d.temperature : g.temperature.value_or(0.7);
   auto thinking = req.chat_template_kwargs.find("enable_thinking");
-  if (!r.temperature && thinking != req.chat_template_kwargs.end() && thinking->is_boolean() && !thinking->get<bool>())
-    sp.temperature = std::min(sp.temperature, 0.7);
+  const bool thinking_off = thinking != req.chat_template_kwargs.end()
+                                ? thinking->is_boolean() && !thinking->get<bool>()
+                                : opts_.thinking.has_value() && !*opts_.thinking;
+  if (!r.temperature && thinking_off) sp.temperature = std::min(sp.temperature, 0.7);
   sp.top_p = r.top_p ? *r.top_p : d.top_p ? *d.top_p : g.top_p.value_or(0.0);
   sp.top_k = r.top_k ? *r.top_k : d.top_k ? *d.top_k : g.top_k.value_or(0);
   sp.min_p = r.min_p ? *r.min_p : d.min_p.value_or(0.0);
@@ -242,7 +275,7 @@ Finish ModelEngine::generate(const Prompt& prompt, const CompletionRequest& req,
   const std::string ns = selection_key(selection);
   cache::Caches caches;
   if (prompt_cache_) caches = prompt_cache_->take(ns, prompt.ids).caches;
-  tokenizer::StreamDecoder decoder(tokenizer_, /*skip_special_tokens=*/true);
+  MarkerStreamDecoder decoder(tokenizer_, req.chat ? visible_markers_ : std::vector<int32_t>{});
   bool stopped = false;
   auto piece = [&](int64_t id) { return tokenizer_.decode({static_cast<int32_t>(id)}, /*skip_special_tokens=*/false); };
   auto result = generate::generate(*model_, prompt.ids, o, caches, [&](int64_t id, const at::Tensor& logprobs) {
@@ -297,6 +330,14 @@ size_t ModelEngine::tool_call_holdback_start(const std::string& text) const {
 
 ParsedToolCalls ModelEngine::parse_tool_calls(const std::string& text, const nlohmann::ordered_json& tools) const {
   return to_server(chat::parse_tool_calls(text, tool_format_, tools));
+}
+
+std::unique_ptr<chat::ReasoningSplitter> ModelEngine::reasoning_splitter(const CompletionRequest& req,
+                                                                         const Prompt& prompt) const {
+  if (!req.chat || reasoning_format_ == chat::ReasoningFormat::None) return nullptr;
+  std::vector<std::string> ends;
+  if (req.tools_active()) ends.push_back(chat::tool_call_start_marker(tool_format_));
+  return std::make_unique<chat::ReasoningSplitter>(reasoning_format_, prompt.reasoning_open, std::move(ends));
 }
 
 std::vector<AdapterInfo> ModelEngine::list_adapters() const {

@@ -14,6 +14,7 @@
 
 #include "cache/prompt_cache.h"
 #include "chat/chat_template.h"
+#include "chat/reasoning.h"
 #include "chat/tool_calls.h"
 #include "generate/generate.h"
 #include "io/hf_config.h"
@@ -50,6 +51,9 @@ struct ModelEngineOptions {
   /// (2 GiB on CUDA, 512 MiB on CPU), 0 = off. Always off for models with dynamic-NTK RoPE (see
   /// ModelEngine::prompt_cache()).
   int64_t prompt_cache_bytes = -1;
+  /// `hearth serve --thinking on|off`: chat_template_kwargs.enable_thinking for chat requests that
+  /// do not set it (unset: the template's own default).
+  std::optional<bool> thinking;
 };
 
 /// `--adapter-path DIR` of generate/chat/eval: a LoRA adapter is mounted as `id` and made the
@@ -71,13 +75,15 @@ class ModelEngine : public Engine {
   /// Chat: messages → JSON as transformers expects (assistant tool_calls' arguments parsed from
   /// their JSON text to objects; tool messages keep tool_call_id/name) → chat template with
   /// add_generation_prompt, tools (only when tools_active()), bos/eos tokens and
-  /// chat_template_kwargs → encode with special tokens, dropping a doubled BOS (the template
-  /// wrote one and the post-processor added another). Completions: encode(prompt) with special
-  /// tokens. Throws hearth::InvalidArgument: no chat template, a template error, an empty
+  /// chat_template_kwargs (enable_thinking from opts.thinking when the request has none) → encode
+  /// with special tokens, dropping a doubled BOS (the template wrote one and the post-processor
+  /// added another); Prompt::reasoning_open when the rendered prompt ends inside an open thought.
+  /// Completions: encode(prompt) with special tokens. Throws hearth::InvalidArgument: no chat template, a template error, an empty
   /// prompt, or an adapter id that is not mounted.
   Prompt prepare(const CompletionRequest& req) override;
   /// Runs generate::generate with resolve_sampling(req), the request's adapters active, EOS ids
-  /// from generation_config.json + the tokenizer; streams text through a StreamDecoder and, when
+  /// (eos_ids()); streams text through a StreamDecoder that skips special tokens except, for chat
+  /// requests, the reasoning and tool-call markers (marker_decoder.h) and, when
   /// asked, the sampled token's logprob and the top req.top_logprobs alternatives (log-softmax of
   /// the processed logits, before truncation). Keeps the stats in last_stats(). With a prompt
   /// cache: starts from the cached caches of the same adapter selection sharing the longest
@@ -87,6 +93,10 @@ class ModelEngine : public Engine {
 
   size_t tool_call_holdback_start(const std::string& text) const override;
   ParsedToolCalls parse_tool_calls(const std::string& text, const nlohmann::ordered_json& tools) const override;
+  /// Chat requests of a model with a reasoning format: a splitter starting inside the thought when
+  /// prompt.reasoning_open; with tools active, the tool-call opening tag also ends a thought.
+  std::unique_ptr<chat::ReasoningSplitter> reasoning_splitter(const CompletionRequest& req,
+                                                              const Prompt& prompt) const override;
 
   bool supports_adapters() const override { return true; }
   std::vector<AdapterInfo> list_adapters() const override;
@@ -102,8 +112,8 @@ class ModelEngine : public Engine {
 
   /// Sampling for a request: each field from the request, else the operator default, else
   /// generation_config.json (temperature, top_p, top_k, repetition_penalty), else built-ins
-  /// (temperature 0.7, the rest off). With chat_template_kwargs.enable_thinking == false and no
-  /// explicit temperature, temperature = min(that, 0.7) (mlx-bun). Seed: the request's, else a
+  /// (temperature 0.7, the rest off). With enable_thinking == false (the request's
+  /// chat_template_kwargs, else opts.thinking) and no explicit temperature, temperature = min(that, 0.7) (mlx-bun). Seed: the request's, else a
   /// fresh one per request. Presence/frequency penalties: request only (mlx-lm semantics over
   /// the last 20 tokens of prompt + output; see generate/sampler.h). logit_bias: the request's
   /// (ids checked against the vocabulary: ApiError 400).
@@ -113,7 +123,12 @@ class ModelEngine : public Engine {
 
   const tokenizer::Tokenizer& tokenizer() const { return tokenizer_; }
   models::Model& model() { return *model_; }
+  /// Stop ids: config.json eos_token_id (int or list, top level or text_config) ∪
+  /// generation_config.json eos_token_id ∪ the tokenizer's eos_token; sorted, unique.
   const std::vector<int64_t>& eos_ids() const { return eos_ids_; }
+  /// The model's reasoning convention (chat::detect_reasoning_format on the vocabulary).
+  chat::ReasoningFormat reasoning_format() const { return reasoning_format_; }
+  chat::ToolCallFormat tool_call_format() const { return tool_format_; }
   bool has_chat_template() const { return chat_template_ != nullptr; }
   /// Stats of the last generate() (timings as mlx_lm.generate prints them).
   const generate::GenerationStats& last_stats() const { return last_stats_; }
@@ -135,6 +150,8 @@ class ModelEngine : public Engine {
   std::unique_ptr<chat::ChatTemplate> chat_template_;
   chat::ToolCallFormat tool_format_ = chat::ToolCallFormat::Hermes;
   std::vector<int64_t> eos_ids_;
+  chat::ReasoningFormat reasoning_format_ = chat::ReasoningFormat::None;
+  std::vector<int32_t> visible_markers_;  // special tokens kept in chat output (marker_decoder.h)
   std::vector<std::filesystem::path> roots_;  // canonical adapter roots
   mutable std::mutex adapters_mu_;            // guards adapters_ (listed from HTTP threads)
   std::vector<AdapterInfo> adapters_;

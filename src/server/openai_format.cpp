@@ -104,7 +104,9 @@ ojson first_chunk(const ResponseMeta& m) {
 ojson delta_chunk(const ResponseMeta& m, const StreamEvent& d) {
   if (m.chat) {
     ojson lp = m.logprobs && !d.logprobs.empty() ? chat_logprobs(d.logprobs) : ojson();
-    return chunk(m, chat_choice(ojson{{"content", d.text}}, lp, nullptr));
+    ojson delta = d.reasoning.empty() ? ojson{{"content", d.text}} : ojson{{"reasoning_content", d.reasoning}};
+    if (!d.reasoning.empty() && !d.text.empty()) delta["content"] = d.text;
+    return chunk(m, chat_choice(std::move(delta), lp, nullptr));
   }
   ojson lp = m.logprobs && !d.logprobs.empty() ? legacy_logprobs(d.logprobs, 0) : ojson();
   return chunk(m, text_choice(d.text, lp, nullptr));
@@ -129,15 +131,17 @@ std::vector<ojson> final_chunks(const ResponseMeta& m, const StreamEvent& done) 
 }
 
 ojson full_response(const ResponseMeta& m, const std::vector<StreamEvent>& deltas, const StreamEvent& done) {
-  std::string text;
+  std::string text, reasoning;
   std::vector<TokenEvent> toks;
   for (const auto& d : deltas) {
     text += d.text;
+    reasoning += d.reasoning;
     toks.insert(toks.end(), d.logprobs.begin(), d.logprobs.end());
   }
   ojson choice;
   if (m.chat) {
     ojson msg{{"role", "assistant"}, {"content", text}};
+    if (!reasoning.empty()) msg["reasoning_content"] = reasoning;
     if (!done.tool_calls.empty()) {
       if (text.empty()) msg["content"] = nullptr;
       msg["tool_calls"] = tool_calls_json(done.tool_calls, false);

@@ -35,13 +35,15 @@ std::string sse(const ojson& j);
 /// Streaming: the first chunk (chat: delta {role: "assistant", content: ""}); completions have
 /// no first chunk (returns null).
 ojson first_chunk(const ResponseMeta& m);
-/// Streaming: the chunk for one kDelta event (content and, when asked, logprobs).
+/// Streaming: the chunk for one kDelta event: delta {"content"} or, for thought text,
+/// {"reasoning_content"} (vLLM's reasoning parsers, DeepSeek's API), and logprobs when asked.
 ojson delta_chunk(const ResponseMeta& m, const StreamEvent& delta);
 /// Streaming: the closing chunks for kDone: tool_calls delta (if any), the finish_reason chunk,
 /// and with include_usage the usage chunk (choices: []). "data: [DONE]" is added by the caller.
 std::vector<ojson> final_chunks(const ResponseMeta& m, const StreamEvent& done);
 
-/// Non-streaming: the whole response from all kDelta events and the kDone event.
+/// Non-streaming: the whole response from all kDelta events and the kDone event; the message has
+/// "reasoning_content" (the concatenated thought) only when the model produced one.
 ojson full_response(const ResponseMeta& m, const std::vector<StreamEvent>& deltas, const StreamEvent& done);
 
 /// usage {prompt_tokens, completion_tokens, total_tokens, prompt_tokens_details: {cached_tokens}}

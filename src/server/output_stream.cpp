@@ -1,4 +1,4 @@
-// OutputStream: tool router + stop strings + logprob bundling for one request.
+// OutputStream: reasoning splitter + tool router + stop strings + logprob bundling for one request.
 // Not thread-safe: lives on the engine thread for the duration of one generate() call.
 #include "server/output_stream.h"
 
@@ -6,10 +6,22 @@
 
 namespace hearth::server {
 
-OutputStream::OutputStream(const CompletionRequest& req, const Engine& engine, EventChannel& out)
-    : req_(req), engine_(engine), out_(out), tools_active_(req.chat && req.tools_active()), stops_(req.stop) {}
+OutputStream::OutputStream(const CompletionRequest& req, const Prompt& prompt, const Engine& engine, EventChannel& out)
+    : req_(req),
+      engine_(engine),
+      out_(out),
+      tools_active_(req.chat && req.tools_active()),
+      stops_(req.stop),
+      splitter_(engine.reasoning_splitter(req, prompt)) {}
 
-void OutputStream::emit(std::string text) {
+void OutputStream::emit(std::string reasoning, std::string text) {
+  if (!reasoning.empty()) {
+    StreamEvent ev;
+    ev.kind = StreamEvent::Kind::kDelta;
+    ev.reasoning = std::move(reasoning);
+    ev.logprobs.swap(pending_logprobs_);
+    out_.push(std::move(ev));
+  }
   if (text.empty() && pending_logprobs_.empty()) return;
   StreamEvent ev;
   ev.kind = StreamEvent::Kind::kDelta;
@@ -27,37 +39,49 @@ bool OutputStream::on_token(const TokenEvent& ev) {
     lp.top_logprobs = ev.top_logprobs;
     pending_logprobs_.push_back(std::move(lp));
   }
+  std::string text = ev.text, reasoning;
+  if (splitter_) {
+    chat::ReasoningSplit s = splitter_->push(ev.text);
+    reasoning = std::move(s.reasoning);
+    text = std::move(s.content);
+  }
   std::string content;
   if (tools_active_) {
-    routed_ += ev.text;
+    routed_ += text;
     const size_t hold = std::max(sent_, std::min(engine_.tool_call_holdback_start(routed_), routed_.size()));
     content = routed_.substr(sent_, hold - sent_);
     sent_ = hold;
   } else {
-    content = ev.text;
+    content = std::move(text);
   }
   auto s = stops_.push(content);
-  emit(std::move(s.text));
+  emit(std::move(reasoning), std::move(s.text));
   return !s.stopped;
 }
 
 void OutputStream::finish(const Finish& f, int64_t prompt_tokens) {
   StreamEvent done;
   done.kind = StreamEvent::Kind::kDone;
-  std::string tail;
+  std::string reasoning, tail;
+  if (splitter_ && !stops_.stopped()) {
+    chat::ReasoningSplit s = splitter_->flush();
+    reasoning = std::move(s.reasoning);
+    if (tools_active_) routed_ += s.content;
+    else tail = stops_.push(s.content).text;
+  }
   const std::string held = tools_active_ ? routed_.substr(sent_) : std::string();
   if (!stops_.stopped() && !held.empty()) {
     ParsedToolCalls parsed = engine_.parse_tool_calls(held, req_.tools);
     if (parsed.calls.empty()) {
-      tail = stops_.push(held).text;  // nothing parsed: the held text is ordinary content
+      tail += stops_.push(held).text;  // nothing parsed: the held text is ordinary content
     } else {
       done.tool_calls = std::move(parsed.calls);
-      if (!stops_.stopped()) tail = stops_.flush();
+      if (!stops_.stopped()) tail += stops_.flush();
       tail += parsed.content;  // text around the calls stays visible
     }
   }
   if (!stops_.stopped()) tail += stops_.flush();
-  emit(std::move(tail));
+  emit(std::move(reasoning), std::move(tail));
   if (stops_.stopped()) done.finish_reason = "stop";
   else if (f.reason == Finish::Reason::kAborted) done.finish_reason = "abort";  // cut: never "stop"
   else if (!done.tool_calls.empty()) done.finish_reason = "tool_calls";

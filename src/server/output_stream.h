@@ -1,20 +1,27 @@
-// Turns one request's generated tokens into client-visible events on the engine thread: routes
-// tool-call text away from content, applies stop strings with hold-back, bundles logprobs, and
-// decides finish_reason. Not the engine (tokens come in) and not JSON (events go out).
+// Turns one request's generated tokens into client-visible events on the engine thread: splits
+// the thought (reasoning) from the answer, routes tool-call text away from content, applies stop
+// strings with hold-back, bundles logprobs, and decides finish_reason. Not the engine (tokens
+// come in) and not JSON (events go out).
 #pragma once
+#include <memory>
+
+#include "chat/reasoning.h"
 #include "generate/stop_strings.h"
 #include "server/engine.h"
 #include "server/stream_event.h"
 
 namespace hearth::server {
 
-/// Per-request output pipeline: token text -> tool router (when req.tools_active(): text from the
-/// engine's tool_call_holdback_start() on is held for parse_tool_calls) -> StopMatcher(req.stop) ->
-/// kDelta events. Streaming and non-streaming responses are both built from these events, so
-/// they agree by construction.
+/// Per-request output pipeline: token text -> reasoning splitter (when the engine gives one for
+/// this request: the thought goes to kDelta `reasoning`, never through the tool router or the stop
+/// strings) -> tool router (when req.tools_active(): text from the engine's
+/// tool_call_holdback_start() on is held for parse_tool_calls) -> StopMatcher(req.stop) -> kDelta
+/// `text`. Streaming and non-streaming responses are both built from these events, so they agree
+/// by construction.
 class OutputStream {
  public:
-  OutputStream(const CompletionRequest& req, const Engine& engine, EventChannel& out);
+  /// `prompt` is the one prepare() built (it says whether the output starts inside a thought).
+  OutputStream(const CompletionRequest& req, const Prompt& prompt, const Engine& engine, EventChannel& out);
 
   /// Handles one generated token; returns false once a stop string matched (stop generating).
   bool on_token(const TokenEvent& ev);
@@ -26,7 +33,7 @@ class OutputStream {
   void finish(const Finish& f, int64_t prompt_tokens);
 
  private:
-  void emit(std::string text);
+  void emit(std::string reasoning, std::string text);
 
   const CompletionRequest& req_;
   const Engine& engine_;
@@ -36,6 +43,7 @@ class OutputStream {
   std::string routed_;           // tools active: all content text so far
   size_t sent_ = 0;              // bytes of routed_ passed on (the rest is held for tool parsing)
   std::vector<TokenEvent> pending_logprobs_;
+  std::unique_ptr<chat::ReasoningSplitter> splitter_;  // null: no reasoning format for this request
 };
 
 }  // namespace hearth::server

@@ -157,6 +157,8 @@ std::vector<ChatMessage> parse_messages(const json& body) {
     msg.content = parse_content(m, p);
     msg.name = string_field(m, "name", p + ".name").value_or("");
     msg.tool_call_id = string_field(m, "tool_call_id", p + ".tool_call_id").value_or("");
+    msg.reasoning_content = string_field(m, "reasoning_content", p + ".reasoning_content");
+    if (!msg.reasoning_content) msg.reasoning_content = string_field(m, "reasoning", p + ".reasoning");
     if (const json* tcs = field(m, "tool_calls")) {
       if (!tcs->is_array()) bad_type(p + ".tool_calls", *tcs, "an array");
       for (size_t k = 0; k < tcs->size(); ++k)

@@ -22,6 +22,7 @@ struct StreamEvent {
   Kind kind = Kind::kDelta;
   int64_t prompt_tokens = 0;         ///< kStarted, kDone
   std::string text;                  ///< kDelta: client-visible text (after stop/tool hold-back)
+  std::string reasoning;             ///< kDelta: thought text (reasoning_content); a delta has text or reasoning
   std::vector<TokenEvent> logprobs;  ///< kDelta: tokens accounted for since the last delta
   std::vector<ToolCall> tool_calls;  ///< kDone
   std::string finish_reason;         ///< kDone: "stop" | "length" | "tool_calls" | "abort"
