@@ -1,5 +1,5 @@
 // Jinja's builtin filters and tests as chat templates use them, with transformers' tojson
-// (json.dumps, ensure_ascii=False, insertion key order). Not attribute/method access
+// (json.dumps, ensure_ascii=False, insertion key order unless sort_keys). Not attribute/method access
 // (jinja_builtins.cpp).
 #include <algorithm>
 #include <cmath>
@@ -107,7 +107,7 @@ Value Interpreter::filter(const std::string& name, const Value& v, CallArgs& a, 
   if (name == "tojson") {
     Value ea = a.get(0, "ensure_ascii", Value::boolean(false)), ind = a.get(1, "indent", Value::none());
     Value seps = a.get(2, "separators", Value::none());
-    if (a.get(3, "sort_keys", Value::boolean(false)).truthy()) template_fail(line, "tojson: sort_keys=True is not supported");
+    const bool sort_keys = a.get(3, "sort_keys", Value::boolean(false)).truthy();
     int indent = -1;
     std::string indent_str;
     if (ind.is_int()) indent = static_cast<int>(std::clamp<int64_t>(ind.as_int(), 0, 64));
@@ -121,7 +121,7 @@ Value Interpreter::filter(const std::string& name, const Value& v, CallArgs& a, 
       key_sep = seps.list_ref().items[1].str();
     }
     try {
-      return Value::string(v.to_json(ea.truthy(), indent, indent_str, item_sep, key_sep));
+      return Value::string(v.to_json(ea.truthy(), indent, indent_str, item_sep, key_sep, sort_keys));
     } catch (const TemplateError& e) {
       std::string msg = e.what();
       template_fail(line, msg.substr(msg.find(": ") + 2));

@@ -34,8 +34,11 @@ std::string Interpreter::render(const Body& body, const Value& globals) {
   if (globals.is_dict())
     for (const auto& kv : globals.dict_ref().items) root.vars[kv.first.str()] = kv.second;
   std::string out;
+  root_out_ = &out;
+  generation_spans_.clear();
   exec_body(body, root, out);
   root_ = nullptr;
+  root_out_ = nullptr;
   return out;
 }
 
@@ -99,9 +102,13 @@ Interpreter::Flow Interpreter::exec(const Stmt& s, Scope& scope, std::string& ou
       for (size_t i = 0; i < s.targets.size(); ++i) inner.vars[s.targets[i]] = eval(*s.exprs[i], scope);
       return exec_body(s.bodies[0], inner, out);
     }
-    case Stmt::Kind::Scope: {
+    case Stmt::Kind::Scope: {  // {% generation %}: rendered in place, its span recorded
       Scope inner{&scope, {}};
-      exec_body(s.bodies[0], inner, out);
+      std::string text;
+      exec_body(s.bodies[0], inner, text);
+      const size_t begin = root_out_ ? root_out_->size() : out.size();
+      generation_spans_.emplace_back(begin, begin + text.size());
+      append(out, text, s.line);
       break;
     }
     case Stmt::Kind::Break: return Flow::Break;
@@ -455,6 +462,7 @@ bool Interpreter::compare(const std::string& op, const Value& a, const Value& b,
     int r = a.str_ref().compare(b.str_ref());
     c = r < 0 ? -1 : r > 0;
   } else if (a.is_list() && b.is_list() && a.list_ref().tuple == b.list_ref().tuple) {
+    WalkLevel level("comparison");
     const auto& x = a.list_ref().items;
     const auto& y = b.list_ref().items;
     size_t i = 0;

@@ -3,6 +3,8 @@
 // library (jinja_builtins.cpp), nor the transformers-specific context (chat_template.cpp).
 #pragma once
 #include <map>
+#include <utility>
+#include <vector>
 #include <string>
 
 #include "chat/jinja_ast.h"
@@ -25,6 +27,11 @@ class Interpreter {
   /// Renders `body` with `globals` (a dict Value: name -> value) visible as top-level variables.
   /// Throws TemplateError on any runtime error ("chat template: line N: ...").
   std::string render(const Body& body, const Value& globals);
+  /// Byte spans [begin, end) of the last render's output written by `{% generation %}` blocks, in
+  /// execution order, as transformers' AssistantTracker records them: begin = length of the
+  /// top-level output when the block finished, end = begin + the block's text length (so a block
+  /// rendered inside a macro or set-block is placed where that call happened).
+  const std::vector<std::pair<size_t, size_t>>& generation_spans() const { return generation_spans_; }
 
   /// Python-like attribute access `obj.name` as jinja2's sandbox does it (methods of str/dict/list,
   /// then dict keys). Missing -> undefined; attribute of undefined -> TemplateError.
@@ -83,6 +90,8 @@ class Interpreter {
   int64_t steps_ = 0;
   int call_depth_ = 0;
   Scope* root_ = nullptr;
+  const std::string* root_out_ = nullptr;  // the top-level output during render()
+  std::vector<std::pair<size_t, size_t>> generation_spans_;
 };
 
 /// Raises the "'name' is undefined" error jinja2 gives when an undefined value is used.

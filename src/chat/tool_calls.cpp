@@ -3,9 +3,11 @@
 // Llama 3.x). Not a JSON-schema validator: the schema only picks how an XML value is decoded.
 #include "chat/tool_calls.h"
 
+#include <cctype>
 #include <random>
 
 #include "chat/value.h"
+#include "core/json_nesting.h"
 
 namespace hearth::chat {
 namespace {
@@ -31,6 +33,32 @@ std::string trim(const std::string& s) {
   return s.substr(b, e - b);
 }
 
+// Parses JSON text from model output; discarded when malformed or nested deeper than kMaxNesting
+// (a deep value must not reach the recursive copy/dump/convert code).
+ordered_json parse_json(const std::string& text) {
+  if (json_nesting_violation(text)) return ordered_json(ordered_json::value_t::discarded);
+  return ordered_json::parse(text, nullptr, false);
+}
+
+// The offset of the first `tag` at or after `from` that is not inside a JSON string, for a body
+// that is JSON (starts with '{' or '[' after whitespace): a "</tool_call>" written inside an
+// argument string does not end the call. npos when there is none outside strings.
+size_t find_tag_outside_json_strings(const std::string& text, size_t from, const std::string& tag) {
+  bool in_string = false;
+  for (size_t i = from; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == tag[0] && text.compare(i, tag.size(), tag) == 0) {
+      return i;
+    }
+  }
+  return std::string::npos;
+}
+
 // Python json.dumps(obj, ensure_ascii=False) of a parsed JSON value.
 std::string dumps(const ordered_json& j) { return Value::from_json(j).to_json(false, -1, "", ", ", ": "); }
 
@@ -40,7 +68,7 @@ bool json_to_call(const ordered_json& j, ToolCall& out) {
   const char* key = j.contains("arguments") ? "arguments" : j.contains("parameters") ? "parameters" : nullptr;
   ordered_json args = key ? j[key] : ordered_json::object();
   if (args.is_string()) {  // some models emit the arguments as a JSON string
-    ordered_json inner = ordered_json::parse(args.get<std::string>(), nullptr, false);
+    ordered_json inner = parse_json(args.get<std::string>());
     if (inner.is_discarded() || !inner.is_object()) return false;
     args = inner;
   }
@@ -95,13 +123,18 @@ bool xml_to_call(const std::string& body, const ordered_json& tools, ToolCall& o
     size_t kgt = inner.find('>', p + popen.size());
     if (kgt == std::string::npos) return false;
     std::string key = trim(inner.substr(p + popen.size(), kgt - p - popen.size()));
+    if (key.empty()) return false;
+    // The value ends at </parameter>, or (when the model left it out) at the next <parameter=
+    // (vLLM's qwen3coder parser does the same), or at the end of the function body.
     size_t vend = inner.find(pclose, kgt + 1);
-    if (key.empty() || vend == std::string::npos) return false;
+    size_t next_open = inner.find(popen, kgt + 1);
+    bool closed = vend != std::string::npos && (next_open == std::string::npos || vend < next_open);
+    if (!closed) vend = next_open == std::string::npos ? inner.size() : next_open;
     std::string value = inner.substr(kgt + 1, vend - kgt - 1);
     if (!value.empty() && value.front() == '\n') value.erase(0, 1);
     if (!value.empty() && value.back() == '\n') value.pop_back();
     args[key] = xml_param_value(value, param_type(tools, name, key));
-    pos = vend + pclose.size();
+    pos = closed ? vend + pclose.size() : vend;
   }
   out.id = new_call_id();
   out.name = name;
@@ -120,7 +153,12 @@ ParsedToolCalls parse_tagged(const std::string& text, ToolCallFormat fmt, const 
       content += text.substr(pos);
       break;
     }
-    size_t e = text.find(kClose, b + open_len);
+    size_t body_start = b + open_len;
+    while (body_start < text.size() && is_ws(text[body_start])) ++body_start;
+    size_t e = std::string::npos;
+    if (body_start < text.size() && (text[body_start] == '{' || text[body_start] == '['))
+      e = find_tag_outside_json_strings(text, body_start, kClose);
+    if (e == std::string::npos) e = text.find(kClose, b + open_len);
     size_t body_end = e == std::string::npos ? text.size() : e;  // unclosed: generation stopped at the tag
     std::string body = text.substr(b + open_len, body_end - b - open_len);
     ToolCall call;
@@ -128,7 +166,7 @@ ParsedToolCalls parse_tagged(const std::string& text, ToolCallFormat fmt, const 
     if (fmt == ToolCallFormat::Xml && trim(body).rfind("<function=", 0) == 0) {
       ok = xml_to_call(body, tools, call);
     } else {
-      ordered_json j = ordered_json::parse(trim(body), nullptr, false);
+      ordered_json j = parse_json(trim(body));
       ok = !j.is_discarded() && json_to_call(j, call);
     }
     size_t next = e == std::string::npos ? text.size() : e + close_len;
@@ -157,7 +195,7 @@ ParsedToolCalls parse_llama3(const std::string& text) {
   }
   if (s.empty() || (s[0] != '{' && s[0] != '[')) return r;
   std::vector<ordered_json> objs;
-  ordered_json j = ordered_json::parse(s, nullptr, false);
+  ordered_json j = parse_json(s);
   if (!j.is_discarded()) {
     if (j.is_array()) for (const auto& x : j) objs.push_back(x);
     else objs.push_back(j);
@@ -166,11 +204,11 @@ ParsedToolCalls parse_llama3(const std::string& text) {
     while (start < s.size()) {
       size_t semi = s.find(';', start);
       for (; semi != std::string::npos; semi = s.find(';', semi + 1)) {
-        ordered_json part = ordered_json::parse(s.substr(start, semi - start), nullptr, false);
+        ordered_json part = parse_json(s.substr(start, semi - start));
         if (!part.is_discarded()) break;
       }
       std::string piece = s.substr(start, semi == std::string::npos ? std::string::npos : semi - start);
-      ordered_json part = ordered_json::parse(piece, nullptr, false);
+      ordered_json part = parse_json(piece);
       if (part.is_discarded()) return r;
       objs.push_back(part);
       if (semi == std::string::npos) break;

@@ -2,11 +2,94 @@
 // transformers' templates print). Not the interpreter (jinja_interpreter.cpp) nor filters.
 #include "chat/value.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <optional>
+
+#include "core/json_nesting.h"
 
 namespace hearth::chat {
+
+namespace {
+// Depth of the recursive walk in progress on this thread (repr, ==, <, json, conversions).
+thread_local int g_walk_depth = 0;
+
+// Containers whose repr() is in progress on this thread (Python's Py_ReprEnter list).
+thread_local std::vector<const void*> g_repr_active;
+
+class ReprEnter {
+ public:
+  explicit ReprEnter(const void* p) {
+    recursive_ = std::find(g_repr_active.begin(), g_repr_active.end(), p) != g_repr_active.end();
+    if (!recursive_) g_repr_active.push_back(p);
+  }
+  ~ReprEnter() {
+    if (!recursive_) g_repr_active.pop_back();
+  }
+  bool recursive() const { return recursive_; }
+  ReprEnter(const ReprEnter&) = delete;
+  ReprEnter& operator=(const ReprEnter&) = delete;
+
+ private:
+  bool recursive_ = false;
+};
+
+// Releasing nested containers without recursion: while one release is running on this thread,
+// containers freed inside it hand their children to its worklist instead of destroying them.
+thread_local std::vector<Value>* g_release_list = nullptr;
+
+bool is_nested(const Value& v) { return v.is_list() || v.is_dict() || v.is_func(); }
+
+// Called by a container's destructor with a visitor over its children: hands the nested ones to
+// the running release's worklist, or (outside one) runs a release that drains them iteratively.
+template <typename ForEachChild>
+void release_children(ForEachChild for_each_child) {
+  if (g_release_list) {
+    for_each_child([](Value& v) {
+      if (is_nested(v)) g_release_list->push_back(std::move(v));
+    });
+    return;
+  }
+  std::vector<Value> pending;
+  for_each_child([&pending](Value& v) {
+    if (is_nested(v)) pending.push_back(std::move(v));
+  });
+  if (pending.empty()) return;
+  g_release_list = &pending;
+  while (!pending.empty()) {
+    Value last = std::move(pending.back());
+    pending.pop_back();
+    // `last` dies here; if it held the final reference, its container adds children to `pending`.
+  }
+  g_release_list = nullptr;
+}
+}  // namespace
+
+WalkLevel::WalkLevel(const char* what) {
+  if (++g_walk_depth > kMaxNesting) {
+    --g_walk_depth;
+    template_fail(0, std::string(what) + ": value nested deeper than " + std::to_string(kMaxNesting) +
+                         " levels (or containing itself)");
+  }
+}
+WalkLevel::~WalkLevel() { --g_walk_depth; }
+
+ListData::~ListData() {
+  release_children([this](auto&& visit) {
+    for (auto& v : items) visit(v);
+  });
+}
+
+DictData::~DictData() {
+  release_children([this](auto&& visit) {
+    for (auto& kv : items) {
+      visit(kv.first);
+      visit(kv.second);
+    }
+  });
+}
 
 Value Value::list(std::vector<Value> items, bool tuple) {
   Value v = make(Kind::List);
@@ -30,6 +113,8 @@ Value Value::func(std::string name, std::function<Value(Interpreter&, CallArgs&)
 }
 
 Value Value::from_json(const nlohmann::ordered_json& j) {
+  std::optional<WalkLevel> level;
+  if (j.is_structured()) level.emplace("JSON value");
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return none();
     case nlohmann::ordered_json::value_t::boolean: return boolean(j.get<bool>());
@@ -216,6 +301,9 @@ std::string Value::repr() const {
     case Kind::Undefined: return "Undefined";
     case Kind::String: return py_str_repr(s_);
     case Kind::List: {
+      ReprEnter enter(list_.get());
+      if (enter.recursive()) return list_->tuple ? "(...)" : "[...]";
+      WalkLevel level("repr");
       std::string out = list_->tuple ? "(" : "[";
       for (size_t i = 0; i < list_->items.size(); ++i) {
         if (i) out += ", ";
@@ -225,6 +313,9 @@ std::string Value::repr() const {
       return out + (list_->tuple ? ")" : "]");
     }
     case Kind::Dict: {
+      ReprEnter enter(dict_.get());
+      if (enter.recursive()) return dict_->ns ? "<Namespace {...}>" : "{...}";
+      WalkLevel level("repr");
       std::string out = dict_->ns ? "<Namespace {" : "{";
       for (size_t i = 0; i < dict_->items.size(); ++i) {
         if (i) out += ", ";
@@ -250,6 +341,7 @@ bool Value::equals(const Value& o) const {
     case Kind::List: {
       if (list_ == o.list_) return true;
       if (list_->tuple != o.list_->tuple || list_->items.size() != o.list_->items.size()) return false;
+      WalkLevel level("comparison");
       for (size_t i = 0; i < list_->items.size(); ++i)
         if (!list_->items[i].equals(o.list_->items[i])) return false;
       return true;
@@ -257,6 +349,7 @@ bool Value::equals(const Value& o) const {
     case Kind::Dict: {
       if (dict_ == o.dict_) return true;
       if (dict_->ns || o.dict_->ns || dict_->items.size() != o.dict_->items.size()) return false;
+      WalkLevel level("comparison");
       for (const auto& kv : dict_->items) {
         const Value* other = o.dict_->find(kv.first);
         if (!other || !other->equals(kv.second)) return false;
@@ -302,19 +395,36 @@ void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
   out += '"';
 }
 
+// Python's sorted() order of two dict keys (json.dumps(sort_keys=True) sorts the items).
+bool key_less(const Value& a, const Value& b) {
+  if (a.is_string() && b.is_string()) return a.str_ref() < b.str_ref();  // UTF-8 bytes order = code points
+  if (a.is_number() && b.is_number()) {
+    if (a.is_float() || b.is_float()) return a.as_double() < b.as_double();
+    return a.as_int() < b.as_int();
+  }
+  template_fail(0, "tojson: '<' not supported between instances of '" + b.type_name() + "' and '" + a.type_name() +
+                       "' (sort_keys=True)");
+}
+
 struct JsonWriter {
   bool ensure_ascii;
   const std::string* indent;  // null: compact (Python indent=None)
   std::string item_sep, key_sep;
+  bool sort_keys = false;
   std::string out;
-  int depth_guard = 0;
+  std::vector<const void*> open;  // containers being written (circular reference check)
 
   void newline(int level) {
     out += '\n';
     for (int i = 0; i < level; ++i) out += *indent;
   }
+  void enter(const void* p) {
+    if (std::find(open.begin(), open.end(), p) != open.end()) template_fail(0, "tojson: Circular reference detected");
+    open.push_back(p);
+  }
   void write(const Value& v, int level) {
-    if (++depth_guard > 512) template_fail(0, "tojson: value nested too deeply");
+    std::optional<WalkLevel> guard;
+    if (v.is_list() || v.is_dict()) guard.emplace("tojson");
     switch (v.kind()) {
       case Value::Kind::None: out += "null"; break;
       case Value::Kind::Bool: out += v.as_bool() ? "true" : "false"; break;
@@ -330,6 +440,7 @@ struct JsonWriter {
       case Value::Kind::List: {
         const auto& items = v.list_ref().items;
         if (items.empty()) { out += "[]"; break; }
+        enter(&v.list_ref());
         out += '[';
         for (size_t i = 0; i < items.size(); ++i) {
           if (i) out += item_sep;
@@ -338,40 +449,46 @@ struct JsonWriter {
         }
         if (indent) newline(level);
         out += ']';
+        open.pop_back();
         break;
       }
       case Value::Kind::Dict: {
         if (v.dict_ref().ns) template_fail(0, "tojson: Object of type Namespace is not JSON serializable");
-        const auto& items = v.dict_ref().items;
-        if (items.empty()) { out += "{}"; break; }
+        const auto& all = v.dict_ref().items;
+        if (all.empty()) { out += "{}"; break; }
+        enter(&v.dict_ref());
+        std::vector<const std::pair<Value, Value>*> items;
+        for (const auto& kv : all) items.push_back(&kv);
+        if (sort_keys)
+          std::stable_sort(items.begin(), items.end(), [](auto* x, auto* y) { return key_less(x->first, y->first); });
         out += '{';
         for (size_t i = 0; i < items.size(); ++i) {
           if (i) out += item_sep;
           if (indent) newline(level + 1);
-          const Value& k = items[i].first;
+          const Value& k = items[i]->first;
           if (k.is_string()) json_string(out, k.str_ref(), ensure_ascii);
           else if (k.is_bool()) out += k.as_bool() ? "\"true\"" : "\"false\"";
           else if (k.is_none()) out += "\"null\"";
           else if (k.is_int() || k.is_float()) out += "\"" + k.str() + "\"";
           else template_fail(0, "tojson: keys must be str, int, float, bool or None, not " + k.type_name());
           out += key_sep;
-          write(items[i].second, level + 1);
+          write(items[i]->second, level + 1);
         }
         if (indent) newline(level);
         out += '}';
+        open.pop_back();
         break;
       }
       default: template_fail(0, "tojson: Object of type " + v.type_name() + " is not JSON serializable");
     }
-    --depth_guard;
   }
 };
 }  // namespace
 
 std::string Value::to_json(bool ensure_ascii, int indent, const std::string& indent_str, const std::string& item_sep,
-                           const std::string& key_sep) const {
+                           const std::string& key_sep, bool sort_keys) const {
   std::string ind = indent_str.empty() ? std::string(indent > 0 ? indent : 0, ' ') : indent_str;
-  JsonWriter w{ensure_ascii, indent >= 0 || !indent_str.empty() ? &ind : nullptr, item_sep, key_sep, {}};
+  JsonWriter w{ensure_ascii, indent >= 0 || !indent_str.empty() ? &ind : nullptr, item_sep, key_sep, sort_keys, {}, {}};
   w.write(*this, 0);
   return std::move(w.out);
 }
@@ -383,11 +500,13 @@ nlohmann::ordered_json Value::to_nlohmann() const {
     case Kind::Float: return f_;
     case Kind::String: return s_;
     case Kind::List: {
+      WalkLevel level("JSON conversion");
       nlohmann::ordered_json j = nlohmann::ordered_json::array();
       for (const auto& e : list_->items) j.push_back(e.to_nlohmann());
       return j;
     }
     case Kind::Dict: {
+      WalkLevel level("JSON conversion");
       nlohmann::ordered_json j = nlohmann::ordered_json::object();
       for (const auto& kv : dict_->items) j[kv.first.str()] = kv.second.to_nlohmann();
       return j;

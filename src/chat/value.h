@@ -19,10 +19,12 @@ class Value;
 struct CallArgs;
 class Interpreter;
 
-/// A list or tuple; shared by reference like a Python list.
+/// A list or tuple; shared by reference like a Python list. Destroying the last reference to a
+/// deeply nested chain of lists/dicts does not recurse (nested containers are released one by one).
 struct ListData {
   std::vector<Value> items;
   bool tuple = false;
+  ~ListData();
 };
 
 /// An insertion-ordered dict (keys are Values: str, int, bool or None); shared by reference.
@@ -33,6 +35,7 @@ struct DictData {
   const Value* find(const Value& key) const;
   Value* find(const Value& key);
   void set(const Value& key, Value v);
+  ~DictData();
 };
 
 /// A callable: builtin function, bound method, or macro.
@@ -75,7 +78,8 @@ class Value {
   static Value list(std::vector<Value> items = {}, bool tuple = false);
   static Value dict(bool ns = false);
   static Value func(std::string name, std::function<Value(Interpreter&, CallArgs&)> fn);
-  /// Converts JSON (ordered: key order kept) into a Value tree.
+  /// Converts JSON (ordered: key order kept) into a Value tree. Throws TemplateError when `j`
+  /// nests deeper than kMaxNesting (core/json_nesting.h).
   static Value from_json(const nlohmann::ordered_json& j);
 
   Kind kind() const { return kind_; }
@@ -105,16 +109,21 @@ class Value {
   bool truthy() const;
   /// Python str(): what `{{ x }}` prints (undefined prints as "").
   std::string str() const;
-  /// Python repr(): strings quoted, used inside list/dict printing.
+  /// Python repr(): strings quoted, used inside list/dict printing. A list/dict that contains
+  /// itself prints the inner occurrence as [...] / {...} / (...) (Python's reprlib guard), so
+  /// `a.append(a)` prints [[...]]. Throws TemplateError past kMaxNesting levels.
   std::string repr() const;
-  /// Python ==.
+  /// Python ==. Throws TemplateError past kMaxNesting levels (Python: RecursionError).
   bool equals(const Value& o) const;
-  /// Python json.dumps(x, ensure_ascii, indent, separators); indent < 0 means None. `indent_str`
-  /// overrides the indent text when non-empty (json.dumps accepts a string indent).
-  /// Throws TemplateError for undefined/callables ("not JSON serializable").
+  /// Python json.dumps(x, ensure_ascii, indent, separators, sort_keys); indent < 0 means None.
+  /// `indent_str` overrides the indent text when non-empty (json.dumps accepts a string indent).
+  /// sort_keys orders dict keys as Python's sorted() does (str by code point, numbers by value;
+  /// mixed kinds raise). Throws TemplateError for undefined/callables ("not JSON serializable"),
+  /// a circular reference, unorderable keys, or more than kMaxNesting levels.
   std::string to_json(bool ensure_ascii, int indent, const std::string& indent_str, const std::string& item_sep,
-                      const std::string& key_sep) const;
+                      const std::string& key_sep, bool sort_keys = false) const;
   /// Converts back to JSON (for callers outside the interpreter); undefined/callables become null.
+  /// Throws TemplateError past kMaxNesting levels (which also covers values containing themselves).
   nlohmann::ordered_json to_nlohmann() const;
   /// Python type name, for error messages ("str", "int", "dict", ...).
   std::string type_name() const;
@@ -132,6 +141,18 @@ class Value {
   std::shared_ptr<ListData> list_;
   std::shared_ptr<DictData> dict_;
   std::shared_ptr<FuncData> func_;
+};
+
+/// One level of a recursive walk over Values (repr, ==, <, json conversions) on this thread: hold
+/// one per container level entered. Throws TemplateError("chat template: <what>: value nested
+/// deeper than 128 levels (or containing itself)") past kMaxNesting (core/json_nesting.h) levels,
+/// so no walk can overflow the stack (Python raises RecursionError in the same places).
+class WalkLevel {
+ public:
+  explicit WalkLevel(const char* what);
+  ~WalkLevel();
+  WalkLevel(const WalkLevel&) = delete;
+  WalkLevel& operator=(const WalkLevel&) = delete;
 };
 
 /// Arguments of a call: positional then keyword.

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "chat/tool_calls.h"
+#include "core/json_nesting.h"
 
 namespace hearth::chat {
 namespace {
@@ -109,6 +110,7 @@ ordered_json xml_param_value(const std::string& raw, const std::string& schema_t
   const std::string ty = lower(trim(schema_type));
   if (ty.empty() || ty == "string" || ty == "str" || ty == "text" || ty == "varchar" || ty == "char" || ty == "enum")
     return raw;  // unknown parameter, no type, or a string type: the text as written
+  if (json_nesting_violation(raw)) return raw;  // too deep to parse safely: kept as text
   ordered_json v;
   if (starts(ty, "int") || starts(ty, "uint") || starts(ty, "long") || starts(ty, "short") || starts(ty, "unsigned"))
     return py_int(raw, v) ? v : ordered_json(raw);

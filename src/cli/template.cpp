@@ -9,6 +9,7 @@
 #include "chat/chat_template.h"
 #include "cli/verb.h"
 #include "core/error.h"
+#include "core/json_nesting.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -24,6 +25,7 @@ std::string read_text(const fs::path& p) {
 
 ordered_json read_json(const fs::path& p) {
   std::string text = read_text(p);
+  hearth::check_json_nesting(text, p.string());
   ordered_json j = ordered_json::parse(text, nullptr, false);
   HEARTH_CHECK_T(hearth::InvalidArgument, !j.is_discarded(), p.string(), ": not valid JSON");
   return j;
@@ -92,6 +94,7 @@ std::function<int()> setup_template(CLI::App& app) {
       HEARTH_CHECK_T(hearth::InvalidArgument, in.tools.is_array(), o->tools, ": tools must be a JSON array");
     }
     if (!o->kwargs.empty()) {
+      hearth::check_json_nesting(o->kwargs, "--kwargs");
       in.extra_kwargs = ordered_json::parse(o->kwargs, nullptr, false);
       HEARTH_CHECK_T(hearth::InvalidArgument, !in.extra_kwargs.is_discarded() && in.extra_kwargs.is_object(),
                      "--kwargs: must be a JSON object, got ", o->kwargs);

@@ -7,6 +7,7 @@
 
 #include "cli/verb.h"
 #include "core/error.h"
+#include "core/json_nesting.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -24,6 +25,7 @@ std::vector<int32_t> parse_ids(const std::string& s) {
   size_t first = s.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && s[first] == '[') {
     nlohmann::json j;
+    hearth::check_json_nesting(s, "--decode");
     try {
       j = nlohmann::json::parse(s);
     } catch (const nlohmann::json::parse_error&) {

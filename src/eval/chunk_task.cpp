@@ -7,6 +7,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "core/json_nesting.h"
 
 namespace hearth::eval {
 namespace {
@@ -22,6 +23,7 @@ std::string trim(const std::string& s) {
 }  // namespace
 
 std::optional<std::vector<std::string>> parse_sentence_array(std::string_view text) {
+  if (json_nesting_violation(text)) return std::nullopt;
   nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_array()) return std::nullopt;
   std::vector<std::string> out;
@@ -62,6 +64,7 @@ std::vector<ChunkExample> load_chunk_examples(const std::filesystem::path& path,
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     if (max_examples > 0 && static_cast<int64_t>(out.size()) >= max_examples) break;
     auto fail = [&](const std::string& what) { return InvalidArgument(cat(name, ":", lineno, ": ", what)); };
+    if (auto path = json_nesting_violation(line)) throw fail(json_nesting_message("row", *path));
     nlohmann::json row = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (row.is_discarded() || !row.is_object()) throw fail("not a JSON object");
     ChunkExample ex;

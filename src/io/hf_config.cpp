@@ -3,6 +3,7 @@
 #include "io/hf_config.h"
 
 #include "core/error.h"
+#include "core/json_nesting.h"
 #include "io/atomic_file.h"
 
 namespace hearth::io {
@@ -11,6 +12,7 @@ using nlohmann::json;
 
 nlohmann::json read_json(const fs::path& path) {
   const std::string text = read_file(path);
+  check_json_nesting(text, path.string());
   try {
     return json::parse(text);
   } catch (const json::exception& e) {

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_nesting.h"
 #include "io/atomic_file.h"
 
 namespace hearth::io {
@@ -146,6 +147,7 @@ std::optional<DType> parse_dtype_name(std::string_view name) {
 std::vector<TensorInfo> parse_safetensors_header(std::string_view header_json, uint64_t data_size,
                                                  const std::string& origin,
                                                  std::map<std::string, std::string>* metadata) {
+  check_json_nesting(header_json, origin + ": header");
   json h = json::parse(header_json.begin(), header_json.end(), nullptr, /*allow_exceptions=*/false);
   HEARTH_CHECK(!h.is_discarded(), origin, ": header is not valid JSON");
   HEARTH_CHECK(h.is_object(), origin, ": header is not a JSON object (got ", h.type_name(), ")");

@@ -90,8 +90,9 @@ struct Prompt {
 /// An alternative token at one position, for logprobs.
 struct TopLogprob {
   int64_t id = 0;
-  std::string token;  ///< this token's own bytes, decoded alone (may be partial UTF-8)
+  std::string token;  ///< the text this token adds after the tokens before it (valid UTF-8)
   float logprob = 0;  ///< natural log probability
+  std::string bytes;  ///< the raw bytes it adds (may be partial UTF-8); empty = token's bytes
 };
 
 /// One generated token, as handed to the on_token callback.
@@ -100,7 +101,10 @@ struct TokenEvent {
   /// Newly complete text: the streaming detokenizer's output for this step, whole UTF-8
   /// characters only (may be empty while a multi-byte character is incomplete).
   std::string text;
-  std::string token;                     ///< this token's own bytes (for logprobs `token`)
+  /// The text this token adds after the tokens before it (logprobs `token`): decode(context +
+  /// id) minus decode(context), valid UTF-8 (a partial character shows as U+FFFD).
+  std::string token;
+  std::string bytes;                     ///< its raw bytes (logprobs `bytes`); empty = token's bytes
   float logprob = 0;                     ///< filled when the request asked for logprobs
   std::vector<TopLogprob> top_logprobs;  ///< request.top_logprobs entries, most likely first
   /// Not a token: the detokenizer's held-back text released at the end of generation (e.g. an

@@ -106,8 +106,8 @@ Finish FakeEngine::generate(const Prompt& prompt, const CompletionRequest& req, 
     if (req.logprobs) {
       ev.logprob = -0.5f * static_cast<float>(i % 4 + 1);
       for (int k = 0; k < req.top_logprobs; ++k) {
-        if (k == 0) ev.top_logprobs.push_back({ev.id, ev.token, ev.logprob});
-        else ev.top_logprobs.push_back({k, "alt" + std::to_string(k), ev.logprob - static_cast<float>(k)});
+        if (k == 0) ev.top_logprobs.push_back({ev.id, ev.token, ev.logprob, {}});
+        else ev.top_logprobs.push_back({k, "alt" + std::to_string(k), ev.logprob - static_cast<float>(k), {}});
       }
     }
     ++f.completion_tokens;

@@ -17,8 +17,9 @@ std::vector<int32_t> special_marker_ids(const tokenizer::Tokenizer& tok, const s
   return ids;
 }
 
-MarkerStreamDecoder::MarkerStreamDecoder(const tokenizer::Tokenizer& tok, std::vector<int32_t> visible)
-    : tok_(tok), dec_(tok, /*skip_special_tokens=*/true), visible_(std::move(visible)) {
+MarkerStreamDecoder::MarkerStreamDecoder(const tokenizer::Tokenizer& tok, std::vector<int32_t> visible,
+                                         const std::vector<int32_t>& context)
+    : tok_(tok), dec_(tok, /*skip_special_tokens=*/true, context), visible_(std::move(visible)) {
   std::sort(visible_.begin(), visible_.end());
 }
 

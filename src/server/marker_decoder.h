@@ -20,10 +20,13 @@ std::vector<int32_t> special_marker_ids(const tokenizer::Tokenizer& tok, const s
 /// exact for decoders whose output per token does not depend on its left context (ByteLevel,
 /// Gemma's Replace+ByteFallback+Fuse); SentencePiece Metaspace decoders would drop the leading
 /// space of the token after a marker. With `visible` empty it is exactly StreamDecoder(tok, true).
-/// Keeps a reference to `tok`. Not thread-safe.
+/// `context` (e.g. the prompt's last ids) is what the first generated tokens continue, so their
+/// text is decoded against it (StreamDecoder's context constructor). Keeps a reference to `tok`.
+/// Not thread-safe.
 class MarkerStreamDecoder {
  public:
-  MarkerStreamDecoder(const tokenizer::Tokenizer& tok, std::vector<int32_t> visible);
+  MarkerStreamDecoder(const tokenizer::Tokenizer& tok, std::vector<int32_t> visible,
+                      const std::vector<int32_t>& context = {});
   /// Text completed by `id` (see StreamDecoder::push).
   std::string push(int32_t id);
   /// Held-back text (see StreamDecoder::flush).

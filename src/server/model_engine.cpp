@@ -14,11 +14,13 @@
 #include "adapters/full.h"
 #include "adapters/mount.h"
 #include "core/error.h"
+#include "core/json_nesting.h"
 #include "core/torch_compat.h"
 #include "io/hf_config.h"
 #include "models/registry.h"
 #include "server/api_error.h"
 #include "server/marker_decoder.h"
+#include "tokenizer/unicode.h"
 
 namespace hearth::server {
 
@@ -46,9 +48,12 @@ ojson message_json(const ChatMessage& m) {
     ojson calls = ojson::array();
     for (const auto& tc : m.tool_calls) {
       // OpenAI sends arguments as a JSON string; templates expect the object (mlx-lm parses it).
-      ojson args = ojson::parse(tc.arguments_json, nullptr, /*allow_exceptions=*/false);
+      // Too deep to convert safely (request_parse refuses it first): the template gets the string.
+      ojson args = json_nesting_violation(tc.arguments_json)
+                       ? ojson(tc.arguments_json)
+                       : ojson::parse(tc.arguments_json, nullptr, /*allow_exceptions=*/false);
       if (args.is_discarded()) args = tc.arguments_json;
-      ojson call = {{"id", tc.id}, {"type", "function"}, {"function", {{"name", tc.name}, {"arguments", args}}}};
+      ojson call = {{"id", tc.id}, {"type", "function"}, {"function", {{"name", tc.name}, {"arguments", std::move(args)}}}};
       calls.push_back(std::move(call));
     }
     j["tool_calls"] = std::move(calls);
@@ -219,6 +224,7 @@ Prompt ModelEngine::prepare(const CompletionRequest& req) {
     if (opts_.thinking && !in.extra_kwargs.contains("enable_thinking")) in.extra_kwargs["enable_thinking"] = *opts_.thinking;
     in.bos_token = tokenizer_.bos_token();
     in.eos_token = tokenizer_.eos_token();
+    in.null_content_as_empty = true;  // vLLM: content null beside tool_calls reaches templates as ""
     try {
       p.text = chat_template_->render(in);
     } catch (const Error& e) {
@@ -275,25 +281,39 @@ Finish ModelEngine::generate(const Prompt& prompt, const CompletionRequest& req,
   const std::string ns = selection_key(selection);
   cache::Caches caches;
   if (prompt_cache_) caches = prompt_cache_->take(ns, prompt.ids).caches;
-  MarkerStreamDecoder decoder(tokenizer_, req.chat ? visible_markers_ : std::vector<int32_t>{});
+  // Generated text continues the prompt: each token is decoded against the ids before it
+  // (decode(context + id) minus decode(context), as vLLM), so a SentencePiece "▁a" right after
+  // the prompt keeps its space and logprob tokens/bytes add up to the text.
+  constexpr size_t kContext = 4;
+  std::vector<int32_t> context(prompt.ids.end() - static_cast<std::ptrdiff_t>(std::min(kContext, prompt.ids.size())),
+                               prompt.ids.end());
+  MarkerStreamDecoder decoder(tokenizer_, req.chat ? visible_markers_ : std::vector<int32_t>{}, context);
   bool stopped = false;
-  auto piece = [&](int64_t id) { return tokenizer_.decode({static_cast<int32_t>(id)}, /*skip_special_tokens=*/false); };
+  auto fill = [&](int64_t id, std::string& token, std::string& bytes) {
+    bytes = tokenizer_.continuation_bytes(context, static_cast<int32_t>(id));
+    token = tokenizer::unicode::to_valid_utf8(bytes);
+  };
   auto result = generate::generate(*model_, prompt.ids, o, caches, [&](int64_t id, const at::Tensor& logprobs) {
     TokenEvent ev;
     ev.id = id;
     ev.text = decoder.push(static_cast<int32_t>(id));
     if (req.logprobs && logprobs.defined()) {
       at::Tensor lp = logprobs.to(at::kCPU, at::kFloat).contiguous();
-      ev.token = piece(id);
+      fill(id, ev.token, ev.bytes);
       ev.logprob = lp[id].item<float>();
       if (req.top_logprobs > 0) {
         auto [vals, idx] = at::topk(lp, std::min<int64_t>(req.top_logprobs, lp.size(0)));
         for (int64_t i = 0; i < vals.size(0); ++i) {
-          const int64_t alt = idx[i].item<int64_t>();
-          ev.top_logprobs.push_back(TopLogprob{alt, piece(alt), vals[i].item<float>()});
+          TopLogprob alt;
+          alt.id = idx[i].item<int64_t>();
+          fill(alt.id, alt.token, alt.bytes);
+          alt.logprob = vals[i].item<float>();
+          ev.top_logprobs.push_back(std::move(alt));
         }
       }
     }
+    context.push_back(static_cast<int32_t>(id));
+    if (context.size() > kContext) context.erase(context.begin());
     if (!on_token(ev)) {
       stopped = true;
       return false;

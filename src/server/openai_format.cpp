@@ -8,9 +8,10 @@
 namespace hearth::server {
 namespace {
 
-ojson bytes_of(const std::string& s) {
+// OpenAI `bytes`: the raw bytes (`bytes`, or the token text's own when none were given).
+ojson bytes_of(const std::string& token, const std::string& bytes) {
   ojson b = ojson::array();
-  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  for (unsigned char c : bytes.empty() ? token : bytes) b.push_back(static_cast<int>(c));
   return b;
 }
 
@@ -20,8 +21,8 @@ ojson chat_logprobs(const std::vector<TokenEvent>& toks) {
   for (const auto& t : toks) {
     ojson top = ojson::array();
     for (const auto& a : t.top_logprobs)
-      top.push_back(ojson{{"token", a.token}, {"logprob", a.logprob}, {"bytes", bytes_of(a.token)}});
-    content.push_back(ojson{{"token", t.token}, {"logprob", t.logprob}, {"bytes", bytes_of(t.token)}, {"top_logprobs", top}});
+      top.push_back(ojson{{"token", a.token}, {"logprob", a.logprob}, {"bytes", bytes_of(a.token, a.bytes)}});
+    content.push_back(ojson{{"token", t.token}, {"logprob", t.logprob}, {"bytes", bytes_of(t.token, t.bytes)}, {"top_logprobs", top}});
   }
   return ojson{{"content", content}};
 }

@@ -35,6 +35,7 @@ bool OutputStream::on_token(const TokenEvent& ev) {
     TokenEvent lp;
     lp.id = ev.id;
     lp.token = ev.token;
+    lp.bytes = ev.bytes;
     lp.logprob = ev.logprob;
     lp.top_logprobs = ev.top_logprobs;
     pending_logprobs_.push_back(std::move(lp));

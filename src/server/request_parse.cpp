@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/json_nesting.h"
 #include "server/api_error.h"
 
 namespace hearth::server {
@@ -131,7 +132,14 @@ ToolCall parse_tool_call(const json& tc, const std::string& p) {
   call.name = *name;
   const json* args = field(*fn, "arguments");
   if (!args) call.arguments_json = "{}";
-  else if (args->is_string()) call.arguments_json = args->get<std::string>();
+  else if (args->is_string()) {
+    // The string is parsed later for the template: refuse what would nest too deep there.
+    call.arguments_json = args->get<std::string>();
+    if (auto path = json_nesting_violation(call.arguments_json)) {
+      const std::string param = p + ".function.arguments";
+      throw ApiError(400, json_nesting_message("Invalid '" + param + "'", *path), param, "invalid_value");
+    }
+  }
   else if (args->is_object()) call.arguments_json = args->dump();
   else bad_type(p + ".function.arguments", *args, "a string");
   return call;
@@ -266,6 +274,10 @@ nlohmann::ordered_json parse_body(std::string_view body) {
   if (body.find_first_not_of(" \t\r\n") == std::string_view::npos)
     throw ApiError(400, "The request body is empty: send a JSON object (Content-Type: application/json).", "",
                    "invalid_json");
+  // nlohmann's parser is iterative, but copying, dumping and converting a parsed value recurse:
+  // nothing deeper than kMaxNesting gets past this point.
+  if (auto path = json_nesting_violation(body))
+    throw ApiError(400, json_nesting_message("Invalid JSON body", *path), *path, "invalid_value");
   json j;
   try {
     j = json::parse(body);

@@ -8,9 +8,9 @@
 
 namespace hearth::tokenizer {
 
-std::string Decoder::decode(std::vector<std::string> tokens) const {
+std::string Decoder::decode(std::vector<std::string> tokens, bool raw) const {
   std::string out;
-  for (const auto& t : decode_chain(std::move(tokens))) out += t;
+  for (const auto& t : decode_chain(std::move(tokens), raw)) out += t;
   return out;
 }
 
@@ -20,7 +20,7 @@ namespace {
 // their own UTF-8 bytes. The byte string is then read as UTF-8, lossy.
 class ByteLevelDec : public Decoder {
  public:
-  std::vector<std::string> decode_chain(std::vector<std::string> tokens) const override {
+  std::vector<std::string> decode_chain(std::vector<std::string> tokens, [[maybe_unused]] bool raw) const override {
     std::string bytes;
     for (const auto& t : tokens) {
       std::string mine;
@@ -34,6 +34,7 @@ class ByteLevelDec : public Decoder {
       }
       bytes += all ? mine : t;
     }
+    if (raw) return {bytes};
     return {unicode::to_valid_utf8(bytes)};
   }
 };
@@ -41,12 +42,12 @@ class ByteLevelDec : public Decoder {
 // "<0xNN>" tokens are gathered into bytes; a run that is not valid UTF-8 becomes one U+FFFD per byte.
 class ByteFallbackDec : public Decoder {
  public:
-  std::vector<std::string> decode_chain(std::vector<std::string> tokens) const override {
+  std::vector<std::string> decode_chain(std::vector<std::string> tokens, [[maybe_unused]] bool raw) const override {
     std::vector<std::string> out;
     std::string run;
     auto flush = [&] {
       if (run.empty()) return;
-      if (unicode::is_valid_utf8(run)) out.push_back(run);
+      if (raw || unicode::is_valid_utf8(run)) out.push_back(run);
       else
         for (size_t i = 0; i < run.size(); ++i) out.emplace_back("\xEF\xBF\xBD");
       run.clear();
@@ -83,7 +84,7 @@ class ByteFallbackDec : public Decoder {
 
 class FuseDec : public Decoder {
  public:
-  std::vector<std::string> decode_chain(std::vector<std::string> tokens) const override {
+  std::vector<std::string> decode_chain(std::vector<std::string> tokens, [[maybe_unused]] bool raw) const override {
     std::string s;
     for (const auto& t : tokens) s += t;
     return {s};
@@ -94,7 +95,7 @@ class FuseDec : public Decoder {
 class StripDec : public Decoder {
  public:
   StripDec(char32_t content, size_t start, size_t stop) : content_(content), start_(start), stop_(stop) {}
-  std::vector<std::string> decode_chain(std::vector<std::string> tokens) const override {
+  std::vector<std::string> decode_chain(std::vector<std::string> tokens, [[maybe_unused]] bool raw) const override {
     for (auto& t : tokens) {
       std::vector<std::pair<size_t, char32_t>> chars;  // (byte offset, code point)
       for (size_t i = 0; i < t.size();) {
@@ -132,7 +133,7 @@ class StripDec : public Decoder {
 class ReplaceDec : public Decoder {
  public:
   ReplaceDec(Regex re, std::string content) : re_(std::move(re)), content_(std::move(content)) {}
-  std::vector<std::string> decode_chain(std::vector<std::string> tokens) const override {
+  std::vector<std::string> decode_chain(std::vector<std::string> tokens, [[maybe_unused]] bool raw) const override {
     for (auto& t : tokens) {
       std::string s;
       for (const auto& sp : find_matches(re_, t)) {
@@ -154,7 +155,7 @@ class ReplaceDec : public Decoder {
 class MetaspaceDec : public Decoder {
  public:
   MetaspaceDec(char32_t rep, bool prepend) : rep_(rep), prepend_(prepend) {}
-  std::vector<std::string> decode_chain(std::vector<std::string> tokens) const override {
+  std::vector<std::string> decode_chain(std::vector<std::string> tokens, [[maybe_unused]] bool raw) const override {
     for (size_t k = 0; k < tokens.size(); ++k) {
       const std::string& t = tokens[k];
       std::string s;
@@ -181,7 +182,7 @@ class MetaspaceDec : public Decoder {
 class BpeDec : public Decoder {
  public:
   explicit BpeDec(std::string suffix) : suffix_(std::move(suffix)) {}
-  std::vector<std::string> decode_chain(std::vector<std::string> tokens) const override {
+  std::vector<std::string> decode_chain(std::vector<std::string> tokens, [[maybe_unused]] bool raw) const override {
     for (size_t k = 0; k < tokens.size(); ++k) {
       std::string& t = tokens[k];
       std::string rep = k + 1 == tokens.size() ? "" : " ";
@@ -207,8 +208,8 @@ class BpeDec : public Decoder {
 class SequenceDec : public Decoder {
  public:
   explicit SequenceDec(std::vector<std::unique_ptr<Decoder>> parts) : parts_(std::move(parts)) {}
-  std::vector<std::string> decode_chain(std::vector<std::string> tokens) const override {
-    for (const auto& p : parts_) tokens = p->decode_chain(std::move(tokens));
+  std::vector<std::string> decode_chain(std::vector<std::string> tokens, [[maybe_unused]] bool raw) const override {
+    for (const auto& p : parts_) tokens = p->decode_chain(std::move(tokens), raw);
     return tokens;
   }
 

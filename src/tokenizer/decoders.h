@@ -15,10 +15,11 @@ namespace hearth::tokenizer {
 class Decoder {
  public:
   virtual ~Decoder() = default;
-  /// HF Decoder::decode_chain.
-  virtual std::vector<std::string> decode_chain(std::vector<std::string> tokens) const = 0;
+  /// HF Decoder::decode_chain. With `raw`, the byte decoders (ByteLevel, ByteFallback) keep the
+  /// bytes as they are instead of replacing ill-formed UTF-8 by U+FFFD (for logprob `bytes`).
+  virtual std::vector<std::string> decode_chain(std::vector<std::string> tokens, bool raw) const = 0;
   /// decode_chain, then concatenated (HF Decoder::decode).
-  std::string decode(std::vector<std::string> tokens) const;
+  std::string decode(std::vector<std::string> tokens, bool raw = false) const;
 };
 
 /// Builds the decoder described by `j`. Throws hearth::Error naming `at` for an unknown type or a

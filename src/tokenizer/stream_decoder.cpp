@@ -3,6 +3,8 @@
 // component; it calls Tokenizer::decode.
 #include "tokenizer/tokenizer.h"
 
+#include <algorithm>
+
 namespace hearth::tokenizer {
 
 namespace {
@@ -14,6 +16,20 @@ bool ends_with_replacement(const std::string& s) {
 
 StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens)
     : tok_(&tokenizer), skip_(skip_special_tokens) {}
+
+StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens, const std::vector<int32_t>& context)
+    : tok_(&tokenizer), skip_(skip_special_tokens) {
+  constexpr size_t kContext = 4;  // enough for every decoder's start-of-text rule
+  const size_t n = std::min(context.size(), kContext);
+  std::vector<int32_t> tail(context.end() - static_cast<std::ptrdiff_t>(n), context.end());
+  std::string text = tok_->decode(tail, skip_);
+  if (tail.empty() || text.empty() || ends_with_replacement(text)) return;  // no usable context
+  all_ = tail;
+  window_ = std::move(tail);
+  prefix_ = text;
+  prefix_index_ = window_.size();
+  emitted_ = std::move(text);
+}
 
 std::string StreamDecoder::push(int32_t id) {
   all_.push_back(id);

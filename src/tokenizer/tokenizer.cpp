@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json_nesting.h"
 #include "tokenizer/added_vocab.h"
 #include "tokenizer/decoders.h"
 #include "tokenizer/model_bpe.h"
@@ -44,6 +45,7 @@ std::string read_file(const std::filesystem::path& p) {
 }
 
 json parse_json(std::string_view text, const std::string& origin) {
+  check_json_nesting(text, origin);
   try {
     return json::parse(text.begin(), text.end());
   } catch (const json::exception& e) {  // parse_error, and out_of_range for number overflow
@@ -205,6 +207,24 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+  return unicode::to_valid_utf8(decode_impl(ids, skip_special_tokens, /*raw=*/false));
+}
+
+std::string Tokenizer::decode_bytes(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+  return decode_impl(ids, skip_special_tokens, /*raw=*/true);
+}
+
+std::string Tokenizer::continuation_bytes(const std::vector<int32_t>& context, int32_t id) const {
+  if (!context.empty()) {
+    std::vector<int32_t> ids = context;
+    ids.push_back(id);
+    const std::string before = decode_bytes(context, false), after = decode_bytes(ids, false);
+    if (after.compare(0, before.size(), before) == 0) return after.substr(before.size());
+  }
+  return decode_bytes({id}, false);
+}
+
+std::string Tokenizer::decode_impl(const std::vector<int32_t>& ids, bool skip_special_tokens, bool raw) const {
   const Impl& m = *impl_;
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
@@ -215,10 +235,10 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
     if (skip_special_tokens && m.added.is_special_token(*t)) continue;
     tokens.push_back(*t);
   }
-  if (m.decoder) return unicode::to_valid_utf8(m.decoder->decode(std::move(tokens)));
+  if (m.decoder) return m.decoder->decode(std::move(tokens), raw);
   std::string out;
   for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
-  return unicode::to_valid_utf8(out);
+  return out;
 }
 
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {

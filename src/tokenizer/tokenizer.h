@@ -36,6 +36,17 @@ class Tokenizer {
   /// with skip_special_tokens so are special added tokens. Always valid UTF-8. Thread-safe.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const;
 
+  /// decode() without its final UTF-8 repair: the raw bytes the ids stand for, so byte-fallback
+  /// tokens ("<0xE9>") and byte-level pieces give their own bytes even when they are not valid
+  /// UTF-8 on their own (OpenAI logprobs `bytes`). Thread-safe.
+  std::string decode_bytes(const std::vector<int32_t>& ids, bool skip_special_tokens) const;
+  /// What token `id` adds to the text after `context` (the ids before it; a few are enough), as
+  /// vLLM and HF detokenize a continuation: decode(context + id) minus decode(context), on raw
+  /// bytes (decode_bytes, special tokens kept). So "▁and" after other tokens is " and" (a
+  /// SentencePiece decoder drops the space only at the start of a text) and "<0xE9>" is "é".
+  /// Falls back to the token decoded alone when decode(context) is not a prefix. Thread-safe.
+  std::string continuation_bytes(const std::vector<int32_t>& context, int32_t id) const;
+
   /// Id of a token string (added tokens first, then the model vocab).
   std::optional<int32_t> token_to_id(std::string_view token) const;
   /// Token string of `id` ("" when there is none).
@@ -58,6 +69,7 @@ class Tokenizer {
   struct Impl;
 
  private:
+  std::string decode_impl(const std::vector<int32_t>& ids, bool skip_special_tokens, bool raw) const;
   std::shared_ptr<const Impl> impl_;
 };
 
@@ -71,6 +83,11 @@ class Tokenizer {
 class StreamDecoder {
  public:
   StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens);
+  /// A stream that continues `context` (e.g. the prompt's ids; its last few are used): the first
+  /// pushed id decodes as decode(context + id) minus decode(context), so a SentencePiece token
+  /// "▁a" after a prompt yields " a", not "a" (vLLM's incremental detokenizer does the same).
+  /// The context's own text is never returned.
+  StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens, const std::vector<int32_t>& context);
   /// Adds `id`; returns the newly completed text (often "", e.g. inside a multi-byte character).
   std::string push(int32_t id);
   /// Returns whatever text is still held back (e.g. an incomplete byte sequence, as U+FFFD) and

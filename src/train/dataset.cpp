@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "chat/chat_template.h"
 #include "core/error.h"
+#include "core/json_nesting.h"
 #include "train/loss.h"
 
 namespace hearth::train {
@@ -43,12 +45,85 @@ void append_eos(std::vector<int32_t>& ids, const tokenizer::Tokenizer& tok) {
   if (auto eos = tok.eos_id(); eos && (ids.empty() || ids.back() != *eos)) ids.push_back(*eos);
 }
 
-std::string render(const tokenizer::Tokenizer& tok, const ojson& messages, const ojson& tools, bool gen_prompt) {
-  return chat::render_chat_template(tok.chat_template(), messages, tools, gen_prompt, ojson::object(),
-                                    tok.bos_token(), tok.eos_token());
+// The parsed chat template, shared by the rows of one file (parsed on first use).
+struct TemplateCache {
+  const tokenizer::Tokenizer& tok;
+  std::optional<chat::ChatTemplate> tmpl;
+  const chat::ChatTemplate& get() {
+    if (!tmpl) tmpl.emplace(tok.chat_template());
+    return *tmpl;
+  }
+};
+
+chat::ChatInputs chat_inputs(const tokenizer::Tokenizer& tok, const ojson& messages, const ojson& tools, bool gen_prompt) {
+  chat::ChatInputs in;
+  in.messages = messages;
+  in.tools = tools;
+  in.add_generation_prompt = gen_prompt;
+  in.bos_token = tok.bos_token();
+  in.eos_token = tok.eos_token();
+  in.null_content_as_empty = true;  // as the server (vLLM): tool-call turns with content null
+  return in;
 }
 
-Example chat_example(const ojson& messages, const ojson& tools, const tokenizer::Tokenizer& tok) {
+// Byte range [begin, end) of each token of `ids` in `text` (= the text ids were encoded from):
+// the streaming detokenizer's pieces (decode(previous + id) minus decode(previous)), aligned to
+// `text` allowing the spaces a SentencePiece decoder adds or drops. Throws when the decoded text
+// differs from `text` otherwise (a normalizer that changes characters).
+std::vector<std::pair<size_t, size_t>> token_ranges(const tokenizer::Tokenizer& tok, const std::vector<int32_t>& ids,
+                                                    const std::string& text) {
+  tokenizer::StreamDecoder sd(tok, /*skip_special_tokens=*/false);
+  std::string decoded;
+  std::vector<size_t> dec_end(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    decoded += sd.push(ids[i]);
+    dec_end[i] = decoded.size();
+  }
+  decoded += sd.flush();
+  if (!ids.empty()) dec_end.back() = decoded.size();
+  std::vector<size_t> to_text(decoded.size() + 1);  // decoded offset -> text offset
+  size_t i = 0, j = 0;
+  while (j < decoded.size()) {
+    if (i < text.size() && text[i] == decoded[j]) {
+      to_text[j++] = i++;
+    } else if (decoded[j] == ' ') {
+      to_text[j++] = i;  // a space the decoder added
+    } else if (i < text.size() && text[i] == ' ') {
+      ++i;  // a space the decoder dropped
+    } else {
+      throw Error("the chat template has {% generation %} blocks, but the tokenizer does not decode the rendered "
+                  "text back to itself, so the blocks cannot be mapped to tokens");
+    }
+  }
+  to_text[decoded.size()] = text.size();
+  std::vector<std::pair<size_t, size_t>> out(ids.size());
+  size_t prev = 0;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    out[k] = {to_text[prev], to_text[dec_end[k]]};
+    prev = dec_end[k];
+  }
+  return out;
+}
+
+// transformers' assistant mask: for each generation span [s, e), the tokens from the one holding
+// byte s to the one holding byte e - 1 (char_to_token), inclusive.
+std::vector<uint8_t> generation_mask(const std::vector<std::pair<size_t, size_t>>& ranges,
+                                     const std::vector<std::pair<size_t, size_t>>& spans) {
+  std::vector<uint8_t> mask(ranges.size(), 0);
+  for (const auto& [s, e] : spans) {
+    if (e <= s) continue;
+    size_t first = 0;
+    while (first < ranges.size() && ranges[first].second <= s) ++first;  // first token ending after s
+    if (first == ranges.size()) break;                                    // past the end (transformers: break)
+    size_t last = first;
+    for (size_t k = first; k < ranges.size() && ranges[k].first < e; ++k)
+      if (ranges[k].second > ranges[k].first) last = k;  // last token with text starting before e
+    for (size_t k = first; k <= last; ++k) mask[k] = 1;
+  }
+  return mask;
+}
+
+Example chat_example(const ojson& messages, const ojson& tools, const tokenizer::Tokenizer& tok, TemplateCache& tc) {
   if (!messages.is_array() || messages.empty()) throw Error("\"messages\" must be a non-empty array");
   int64_t last = -1;
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -59,29 +134,37 @@ Example chat_example(const ojson& messages, const ojson& tools, const tokenizer:
   }
   if (last < 0) throw Error("\"messages\" has no assistant message to train on");
   if (tok.chat_template().empty()) throw Error("the tokenizer has no chat template for \"messages\" rows");
+  const chat::ChatTemplate& tmpl = tc.get();
   Example ex;
-  ex.tokens = tok.encode(render(tok, messages, tools, false), false);
+  if (tmpl.has_generation_blocks()) {
+    // transformers' return_assistant_tokens_mask: the loss is on exactly the generation blocks.
+    chat::RenderedChat r = tmpl.render_with_spans(chat_inputs(tok, messages, tools, false));
+    ex.tokens = tok.encode(r.text, false);
+    ex.loss_mask = generation_mask(token_ranges(tok, ex.tokens, r.text), r.generation_spans);
+    return ex;
+  }
+  ex.tokens = tok.encode(tmpl.render(chat_inputs(tok, messages, tools, false)), false);
   if (last > 0) {
     ojson before = ojson::array();
     for (int64_t i = 0; i < last; ++i) before.push_back(messages[i]);
-    ex.prompt_len = common_prefix(tok.encode(render(tok, before, tools, true), false), ex.tokens);
+    ex.prompt_len = common_prefix(tok.encode(tmpl.render(chat_inputs(tok, before, tools, true)), false), ex.tokens);
   }
   return ex;
 }
 
-Example row_example(DataFormat f, const ojson& row, const tokenizer::Tokenizer& tok) {
+Example row_example(DataFormat f, const ojson& row, const tokenizer::Tokenizer& tok, TemplateCache& tc) {
   const ojson tools = row.contains("tools") ? row["tools"] : ojson();
   switch (f) {
     case DataFormat::kChat:
       if (!row.contains("messages")) throw Error("missing key \"messages\" (the file's first row has it)");
-      return chat_example(row["messages"], tools, tok);
+      return chat_example(row["messages"], tools, tok, tc);
     case DataFormat::kCompletion: {
       const std::string& prompt = need_string(row, "prompt");
       const std::string& completion = need_string(row, "completion");
       if (!tok.chat_template().empty()) {
         ojson msgs = ojson::array({ojson{{"role", "user"}, {"content", prompt}},
                                    ojson{{"role", "assistant"}, {"content", completion}}});
-        return chat_example(msgs, tools, tok);
+        return chat_example(msgs, tools, tok, tc);
       }
       Example ex;
       ex.tokens = tok.encode(prompt + completion, true);
@@ -110,10 +193,12 @@ Dataset load_jsonl(const std::filesystem::path& path, const tokenizer::Tokenizer
   bool first = true;
   std::string line;
   std::vector<int32_t> stream;  // packed text
+  TemplateCache templ{tok, std::nullopt};
   for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     try {
       ojson row;
+      if (auto deep = json_nesting_violation(line)) throw Error(json_nesting_message("row", *deep));
       try {
         row = ojson::parse(line);
       } catch (const nlohmann::json::exception& e) {
@@ -122,13 +207,16 @@ Dataset load_jsonl(const std::filesystem::path& path, const tokenizer::Tokenizer
       if (!row.is_object()) throw Error("row must be a JSON object");
       if (first) ds.format = detect(row);
       first = false;
-      Example ex = row_example(ds.format, row, tok);
+      Example ex = row_example(ds.format, row, tok, templ);
       if (ex.tokens.size() < 2) throw Error("fewer than 2 tokens: nothing to predict");
       if (opts.pack_text && ds.format == DataFormat::kText) {
         stream.insert(stream.end(), ex.tokens.begin(), ex.tokens.end());
         continue;
       }
-      if (static_cast<int64_t>(ex.tokens.size()) > opts.max_seq_length) ex.tokens.resize(opts.max_seq_length);
+      if (static_cast<int64_t>(ex.tokens.size()) > opts.max_seq_length) {
+        ex.tokens.resize(opts.max_seq_length);
+        if (!ex.loss_mask.empty()) ex.loss_mask.resize(opts.max_seq_length);
+      }
       ex.prompt_len = std::min<int64_t>(ex.prompt_len, static_cast<int64_t>(ex.tokens.size()) - 1);
       ds.examples.push_back(std::move(ex));
     } catch (const Error& e) {
@@ -139,7 +227,7 @@ Dataset load_jsonl(const std::filesystem::path& path, const tokenizer::Tokenizer
   for (size_t s = 0; s + 1 < stream.size(); s += opts.max_seq_length) {
     const size_t e = std::min(stream.size(), s + opts.max_seq_length);
     if (e - s < 2) break;
-    ds.examples.push_back(Example{std::vector<int32_t>(stream.begin() + s, stream.begin() + e), 0});
+    ds.examples.push_back(Example{std::vector<int32_t>(stream.begin() + s, stream.begin() + e), 0, {}});
   }
   return ds;
 }
@@ -158,7 +246,8 @@ Batch make_batch(const std::vector<const Example*>& rows) {
     const Example& e = *rows[i];
     for (size_t j = 0; j < e.tokens.size(); ++j) {
       ids[i][j] = e.tokens[j];
-      if (static_cast<int64_t>(j) >= e.prompt_len) lab[i][j] = e.tokens[j];
+      const bool trained = e.loss_mask.empty() ? static_cast<int64_t>(j) >= e.prompt_len : e.loss_mask[j] != 0;
+      if (trained) lab[i][j] = e.tokens[j];
     }
     b.n_tokens += static_cast<int64_t>(e.tokens.size());
   }

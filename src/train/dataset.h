@@ -17,10 +17,12 @@ namespace hearth::train {
 /// prompt+completion, then messages, then text); every row must then have the same keys.
 enum class DataFormat { kCompletion, kChat, kText };
 
-/// One tokenized example: loss on tokens[j] for prompt_len <= j < tokens.size().
+/// One tokenized example: loss on tokens[j] for prompt_len <= j < tokens.size(), or, when
+/// loss_mask is not empty (same length as tokens), exactly on the tokens j with loss_mask[j] = 1.
 struct Example {
   std::vector<int32_t> tokens;
   int64_t prompt_len = 0;
+  std::vector<uint8_t> loss_mask;  // chat templates with {% generation %} blocks
 };
 
 /// How rows become token ids.
@@ -43,13 +45,18 @@ struct Dataset {
 ///   assistant message with add_generation_prompt=true; tokens = encode(full, no specials);
 ///   prompt_len = common prefix of encode(prompt) and tokens (mlx-lm uses len(encode(prompt)),
 ///   equal when the prompt tokenizes as a prefix). Loss on the last assistant turn and after.
+///   When the template has {% generation %} blocks, the loss is instead on exactly the tokens of
+///   those blocks' output (transformers' apply_chat_template(return_assistant_tokens_mask=True):
+///   the blocks' byte spans mapped to tokens via their decoded offsets) — every assistant turn
+///   the template marks. Messages with content null/missing get content "" (as the server).
 /// - {"prompt", "completion"}: with a chat template, as messages [user: prompt, assistant:
 ///   completion] (mlx-lm); without one, text concatenation prompt + completion encoded with
 ///   special tokens, EOS appended when missing, prompt_len = common prefix with encode(prompt).
 /// - {"text"}: encode(text, with specials) + EOS when missing; prompt_len 0.
 /// The mask is always applied to messages / prompt-completion rows (the trainer's choice, see
 /// TrainConfig). Throws hearth::Error "<file>:<line>: <problem>" on malformed JSON, missing or
-/// mistyped keys, a conversation without an assistant message, or an empty file.
+/// mistyped keys, a conversation without an assistant message, a row nested deeper than
+/// kMaxNesting, or an empty file.
 Dataset load_jsonl(const std::filesystem::path& path, const tokenizer::Tokenizer& tok, const DataOptions& opts);
 
 /// One padded batch. input_ids [B, T] int64 (pad id 0), labels [B, T] int64 with kIgnoreIndex on

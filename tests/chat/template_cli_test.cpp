@@ -62,3 +62,24 @@ TEST(TemplateCli, MatchesGoldenBytes) {
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1);
   hearth::io::remove_tree(tmp);
 }
+
+TEST(TemplateCli, DeepInputsAndSelfContainingValuesAreOneLineErrors) {
+  fs::path tmp = fs::temp_directory_path() / ("hearth_template_deep_" + std::to_string(::getpid()));
+  fs::create_directories(tmp);
+  nlohmann::ordered_json cfg = {{"chat_template", "{{ messages | length }}{% set a = [] %}{% set _ = a.append(a) %}{{ a }}"}};
+  std::ofstream(tmp / "tokenizer_config.json") << cfg.dump();
+  std::ofstream(tmp / "m.json") << R"([{"role": "user", "content": "hi"}])";
+  const std::string deep = std::string(15000, '[') + std::string(15000, ']');
+  std::ofstream(tmp / "deep.json") << R"([{"role": "user", "content": )" + deep + "}]";
+  const std::string base = std::string(HEARTH_BINARY) + " template --model '" + tmp.string() + "' --messages '";
+  std::string out;
+  EXPECT_EQ(run(base + (tmp / "m.json").string() + "'", out), 0);
+  EXPECT_EQ(out, "1[[...]]");  // jinja2 prints a list that contains itself as [[...]]
+  EXPECT_EQ(run(base + (tmp / "deep.json").string() + "' 2>&1", out), 1);
+  EXPECT_NE(out.find("[0].content[0][0][0][0][0][0]…: JSON nested deeper than 128 levels"), std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  EXPECT_EQ(run(base + (tmp / "m.json").string() + "' --kwargs '{\"x\": " + deep + "}' 2>&1", out), 1);
+  EXPECT_NE(out.find("--kwargs: x[0][0][0][0][0][0][0]…: JSON nested deeper than 128 levels"), std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  hearth::io::remove_tree(tmp);
+}

@@ -54,7 +54,62 @@ TEST(ToolCalls, XmlParametersFollowSchema) {
                        ToolCallFormat::Xml, nullptr);
   ASSERT_EQ(r.calls.size(), 1u);
   EXPECT_EQ(r.calls[0].arguments_json, "{\"x\": \"\\nline1\\nline2\\n\"}");
+  // A value without </parameter> ends at the next tag (here </function>), as vLLM's parser does.
   r = parse_tool_calls("<tool_call>\n<function=f>\n<parameter=x>\nno end</function>\n</tool_call>", ToolCallFormat::Xml);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments_json, "{\"x\": \"no end\"}");
+  r = parse_tool_calls("<tool_call>\n<function=f>\n<parameter=x>\n</function>\n</tool_call>", ToolCallFormat::Xml);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments_json, "{\"x\": \"\"}");
+}
+
+TEST(ToolCalls, XmlNullAndUnclosedParameters) {
+  ordered_json tools = ordered_json::parse(R"([{"type": "function", "function": {"name": "f",
+      "parameters": {"type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string"}}}}}])");
+  // "null" is JSON null whether or not the schema knows the parameter (vLLM qwen3coder).
+  auto r = parse_tool_calls(
+      "<tool_call>\n<function=f>\n<parameter=n>\nnull\n</parameter>\n<parameter=extra>\nnull\n</parameter>\n"
+      "<parameter=other>\nNULL\n</parameter>\n<parameter=s>\ntext\n</parameter>\n</function>\n</tool_call>",
+      ToolCallFormat::Xml, tools);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments_json, "{\"n\": null, \"extra\": null, \"other\": null, \"s\": \"text\"}");
+  // A missing </parameter> ends the value at the next <parameter=, which is parsed normally.
+  r = parse_tool_calls(
+      "<tool_call>\n<function=f>\n<parameter=s>\nfirst\n<parameter=n>\n7\n</parameter>\n</function>\n</tool_call>",
+      ToolCallFormat::Xml, tools);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments_json, "{\"s\": \"first\", \"n\": 7}");
+}
+
+TEST(ToolCalls, HermesClosingTagInsideAJsonStringDoesNotEndTheCall) {
+  std::string text =
+      "<tool_call>\n{\"name\": \"write\", \"arguments\": {\"text\": \"use </tool_call> to close, and \\\"quotes\\\"\"}}\n"
+      "</tool_call>\nDone.";
+  auto r = parse_tool_calls(text, ToolCallFormat::Hermes);
+  ASSERT_EQ(r.calls.size(), 1u) << r.content;
+  EXPECT_EQ(r.calls[0].name, "write");
+  EXPECT_EQ(r.calls[0].arguments_json, "{\"text\": \"use </tool_call> to close, and \\\"quotes\\\"\"}");
+  EXPECT_EQ(r.content, "Done.");
+  // Two calls, the first with the tag in a string: both found.
+  r = parse_tool_calls(
+      "<tool_call>{\"name\": \"a\", \"arguments\": {\"t\": \"<tool_call>x</tool_call>\"}}</tool_call>"
+      "<tool_call>{\"name\": \"b\", \"arguments\": {}}</tool_call>",
+      ToolCallFormat::Hermes);
+  ASSERT_EQ(r.calls.size(), 2u);
+  EXPECT_EQ(r.calls[0].arguments_json, "{\"t\": \"<tool_call>x</tool_call>\"}");
+  EXPECT_EQ(r.calls[1].name, "b");
+}
+
+TEST(ToolCalls, DeeplyNestedArgumentsStayContent) {
+  const std::string deep = std::string(15000, '[') + std::string(15000, ']');
+  std::string text = "<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": " + deep + "}}</tool_call>";
+  auto r = parse_tool_calls(text, ToolCallFormat::Hermes);
+  EXPECT_TRUE(r.calls.empty());
+  EXPECT_EQ(r.content, text);
+  r = parse_tool_calls("{\"name\": \"f\", \"parameters\": {\"x\": " + deep + "}}", ToolCallFormat::Llama3Json);
+  EXPECT_TRUE(r.calls.empty());
+  // Arguments given as a JSON string are parsed with the same bound.
+  r = parse_tool_calls("<tool_call>{\"name\": \"f\", \"arguments\": \"" + deep + "\"}</tool_call>", ToolCallFormat::Hermes);
   EXPECT_TRUE(r.calls.empty());
 }
 

@@ -332,6 +332,73 @@ TEST_F(ModelServerTest, RequestErrorsMapToStatuses) {
   EXPECT_NE(r->body.find("ghost"), std::string::npos);
 }
 
+// A SentencePiece-style tokenizer (Metaspace decoder) for the 512-id golden model: id 0 is
+// <unk> (also the model's EOS), 1..510 are "▁t<id>", 511 is the byte token <0xE9>.
+void write_sentencepiece_tokenizer(const fs::path& dir) {
+  J vocab = J::object();
+  vocab["<unk>"] = 0;
+  for (int i = 1; i < 511; ++i) vocab["\u2581t" + std::to_string(i)] = i;
+  vocab["<0xE9>"] = 511;
+  J tok = {{"version", "1.0"},
+           {"added_tokens", J::array()},
+           {"model", {{"type", "BPE"}, {"unk_token", "<unk>"}, {"byte_fallback", true}, {"vocab", vocab}, {"merges", J::array()}}},
+           {"decoder", {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}}}};
+  std::ofstream(dir / "tokenizer.json") << tok.dump();
+  std::ofstream(dir / "tokenizer_config.json") << "{}";
+}
+
+TEST_F(ModelServerTest, ContinuationsDecodeAgainstTheirContext) {
+  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", "");
+  write_sentencepiece_tokenizer(dir);
+  start(cpu_options(dir));
+  auto tok = tokenizer::Tokenizer::from_dir(dir);
+  // Greedy completions of a few prompts: the text keeps the space of the first "▁tN" token (it
+  // continues the prompt), and the logprob tokens/bytes add up to the text.
+  int checked = 0;
+  for (const char* prompt : {"abc", "hello there", "xyz q"}) {
+    J c = post_ok("/v1/completions", {{"prompt", prompt}, {"max_tokens", 5}, {"temperature", 0}, {"logprobs", 2}});
+    const std::string text = c["choices"][0]["text"];
+    const J& lp = c["choices"][0]["logprobs"];
+    std::string joined;
+    for (const auto& t : lp["tokens"]) joined += t.get<std::string>();
+    EXPECT_EQ(joined, text) << c.dump();
+    if (text.empty()) continue;
+    ++checked;
+    EXPECT_TRUE(text[0] == ' ' || text.rfind("\xEF\xBF\xBD", 0) == 0) << "first token lost its space: " << text;
+    J chat_like = post_ok("/v1/completions", {{"prompt", prompt}, {"max_tokens", 5}, {"temperature", 0}, {"stream", false}});
+    EXPECT_EQ(chat_like["choices"][0]["text"], text);
+  }
+  EXPECT_GT(checked, 0) << "the model stopped at once for every prompt";
+  // Chat logprobs: `bytes` are the token's raw bytes, including for a byte-fallback token.
+  const std::string tmpl = "{% for m in messages %}{{ m.content }}{% endfor %}";
+  J cfg = {{"chat_template", tmpl}};
+  std::ofstream(dir / "tokenizer_config.json") << cfg.dump();
+  server_->stop();
+  thread_.join();
+  server_.reset();
+  start(cpu_options(dir));
+  J body = {{"messages", J::array({{{"role", "user"}, {"content", "once upon a time"}}})},
+            {"max_tokens", 6}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 3}};
+  J c = post_ok("/v1/chat/completions", body);
+  std::string content = c["choices"][0]["message"]["content"].is_string() ? c["choices"][0]["message"]["content"].get<std::string>() : "";
+  std::string from_bytes;
+  for (const auto& e : c["choices"][0]["logprobs"]["content"]) {
+    std::string bytes;
+    for (const auto& b : e["bytes"]) bytes += static_cast<char>(b.get<int>());
+    from_bytes += bytes;
+    for (const auto& alt : e["top_logprobs"]) {
+      // Every token but the byte token <0xE9> is valid UTF-8 on its own, so its bytes are its text.
+      std::string ab;
+      for (const auto& b : alt["bytes"]) ab += static_cast<char>(b.get<int>());
+      const std::string t = alt["token"];
+      EXPECT_EQ(ab, t == "\xEF\xBF\xBD" ? std::string("\xE9") : t);
+    }
+  }
+  // A lone 0xE9 byte shows as U+FFFD in the text.
+  for (size_t p = 0; (p = from_bytes.find('\xE9', p)) != std::string::npos; p += 3) from_bytes.replace(p, 1, "\xEF\xBF\xBD");
+  EXPECT_EQ(from_bytes, content);
+}
+
 // A hearth verb's stdout (stderr dropped), with `input` on stdin.
 std::string cli_run(const std::string& args, const std::string& input = "") {
   std::string cmd = "printf '%s' '" + input + "' | " + std::string(HEARTH_BINARY) + " " + args + " 2>/dev/null";

@@ -145,5 +145,32 @@ TEST(RequestParse, BadFieldsAreRejectedNamingTheField) {
   EXPECT_EQ(rejected_param(R"({"prompt": "a", "echo": true})", false), "echo");
 }
 
+TEST(RequestParse, DeeplyNestedJsonIs400NamingTheField) {
+  const std::string deep = std::string(15000, '[') + std::string(15000, ']');  // ~30 KB
+  const std::string m = R"("messages": [{"role": "user", "content": "hi"}])";
+  EXPECT_EQ(rejected_param("{" + m + R"(, "tools": [{"type": "function", "function": {"name": "f", "parameters": )" +
+                           deep + "}}]}"),
+            "tools[0].function.parameters[0][0][0][0]…");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "chat_template_kwargs": {"x": )" + deep + "}}"),
+            "chat_template_kwargs.x[0][0][0][0][0][0]…");
+  EXPECT_EQ(rejected_param(R"({"messages": [{"role": "assistant", "tool_calls": [{"type": "function", "function":
+      {"name": "f", "arguments": )" + deep + "}}]}]}"),
+            "messages[0].tool_calls[0].function.arguments[0][0]…");
+  // Arguments as a JSON *string* are parsed for the template later: refused here too.
+  EXPECT_EQ(rejected_param(R"({"messages": [{"role": "assistant", "tool_calls": [{"type": "function", "function":
+      {"name": "f", "arguments": ")" + deep + R"("}}]}]})"),
+            "messages[0].tool_calls[0].function.arguments");
+  try {
+    parse_body("{" + m + R"(, "tools": )" + deep + "}");
+    ADD_FAILURE() << "accepted";
+  } catch (const ApiError& e) {
+    EXPECT_NE(std::string(e.what()).find("JSON nested deeper than 128 levels"), std::string::npos) << e.what();
+  }
+  // 100 levels are fine.
+  const std::string ok = std::string(100, '[') + std::string(100, ']');
+  auto r = chat("{" + m + R"(, "chat_template_kwargs": {"x": )" + ok + "}}");
+  EXPECT_TRUE(r.chat_template_kwargs.contains("x"));
+}
+
 }  // namespace
 }  // namespace hearth::server

@@ -181,3 +181,66 @@ TEST(Dataset, BatcherShufflesWindowsBySeedAndSeeks) {
   EXPECT_THROW(b4.seek(0, 4), hearth::Error);
   EXPECT_THROW(Batcher(ds, 11, 0), hearth::Error);
 }
+
+TEST(Dataset, GenerationBlocksAreExactlyTheLossMask) {
+  TempDir d("generation");
+  fs::copy_file(kTiny / "tokenizer.json", d.path / "tokenizer.json", fs::copy_options::overwrite_existing);
+  d.write("tokenizer_config.json", R"({"bos_token": "<|bos|>", "eos_token": "<|endoftext|>", "chat_template":
+    "{% for m in messages %}<|bos|>{{ m.role }}:\n{% if m.role == 'assistant' %}{% generation %}{{ m.content }}<|endoftext|>{% endgeneration %}{% else %}{{ m.content }}{% endif %}\n{% endfor %}"})");
+  auto tok = hearth::tokenizer::Tokenizer::from_dir(d.path);
+  Dataset ds = load_jsonl(d.write("train.jsonl",
+                                  R"({"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "the cat"}, {"role": "user", "content": "one"}, {"role": "assistant", "content": "two"}]})"
+                                  "\n"),
+                          tok, {});
+  const Example& e = ds.examples.at(0);
+  ASSERT_EQ(e.loss_mask.size(), e.tokens.size());
+  EXPECT_EQ(decode_from(tok, e, 0),
+            "<|bos|>user:\nhello<|bos|>assistant:\nthe cat<|endoftext|><|bos|>user:\none<|bos|>assistant:\ntwo<|endoftext|>");
+  // (trim_blocks eats the newline after {% endif %}.)
+  // Both assistant turns (not only the last), and nothing else: two runs of masked tokens.
+  std::vector<std::string> runs;
+  for (size_t j = 0; j < e.tokens.size(); ++j) {
+    if (!e.loss_mask[j]) continue;
+    if (j == 0 || !e.loss_mask[j - 1]) runs.emplace_back();
+    runs.back() += tok.decode({e.tokens[j]}, false);
+  }
+  EXPECT_EQ(runs, (std::vector<std::string>{"the cat<|endoftext|>", "two<|endoftext|>"}));
+  // The batch's labels follow the mask.
+  Batch b = make_batch({&e});
+  for (size_t j = 0; j < e.tokens.size(); ++j)
+    EXPECT_EQ(b.labels[0][static_cast<int64_t>(j)].item<int64_t>(), e.loss_mask[j] ? e.tokens[j] : kIgnoreIndex) << j;
+  // Truncation keeps tokens and mask aligned.
+  DataOptions o;
+  o.max_seq_length = 12;
+  Dataset cut = load_jsonl(d.path / "train.jsonl", tok, o);
+  EXPECT_EQ(cut.examples.at(0).tokens.size(), 12u);
+  EXPECT_EQ(cut.examples.at(0).loss_mask.size(), 12u);
+}
+
+TEST(Dataset, DeeplyNestedRowIsAOneLineError) {
+  TempDir d("deep");
+  auto tok = tiny_chat(d);
+  const std::string deep = std::string(15000, '[') + std::string(15000, ']');
+  try {
+    load_jsonl(d.write("train.jsonl", R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": )" + deep + "}}]}\n"),
+               tok, {});
+    ADD_FAILURE() << "accepted";
+  } catch (const hearth::Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "train.jsonl:1: row: tools[0].function.parameters[0][0][0][0]…: JSON nested deeper than 128 levels");
+  }
+}
+
+TEST(Dataset, ToolCallTurnsWithNullContentRender) {
+  TempDir d("nullcontent");
+  fs::copy_file(kTiny / "tokenizer.json", d.path / "tokenizer.json", fs::copy_options::overwrite_existing);
+  // Like real templates: the content is concatenated, which fails on None.
+  d.write("tokenizer_config.json", R"({"bos_token": "<|bos|>", "eos_token": "<|endoftext|>", "chat_template":
+    "{% for m in messages %}{{ m.role + ':' + m.content }}\n{% endfor %}"})");
+  auto tok = hearth::tokenizer::Tokenizer::from_dir(d.path);
+  Dataset ds = load_jsonl(d.write("train.jsonl",
+                                  R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null, "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {}}}]}, {"role": "tool", "content": "1"}, {"role": "assistant", "content": "ok"}]})"
+                                  "\n"),
+                          tok, {});
+  EXPECT_EQ(decode_from(tok, ds.examples.at(0), 0), "user:hi\nassistant:\ntool:1\nassistant:ok\n");
+}
