@@ -149,10 +149,10 @@ std::vector<TensorInfo> parse_safetensors_header(std::string_view header_json, u
   // The reference reader (safetensors crate) parses the header with serde_json: JSON whitespace
   // may pad it (the writers pad with spaces to a multiple of 8), NUL bytes or other trailing
   // bytes may not.
-  json h = json::parse(header_json.begin(), header_json.end(), nullptr, /*allow_exceptions=*/false);
-  HEARTH_CHECK(!h.is_discarded(), origin, ": header is not valid JSON");
   HEARTH_CHECK(header_json.find('\0') == std::string_view::npos, origin,
                ": header contains NUL bytes (only spaces may pad a safetensors header)");
+  json h = json::parse(header_json.begin(), header_json.end(), nullptr, /*allow_exceptions=*/false);
+  HEARTH_CHECK(!h.is_discarded(), origin, ": header is not valid JSON");
   HEARTH_CHECK(h.is_object(), origin, ": header is not a JSON object (got ", h.type_name(), ")");
   std::vector<TensorInfo> out;
   out.reserve(h.size());
