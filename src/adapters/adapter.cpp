@@ -8,7 +8,9 @@
 #include <set>
 
 #include "adapters/atomic_dir.h"
+#include "adapters/pattern_key.h"
 #include "core/error.h"
+#include "core/printable.h"
 #include "io/atomic_file.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
@@ -36,6 +38,19 @@ double num_field(const json& j, const char* key, double dflt, const std::string&
   HEARTH_CHECK(it->is_number(), where, ": field '", key, "' must be a number, got ", it->dump());
   return it->get<double>();
 }
+// An integer-valued field (JSON 8 and 8.0 alike, as Python's int() of a float) in [lo, hi]; never
+// casts a value that does not fit.
+int64_t int_field(const json& j, const char* key, int64_t dflt, int64_t lo, int64_t hi, const std::string& where) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return dflt;
+  HEARTH_CHECK(it->is_number(), where, ": field '", key, "' must be an integer, got ", printable(it->dump(), 100));
+  const double v = it->get<double>();
+  HEARTH_CHECK(std::isfinite(v) && v == std::floor(v), where, ": field '", key, "' must be an integer, got ",
+               it->dump());
+  HEARTH_CHECK(v >= double(lo) && v <= double(hi), where, ": field '", key, "' must be in [", lo, ", ", hi, "], got ",
+               it->dump());
+  return static_cast<int64_t>(v);
+}
 bool bool_field(const json& j, const char* key, bool dflt, const std::string& where) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return dflt;
@@ -61,123 +76,164 @@ std::vector<std::string> str_list(const json& j, const char* key, const std::str
   return out;
 }
 
-// Pairs "<module>.<a-suffix>" / "<module>.<b-suffix>" tensors into modules; any other name fails.
+// Pairs "<module>.<a-suffix>" / "<module>.<b-suffix>" header entries into modules (no tensor data
+// is read); any other name, a non-2-D or a non-float entry fails.
 struct RawPair {
-  at::Tensor a, b;
+  const io::TensorInfo* a = nullptr;
+  const io::TensorInfo* b = nullptr;
 };
-std::map<std::string, RawPair> pair_tensors(const io::SafetensorsFile& file, const std::string& prefix,
+std::map<std::string, RawPair> pair_entries(const io::SafetensorsFile& file, const std::string& prefix,
                                             const std::string& a_suffix, const std::string& b_suffix) {
   std::map<std::string, RawPair> out;
   const std::string where = file.path().string();
   for (const auto& info : file.tensors()) {
     std::string name = info.name;
     if (!prefix.empty()) {
-      HEARTH_CHECK(name.rfind(prefix, 0) == 0, where, ": tensor ", name, " does not start with '", prefix, "'");
+      HEARTH_CHECK(name.rfind(prefix, 0) == 0, where, ": tensor ", printable(name), " does not start with '", prefix,
+                   "'");
       name = name.substr(prefix.size());
     }
     const bool is_a = ends_with(name, a_suffix), is_b = ends_with(name, b_suffix);
-    HEARTH_CHECK(is_a || is_b, where, ": tensor ", info.name, " is not a LoRA '", a_suffix, "'/'", b_suffix,
+    HEARTH_CHECK(is_a || is_b, where, ": tensor ", printable(info.name), " is not a LoRA '", a_suffix, "'/'", b_suffix,
                  "' tensor (DoRA, biases and embedding adapters are not supported)");
     const std::string module = name.substr(0, name.size() - (is_a ? a_suffix : b_suffix).size());
-    HEARTH_CHECK(info.shape.size() == 2, where, ": tensor ", info.name, " has shape ",
+    HEARTH_CHECK(info.shape.size() == 2, where, ": tensor ", printable(info.name), " has shape ",
                  nn::shape_str(info.shape), ", expected 2-D");
-    at::Tensor t = file.tensor(info.name).clone();
-    HEARTH_CHECK(at::isFloatingType(t.scalar_type()), where, ": tensor ", info.name, " is not floating point");
-    (is_a ? out[module].a : out[module].b) = t;
+    HEARTH_CHECK(at::isFloatingType(io::to_scalar_type(info.dtype)), where, ": tensor ", printable(info.name),
+                 " is stored as ", io::dtype_name(info.dtype), ", expected a floating-point type (F32, F16, BF16)");
+    (is_a ? out[module].a : out[module].b) = &info;
   }
   for (const auto& [module, p] : out) {
-    HEARTH_CHECK(p.a.defined(), where, ": module ", module, " has ", b_suffix, " but no ", a_suffix);
-    HEARTH_CHECK(p.b.defined(), where, ": module ", module, " has ", a_suffix, " but no ", b_suffix);
+    HEARTH_CHECK(p.a, where, ": module ", printable(module), " has ", b_suffix, " but no ", a_suffix);
+    HEARTH_CHECK(p.b, where, ": module ", printable(module), " has ", a_suffix, " but no ", b_suffix);
   }
   HEARTH_CHECK(!out.empty(), where, ": no LoRA tensors");
   return out;
 }
 
-// PEFT's get_pattern_key: the first pattern key k with re.match(r"(.*\.)?(k)$", module).
-const json* pattern_value(const json& patterns, const std::string& module, const std::string& where) {
-  if (!patterns.is_object()) return nullptr;
-  for (auto it = patterns.begin(); it != patterns.end(); ++it) {
-    try {
-      if (std::regex_match(module, std::regex("(.*\\.)?(" + it.key() + ")"))) return &it.value();
-    } catch (const std::regex_error&) {
-      throw Error(cat(where, ": pattern '", it.key(), "' is not a valid regular expression"));
-    }
-  }
-  return nullptr;
+// Checks a module's A [r, in] / B [out, r] shapes (PEFT orientation, from the header) against the
+// model's Linear when `shapes` is given, before any data is read.
+void check_module_shape(const ModuleShapes* shapes, const std::string& file, const std::string& module,
+                        int64_t r, int64_t in, int64_t out) {
+  if (!shapes) return;
+  auto it = shapes->find(module);
+  HEARTH_CHECK(it != shapes->end(), file, ": module ", printable(module), ": no such module in the model");
+  HEARTH_CHECK(in == it->second.first && out == it->second.second, file, ": module ", printable(module),
+               ": LoRA A/B are [", r, ", ", in, "] / [", out, ", ", r, "], the model's Linear is [",
+               it->second.second, ", ", it->second.first, "] (out, in)");
 }
 
-Adapter load_mlx(const fs::path& dir, const json& cfg, const std::string& where) {
+// The tensor of a header entry as an owned CPU copy (read only after every header check passed).
+at::Tensor load_entry(const io::SafetensorsFile& file, const io::TensorInfo* info) {
+  return file.tensor(info->name).clone();
+}
+
+// PEFT's get_pattern_key: the first pattern key k (in file order) with
+// re.match(r"(.*\.)?(k)$", module), matched by a bounded matcher (pattern_key.h).
+struct Patterns {
+  std::vector<std::pair<PatternKey, const json*>> keys;
+  Patterns(const json& cfg, const char* field, const std::string& where) {
+    auto it = cfg.find(field);
+    if (it == cfg.end() || it->is_null()) return;
+    HEARTH_CHECK(it->is_object(), where, ": field '", field, "' must be an object of pattern → value");
+    for (auto e = it->begin(); e != it->end(); ++e) {
+      HEARTH_CHECK(e.value().is_number(), where, ": ", field, " value for '", printable(e.key()), "' must be a number");
+      keys.emplace_back(PatternKey(e.key(), where, field), &e.value());
+    }
+  }
+  const json* find(const std::string& module) const {
+    for (const auto& [key, value] : keys)
+      if (key.matches(module)) return value;
+    return nullptr;
+  }
+};
+
+Adapter load_mlx(const fs::path& dir, const json& cfg, const std::string& where, const LoadAdapterOptions& opt) {
   Adapter ad;
   ad.fine_tune_type = str_field(cfg, "fine_tune_type", "lora", where);
   HEARTH_CHECK(ad.fine_tune_type != "full", dir.string(),
                ": full fine-tune (not a LoRA adapter): fuse it into a model with hearth fuse --model BASE "
                "--adapter-path ", dir.string(), " --out NEW, or load it with generate --adapter-path");
-  HEARTH_CHECK(ad.fine_tune_type == "lora", where, ": fine_tune_type '", ad.fine_tune_type,
+  HEARTH_CHECK(ad.fine_tune_type == "lora", where, ": fine_tune_type '", printable(ad.fine_tune_type),
                "' is not supported (only \"lora\")");
   HEARTH_CHECK(!bool_field(cfg, "use_dora", false, where), where, ": DoRA adapters are not supported");
-  ad.config.num_layers = static_cast<int64_t>(num_field(cfg, "num_layers", num_field(cfg, "lora_layers", -1, where), where));
+  const int64_t kMaxLayers = int64_t{1} << 20;
+  ad.config.num_layers =
+      int_field(cfg, "num_layers", int_field(cfg, "lora_layers", -1, -1, kMaxLayers, where), -1, kMaxLayers, where);
   json lp = cfg.contains("lora_parameters") ? cfg["lora_parameters"] : json::object();
   HEARTH_CHECK(lp.is_object(), where, ": field 'lora_parameters' must be an object");
-  ad.config.rank = static_cast<int64_t>(num_field(lp, "rank", 8, where));
+  ad.config.rank = int_field(lp, "rank", 8, 1, kMaxLoraRank, where);
   ad.config.scale = num_field(lp, "scale", 20.0, where);
   if (bool_field(lp, "rs_lora", false, where)) ad.config.scale /= std::sqrt(double(ad.config.rank));
   ad.config.dropout = num_field(lp, "dropout", 0.0, where);
   ad.config.keys = str_list(lp, "keys", where);
   ad.base_model = str_field(cfg, "base_model_name_or_path", str_field(cfg, "model", "", where), where);
-  auto file = io::SafetensorsFile::open(dir / kMlxWeights);
-  for (auto& [module, p] : pair_tensors(*file, "", ".lora_a", ".lora_b")) {
+  auto file = io::SafetensorsFile::open(dir / kMlxWeights, opt.roots);
+  const std::string fwhere = file->path().string();
+  const auto pairs = pair_entries(*file, "", ".lora_a", ".lora_b");
+  for (const auto& [module, p] : pairs) {
     // mlx-lm orientation: lora_a [in, r], lora_b [r, out].
-    HEARTH_CHECK(p.a.size(1) == p.b.size(0), file->path().string(), ": module ", module, ": lora_a ",
-                 nn::shape_str(p.a.sizes()), " and lora_b ", nn::shape_str(p.b.sizes()), " disagree on the rank");
-    HEARTH_CHECK(p.a.size(1) == ad.config.rank, file->path().string(), ": module ", module, ": rank ", p.a.size(1),
+    HEARTH_CHECK(p.a->shape[1] == p.b->shape[0], fwhere, ": module ", printable(module), ": lora_a ",
+                 nn::shape_str(p.a->shape), " and lora_b ", nn::shape_str(p.b->shape), " disagree on the rank");
+    HEARTH_CHECK(p.a->shape[1] == ad.config.rank, fwhere, ": module ", printable(module), ": rank ", p.a->shape[1],
                  " but ", kConfig, " lora_parameters.rank is ", ad.config.rank);
-    ad.modules[module] = nn::LoraAdapter{p.a.t().contiguous(), p.b.t().contiguous(), ad.config.scale, ad.config.dropout};
+    check_module_shape(opt.shapes, fwhere, module, p.a->shape[1], p.a->shape[0], p.b->shape[1]);
   }
+  for (const auto& [module, p] : pairs)
+    ad.modules[module] = nn::LoraAdapter{load_entry(*file, p.a).t().contiguous(),
+                                         load_entry(*file, p.b).t().contiguous(), ad.config.scale, ad.config.dropout};
   return ad;
 }
 
-Adapter load_peft(const fs::path& dir, const json& cfg, const std::string& where) {
+Adapter load_peft(const fs::path& dir, const json& cfg, const std::string& where, const LoadAdapterOptions& opt) {
   Adapter ad;
   const std::string type = str_field(cfg, "peft_type", "", where);
-  HEARTH_CHECK(type == "LORA", where, ": peft_type '", type, "' is not supported (only \"LORA\")");
+  HEARTH_CHECK(type == "LORA", where, ": peft_type '", printable(type), "' is not supported (only \"LORA\")");
   HEARTH_CHECK(!bool_field(cfg, "use_dora", false, where), where, ": DoRA adapters are not supported");
   HEARTH_CHECK(!bool_field(cfg, "fan_in_fan_out", false, where), where, ": fan_in_fan_out adapters are not supported");
   HEARTH_CHECK(!bool_field(cfg, "lora_bias", false, where), where, ": lora_bias adapters are not supported");
   const std::string bias = str_field(cfg, "bias", "none", where);
-  HEARTH_CHECK(bias == "none", where, ": bias '", bias, "' is not supported (only \"none\")");
+  HEARTH_CHECK(bias == "none", where, ": bias '", printable(bias), "' is not supported (only \"none\")");
   HEARTH_CHECK(!cfg.contains("modules_to_save") || cfg["modules_to_save"].is_null() ||
                    (cfg["modules_to_save"].is_array() && cfg["modules_to_save"].empty()),
                where, ": modules_to_save is not supported (the adapter carries full module weights)");
-  const double r = num_field(cfg, "r", 8, where);
+  const int64_t r = int_field(cfg, "r", 8, 1, kMaxLoraRank, where);
   const double alpha = num_field(cfg, "lora_alpha", 8, where);
   const bool rslora = bool_field(cfg, "use_rslora", false, where);
-  HEARTH_CHECK(r > 0, where, ": field 'r' must be positive");
   auto scale_of = [&](double rank, double a) { return rslora ? a / std::sqrt(rank) : a / rank; };
-  ad.config.rank = static_cast<int64_t>(r);
-  ad.config.scale = scale_of(r, alpha);
+  ad.config.rank = r;
+  ad.config.scale = scale_of(double(r), alpha);
   ad.config.dropout = num_field(cfg, "lora_dropout", 0.0, where);
   ad.config.keys = str_list(cfg, "target_modules", where);
   ad.base_model = str_field(cfg, "base_model_name_or_path", "", where);
-  const json rank_pattern = cfg.value("rank_pattern", json::object());
-  const json alpha_pattern = cfg.value("alpha_pattern", json::object());
-  auto file = io::SafetensorsFile::open(dir / kPeftWeights);
+  const Patterns rank_pattern(cfg, "rank_pattern", where), alpha_pattern(cfg, "alpha_pattern", where);
+  auto file = io::SafetensorsFile::open(dir / kPeftWeights, opt.roots);
   const std::string fwhere = file->path().string();
-  for (auto& [module, p] : pair_tensors(*file, kPeftPrefix, ".lora_A.weight", ".lora_B.weight")) {
-    HEARTH_CHECK(p.a.size(0) == p.b.size(1), fwhere, ": module ", module, ": lora_A ", nn::shape_str(p.a.sizes()),
-                 " and lora_B ", nn::shape_str(p.b.sizes()), " disagree on the rank");
-    double rank = r, a = alpha;
-    if (const json* v = pattern_value(rank_pattern, module, where)) {
-      HEARTH_CHECK(v->is_number(), where, ": rank_pattern value for ", module, " must be a number");
+  const auto pairs = pair_entries(*file, kPeftPrefix, ".lora_A.weight", ".lora_B.weight");
+  std::map<std::string, double> scales;
+  for (const auto& [module, p] : pairs) {
+    // PEFT orientation: lora_A [r, in], lora_B [out, r].
+    HEARTH_CHECK(p.a->shape[0] == p.b->shape[1], fwhere, ": module ", printable(module), ": lora_A ",
+                 nn::shape_str(p.a->shape), " and lora_B ", nn::shape_str(p.b->shape), " disagree on the rank");
+    double rank = double(r), a = alpha;
+    if (const json* v = rank_pattern.find(module)) {
       rank = v->get<double>();
+      HEARTH_CHECK(std::isfinite(rank) && rank == std::floor(rank) && rank >= 1 && rank <= double(kMaxLoraRank), where,
+                   ": rank_pattern value for ", printable(module), " must be an integer in [1, ", kMaxLoraRank,
+                   "], got ", v->dump());
     }
-    if (const json* v = pattern_value(alpha_pattern, module, where)) {
-      HEARTH_CHECK(v->is_number(), where, ": alpha_pattern value for ", module, " must be a number");
-      a = v->get<double>();
-    }
-    HEARTH_CHECK(p.a.size(0) == static_cast<int64_t>(rank), fwhere, ": module ", module, ": rank ", p.a.size(0),
+    if (const json* v = alpha_pattern.find(module)) a = v->get<double>();
+    HEARTH_CHECK(double(p.a->shape[0]) == rank, fwhere, ": module ", printable(module), ": rank ", p.a->shape[0],
                  " but ", kConfig, " gives r = ", rank);
-    ad.modules[module] = nn::LoraAdapter{p.a, p.b, scale_of(rank, a), ad.config.dropout};
+    scales[module] = scale_of(rank, a);
+    HEARTH_CHECK(std::isfinite(scales[module]) && std::fabs(scales[module]) <= kMaxLoraScale, where, ": module ",
+                 printable(module), ": LoRA scale (lora_alpha / r) is ", scales[module], ", expected a finite value of at most ",
+                 kMaxLoraScale, " in magnitude");
+    check_module_shape(opt.shapes, fwhere, module, p.a->shape[0], p.a->shape[1], p.b->shape[0]);
   }
+  for (const auto& [module, p] : pairs)
+    ad.modules[module] =
+        nn::LoraAdapter{load_entry(*file, p.a), load_entry(*file, p.b), scales.at(module), ad.config.dropout};
   return ad;
 }
 
@@ -290,25 +346,36 @@ bool key_matches(const std::string& path, const std::string& key) {
   return path == key || (path.size() > key.size() && ends_with(path, key) && path[path.size() - key.size() - 1] == '.');
 }
 
-Adapter load_adapter(const fs::path& dir_in) {
+void check_adapter_id(const std::string& id) {
+  HEARTH_CHECK_T(InvalidArgument, !id.empty() && id.find_first_of("+,") == std::string::npos && id != "none" &&
+                                      !has_control_chars(id),
+                 "adapter '", printable(id, 100), "': an id must be non-empty, not \"none\", and contain no '+', ',' "
+                 "or control characters");
+}
+
+Adapter load_adapter(const fs::path& dir_in, const LoadAdapterOptions& options) {
   const fs::path dir = dir_in.has_filename() ? dir_in : dir_in.parent_path();
   HEARTH_CHECK_T(NotFound, fs::is_directory(dir), dir.string(), ": adapter folder does not exist");
-  const bool mlx = fs::exists(dir / kMlxWeights), peft = fs::exists(dir / kPeftWeights);
+  // entry_exists: a symlink loop or a dangling link is reported by the open below, not as missing.
+  const bool mlx = io::entry_exists(dir / kMlxWeights), peft = io::entry_exists(dir / kPeftWeights);
   HEARTH_CHECK_T(NotFound, mlx || peft, dir.string(), ": no ", kMlxWeights, " or ", kPeftWeights);
   const fs::path cfg_path = dir / kConfig;
-  HEARTH_CHECK_T(NotFound, fs::exists(cfg_path), cfg_path.string(), ": missing (every adapter folder needs it)");
-  const json cfg = io::read_json(cfg_path);
+  HEARTH_CHECK_T(NotFound, io::entry_exists(cfg_path), cfg_path.string(), ": missing (every adapter folder needs it)");
+  const json cfg = io::read_json(cfg_path, io::FileKind::kConfig, options.roots);
   const std::string where = cfg_path.string();
   HEARTH_CHECK(cfg.is_object(), where, ": must be a JSON object");
-  Adapter ad = mlx ? load_mlx(dir, cfg, where) : load_peft(dir, cfg, where);
+  Adapter ad = mlx ? load_mlx(dir, cfg, where, options) : load_peft(dir, cfg, where, options);
   ad.id = dir.filename().string();
   HEARTH_CHECK(ad.config.rank > 0, where, ": rank must be positive, got ", ad.config.rank);
+  HEARTH_CHECK(std::isfinite(ad.config.scale) && std::fabs(ad.config.scale) <= kMaxLoraScale, where,
+               ": LoRA scale is ", ad.config.scale, ", expected a finite value of at most ", kMaxLoraScale,
+               " in magnitude");
   HEARTH_CHECK(ad.config.dropout >= 0.0 && ad.config.dropout < 1.0, where, ": dropout must be in [0, 1), got ",
                ad.config.dropout);
   // NaN/Inf weights would turn every answer into garbage silently.
   for (const auto& [module, m] : ad.modules)
     HEARTH_CHECK(at::isfinite(m.a).all().item<bool>() && at::isfinite(m.b).all().item<bool>(), dir.string(),
-                 ": module ", module, " has NaN or infinite LoRA weights");
+                 ": module ", printable(module), " has NaN or infinite LoRA weights");
   return ad;
 }
 

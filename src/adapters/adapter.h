@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "io/read_file.h"
 #include "nn/linear.h"
 
 namespace hearth::adapters {
@@ -47,6 +48,30 @@ const std::vector<std::string>& default_keys();
 /// True when module `path` matches `key` (path == key or path ends with "." + key).
 bool key_matches(const std::string& path, const std::string& key);
 
+/// Module path → {in_features, out_features} of the model's Linear modules (mount.h module_shapes).
+using ModuleShapes = std::map<std::string, std::pair<int64_t, int64_t>>;
+
+/// How load_adapter may read an adapter folder.
+struct LoadAdapterOptions {
+  /// When non-empty, every file read (config and weights, symlinks followed) must resolve under
+  /// one of these folders (the server's allowed adapter folders).
+  io::Roots roots;
+  /// When given, every module must be one of these, with A/B shapes that fit it; checked from the
+  /// safetensors header before any tensor data is read or copied.
+  const ModuleShapes* shapes = nullptr;
+};
+
+/// Largest |effective scale| accepted (mlx-lm's default is 20; PEFT's alpha / r is usually 0.5-4):
+/// beyond it B·A·scale overflows half precision or is a typo.
+constexpr double kMaxLoraScale = 1e4;
+/// Largest LoRA rank accepted in a config.
+constexpr int64_t kMaxLoraRank = 65536;
+
+/// Throws hearth::InvalidArgument "adapter id '<id>': ..." unless `id` is non-empty, not "none",
+/// has no '+' or ',' (they separate ids in a selection) and no control characters; the id is quoted
+/// with control bytes escaped.
+void check_adapter_id(const std::string& id);
+
 /// Reads an adapter folder, detecting the layout:
 ///   mlx-lm: adapters.safetensors ("<module>.lora_a" [in, r], "<module>.lora_b" [r, out]) +
 ///           adapter_config.json {fine_tune_type, num_layers, lora_parameters: {rank, scale,
@@ -58,9 +83,13 @@ bool key_matches(const std::string& path, const std::string& key);
 /// Throws hearth::Error (one line naming the file and module) on: missing folder/files, bad JSON,
 /// unsupported variants (DoRA, a full fine-tune: "<dir>: full fine-tune ...: fuse it into a model
 /// with hearth fuse ...", bias != "none", modules_to_save, fan_in_fan_out),
-/// an unknown tensor name, a module with A but no B (or the reverse), non-2-D tensors, A/B ranks
-/// that disagree with each other or with the config's rank (rank_pattern honoured).
-Adapter load_adapter(const std::filesystem::path& dir);
+/// an unknown tensor name, a module with A but no B (or the reverse), non-2-D or non-float tensors,
+/// A/B ranks that disagree with each other or with the config's rank (rank_pattern / alpha_pattern
+/// keys matched as PEFT's get_pattern_key, bounded: adapters/pattern_key.h), ranks that are not
+/// integers in [1, 65536], a scale that is not finite or over kMaxLoraScale, files that are not
+/// regular or over the size caps (io/read_file.h), and whatever `options` asks to check.
+/// All checks that the header allows run before tensor data is read.
+Adapter load_adapter(const std::filesystem::path& dir, const LoadAdapterOptions& options = {});
 
 /// Writes `adapter` to `dir` in `format` (tensors as stored, transposed to the layout's
 /// orientation). The folder is built under a temp name and renamed into place; an existing `dir`

@@ -29,11 +29,15 @@ int64_t layer_index(const std::string& path) {
   return std::regex_match(path, m, re) ? std::stoll(m[2].str()) : -1;
 }
 
+ModuleShapes module_shapes(models::Model& model) {
+  ModuleShapes out;
+  for (auto& [path, lin] : model.linear_modules()) out[path] = {lin->in_features(), lin->out_features()};
+  return out;
+}
+
 void validate_against(const Adapter& adapter, models::Model& model) {
+  check_adapter_id(adapter.id);
   const std::string who = cat("adapter '", adapter.id, "'");
-  HEARTH_CHECK_T(InvalidArgument, !adapter.id.empty() && adapter.id.find_first_of("+,") == std::string::npos &&
-                                      adapter.id != "none",
-                 who, ": an id must be non-empty, not \"none\", and contain no '+' or ','");
   HEARTH_CHECK_T(InvalidArgument, !adapter.modules.empty(), who, ": has no modules");
   const auto modules = module_map(model);
   for (const auto& [path, m] : adapter.modules) {

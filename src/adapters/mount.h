@@ -12,10 +12,14 @@ namespace hearth::adapters {
 
 /// Checks that every module of `adapter` exists in `model.linear_modules()`, that A is [r, in] and
 /// B is [out, r] for that Linear with r > 0 equal in both, that the id is a valid, unmounted id (no
-/// '+' or ','), and that the adapter has at least one module. Throws hearth::Error naming the
+/// '+', ',' or control characters: check_adapter_id), and that the adapter has at least one module. Throws hearth::Error naming the
 /// adapter id, the module and the problem ("adapter 'x': model.layers.9.self_attn.q_proj: no such
 /// module in the model").
 void validate_against(const Adapter& adapter, models::Model& model);
+
+/// {in_features, out_features} of every Linear of `model` by module path, for
+/// LoadAdapterOptions::shapes (so an adapter is checked against the model from its header alone).
+ModuleShapes module_shapes(models::Model& model);
 
 /// Validates, then adds the adapter under `adapter.id` to every targeted Linear, with A/B cast to
 /// the model's placement (device, dtype). All-or-nothing: on any error the model is unchanged.

@@ -154,7 +154,7 @@ void init_into(const InitOptions& o, const fs::path& tmp) {
                    ": not a JSON object");
   }
   if (!o.chat_template.empty()) {
-    tok_config["chat_template"] = io::read_file(o.chat_template);
+    tok_config["chat_template"] = io::read_file(o.chat_template, io::FileKind::kText);
     if (fs::exists(tmp / "chat_template.jinja")) fs::remove(tmp / "chat_template.jinja");
   } else if (tok.chat_template().empty()) {
     tok_config["chat_template"] = kDefaultChatTemplate;

@@ -1,5 +1,5 @@
-// Atomic file writes (temp file in the same folder + fsync + rename) and whole-file reads.
-// Not a general file API: no appends, no partial reads.
+// Atomic file writes (temp file in the same folder + fsync + rename) and tree removal.
+// Not a general file API: no appends; reads live in read_file.cpp.
 #include "io/atomic_file.h"
 
 #include <fcntl.h>
@@ -10,7 +10,6 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 
 #include "core/error.h"
 
@@ -70,18 +69,6 @@ void write_file_atomic(const fs::path& path, const std::function<void(std::ostre
 
 void write_file_atomic(const fs::path& path, std::string_view bytes) {
   write_file_atomic(path, [&](std::ostream& out) { out.write(bytes.data(), static_cast<std::streamsize>(bytes.size())); });
-}
-
-std::string read_file(const fs::path& path) {
-  std::error_code ec;
-  HEARTH_CHECK_T(NotFound, fs::exists(path, ec), path.string(), ": cannot read (no such file)");
-  HEARTH_CHECK(!fs::is_directory(path, ec), path.string(), ": cannot read (is a directory)");
-  std::ifstream in(path, std::ios::binary);
-  HEARTH_CHECK(in.good(), path.string(), ": cannot read (", std::strerror(errno), ")");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  HEARTH_CHECK(!in.bad(), path.string(), ": cannot read (I/O error)");
-  return ss.str();
 }
 
 namespace {

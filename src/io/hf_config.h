@@ -10,14 +10,24 @@
 #include <string>
 #include <vector>
 
+#include "io/read_file.h"
 #include "nn/quant.h"
 
 namespace hearth::io {
 
-/// Parses a JSON file; throws hearth::Error "<path>: invalid JSON (...)" / "<path>: cannot read".
-nlohmann::json read_json(const std::filesystem::path& path);
+/// Parses a JSON file read by io::read_file (regular file, size cap of `kind`, confined to `roots`
+/// when given); throws hearth::Error "<path>: invalid JSON (parse error at line L, column C: ...)"
+/// without quoting the file's bytes, or read_file's errors.
+nlohmann::json read_json(const std::filesystem::path& path, FileKind kind = FileKind::kConfig, const Roots& roots = {});
 
-/// generation_config.json (all fields optional; a missing file gives an empty config).
+/// A nlohmann::json exception message made fit for a one-line error: the "[json.exception...]"
+/// tag and the quoted input ("; last read: '...'") removed, newlines flattened.
+std::string json_error_text(const std::exception& e);
+
+/// generation_config.json (all fields optional; a missing file gives an empty config). Values are
+/// checked at load, as the server's request checks would (temperature >= 0, top_p in (0, 1],
+/// min_p in [0, 1], top_k >= 0, repetition_penalty > 0, all finite; ids >= 0): a bad one throws
+/// hearth::Error "<path>: <field> must be ..., got <value>".
 struct GenerationConfig {
   std::vector<int64_t> eos_token_ids;   // eos_token_id: int or list
   std::optional<int64_t> bos_token_id;
@@ -33,7 +43,12 @@ struct QuantizationConfig {
   nn::QuantSpec default_spec;
   /// Per-module overrides by module path ("model.layers.0.mlp.down_proj"); nullopt = not quantized.
   std::map<std::string, std::optional<nn::QuantSpec>> overrides;
-  /// The spec for module `path` (override, else default).
+  /// The spec for module `path`: its override, else the default. An override keyed with another
+  /// prefix than the model's module path (mlx-vlm's "language_model.model.layers.0.mlp.gate_proj"
+  /// for "model.layers.0.mlp.gate_proj", or the reverse) applies when it is the only key that
+  /// equals `path` after dropping whole leading components from one of the two; two such keys with
+  /// different specs throw hearth::Error naming both (mlx-lm's class_predicate looks keys up by the
+  /// module's own path; this extends it to wrapped and unwrapped checkpoints).
   std::optional<nn::QuantSpec> spec_for(const std::string& path) const;
   /// nullopt when config.json has no quantization block. Throws on bad bits/group sizes.
   static std::optional<QuantizationConfig> from_config(const nlohmann::json& config, const std::string& origin);

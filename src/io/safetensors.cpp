@@ -148,6 +148,11 @@ std::vector<TensorInfo> parse_safetensors_header(std::string_view header_json, u
                                                  const std::string& origin,
                                                  std::map<std::string, std::string>* metadata) {
   check_json_nesting(header_json, origin + ": header");
+  // The reference reader (safetensors crate) parses the header with serde_json: JSON whitespace
+  // may pad it (the writers pad with spaces to a multiple of 8), NUL bytes or other trailing
+  // bytes may not.
+  HEARTH_CHECK(header_json.find('\0') == std::string_view::npos, origin,
+               ": header contains NUL bytes (only spaces may pad a safetensors header)");
   json h = json::parse(header_json.begin(), header_json.end(), nullptr, /*allow_exceptions=*/false);
   HEARTH_CHECK(!h.is_discarded(), origin, ": header is not valid JSON");
   HEARTH_CHECK(h.is_object(), origin, ": header is not a JSON object (got ", h.type_name(), ")");
@@ -166,19 +171,28 @@ std::vector<TensorInfo> parse_safetensors_header(std::string_view header_json, u
     }
     out.push_back(parse_entry(it.key(), it.value(), data_size, origin));
   }
-  // Overlap check over entries sorted by byte range (zero-size entries overlap nothing).
+  // The reference's Metadata::validate: sorted by data_offsets, the tensors tile the data section
+  // from byte 0 with no gap or overlap, and the last one ends where the file ends (else
+  // MetadataIncompleteBuffer).
   std::vector<const TensorInfo*> by_begin;
-  for (const auto& t : out)
-    if (t.end > t.begin) by_begin.push_back(&t);
+  for (const auto& t : out) by_begin.push_back(&t);
   std::sort(by_begin.begin(), by_begin.end(), [](const TensorInfo* a, const TensorInfo* b) {
     return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
   });
-  for (size_t i = 1; i < by_begin.size(); ++i) {
-    const TensorInfo& a = *by_begin[i - 1];
-    const TensorInfo& b = *by_begin[i];
-    HEARTH_CHECK(b.begin >= a.end, origin, ": tensor '", printable(b.name), "': data_offsets [", b.begin, ", ",
-                 b.end, "] overlap tensor '", printable(a.name), "' [", a.begin, ", ", a.end, "]");
+  uint64_t covered = 0;
+  const TensorInfo* prev = nullptr;
+  for (const TensorInfo* t : by_begin) {
+    HEARTH_CHECK(t->begin >= covered || !prev, origin, ": tensor '", printable(t->name), "': data_offsets [",
+                 t->begin, ", ", t->end, "] overlap tensor '", printable(prev ? prev->name : ""), "' [",
+                 prev ? prev->begin : 0, ", ", prev ? prev->end : 0, "]");
+    HEARTH_CHECK(t->begin == covered, origin, ": tensor '", printable(t->name), "': data_offsets [", t->begin, ", ",
+                 t->end, "] leave bytes [", covered, ", ", t->begin, ") of the data section unused");
+    covered = t->end;
+    prev = t;
   }
+  HEARTH_CHECK(covered == data_size, origin, ": ", data_size - covered, " bytes after the last tensor (byte ",
+               covered, " of a ", data_size, "-byte data section): the reference reader rejects this "
+               "(MetadataIncompleteBuffer); truncated header or appended data?");
   return out;
 }
 
@@ -190,39 +204,25 @@ std::vector<TensorInfo> parse_safetensors_bytes(std::string_view bytes, const st
                " bytes) for the 8-byte safetensors header length");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
-  HEARTH_CHECK(n <= kMaxHeaderBytes, origin, ": header length ", n, " exceeds the 100 MB limit (corrupt file?)");
-  HEARTH_CHECK(n <= bytes.size() - 8, origin, ": header length ", n, " exceeds the file size ", bytes.size(),
-               " (truncated file?)");
+  // The length's value is not quoted: the file may be anything (even another file behind a symlink).
+  HEARTH_CHECK(n <= kMaxHeaderBytes, origin, ": header length exceeds the 100 MB limit (not a safetensors file?)");
+  HEARTH_CHECK(n <= bytes.size() - 8, origin, ": header length exceeds the file size ", bytes.size(),
+               " (truncated file, or not a safetensors file?)");
   if (data_offset) *data_offset = 8 + n;
   return parse_safetensors_header(bytes.substr(8, n), bytes.size() - 8 - n, origin, metadata);
 }
 
 // --- SafetensorsFile ----------------------------------------------------------------------------
 
-std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const fs::path& path) {
+std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const fs::path& path, const Roots& roots) {
   const std::string origin = path.string();
-  std::error_code ec;
-  HEARTH_CHECK_T(NotFound, fs::exists(path, ec), origin, ": no such file");
-  HEARTH_CHECK(!fs::is_directory(path, ec), origin, ": is a folder, expected a .safetensors file");
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  HEARTH_CHECK(fd >= 0, origin, ": cannot open (", std::strerror(errno), ")");
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    throw Error(cat(origin, ": cannot stat (", std::strerror(err), ")"));
-  }
-  const size_t size = static_cast<size_t>(st.st_size);
+  OpenFile file(path, roots);  // regular file (no FIFO or device), inside `roots`
+  const size_t size = static_cast<size_t>(file.size());
   void* map = nullptr;
   if (size > 0) {
-    map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED) {
-      int err = errno;
-      ::close(fd);
-      throw Error(cat(origin, ": cannot mmap (", std::strerror(err), ")"));
-    }
+    map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, file.fd(), 0);
+    HEARTH_CHECK(map != MAP_FAILED, origin, ": cannot mmap (", std::strerror(errno), ")");
   }
-  ::close(fd);
   std::shared_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->path_ = path;
   f->map_ = map;

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "io/read_file.h"
+
 namespace hearth::io {
 
 /// Element types safetensors files carry that Hearth reads.
@@ -36,10 +38,13 @@ struct TensorInfo {
   uint64_t end = 0;
 };
 
-/// Parses and validates a safetensors header. `data_size` is the byte length of the data section.
-/// Checks: JSON well-formed object; each entry has dtype/shape/data_offsets of the right types;
-/// known dtype; non-negative shape; offsets in bounds, non-overlapping, and
-/// dtype_size * prod(shape) == end - begin. Throws hearth::Error naming `origin` and the entry.
+/// Parses and validates a safetensors header as the reference reader (the safetensors crate's
+/// SafeTensors::read_metadata and Metadata::validate) does. `data_size` is the byte length of the
+/// data section. Checks: JSON well-formed object (JSON whitespace may pad it, NUL bytes may not);
+/// each entry has dtype/shape/data_offsets of the right types; known dtype; non-negative shape;
+/// dtype_size * prod(shape) == end - begin; the entries, sorted by offsets, cover the data section
+/// exactly: from 0, no gap, no overlap, no bytes after the last. Throws hearth::Error naming
+/// `origin` and the entry.
 std::vector<TensorInfo> parse_safetensors_header(std::string_view header_json, uint64_t data_size,
                                                  const std::string& origin,
                                                  std::map<std::string, std::string>* metadata = nullptr);
@@ -59,9 +64,10 @@ constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 /// (zero-copy) that keep the mapping alive; clone them before writing.
 class SafetensorsFile {
  public:
-  /// Opens and validates `path`; throws hearth::Error ("<path>: <problem>") on any defect,
-  /// including a header length beyond the file or over 100 MB.
-  static std::shared_ptr<SafetensorsFile> open(const std::filesystem::path& path);
+  /// Opens (io::OpenFile: a regular file, inside `roots` when given) and validates `path`; throws
+  /// hearth::Error ("<path>: <problem>") on any defect, including a header length beyond the file
+  /// or over 100 MB. Reads only the header: tensor bytes are touched when tensor() is used.
+  static std::shared_ptr<SafetensorsFile> open(const std::filesystem::path& path, const Roots& roots = {});
   ~SafetensorsFile();
 
   const std::filesystem::path& path() const { return path_; }

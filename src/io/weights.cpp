@@ -52,12 +52,12 @@ WeightStore WeightStore::open(const fs::path& dir) {
   std::vector<fs::path> paths;
   std::map<std::string, std::string> mapping;  // from the index, when used
   fs::path index_path = dir / "model.safetensors.index.json";
-  if (fs::exists(dir / "model.safetensors", ec)) {
+  if (entry_exists(dir / "model.safetensors")) {
     paths.push_back(dir / "model.safetensors");
-  } else if (fs::exists(index_path, ec)) {
+  } else if (entry_exists(index_path)) {
     for (const auto& shard : shards_from_index(index_path, read_json(index_path), &mapping)) {
       fs::path p = dir / shard;
-      HEARTH_CHECK_T(NotFound, fs::exists(p, ec), index_path.string(), ": shard '", shard,
+      HEARTH_CHECK_T(NotFound, entry_exists(p), index_path.string(), ": shard '", shard,
                      "' named in weight_map is missing from ", dir.string());
       paths.push_back(p);
     }

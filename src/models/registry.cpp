@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "core/printable.h"
 #include "io/weights.h"
 #include "models/llama/llama.h"
 
@@ -29,13 +30,19 @@ const std::map<std::string, Family>& families() {
 }
 
 const Family& family_of(const nlohmann::json& config, const std::string& origin) {
+  HEARTH_CHECK(config.is_object(), origin, ": must be a JSON object, got ", config.type_name());
   std::string type;
-  if (auto it = config.find("model_type"); config.is_object() && it != config.end() && it->is_string()) type = *it;
+  if (auto it = config.find("model_type"); it != config.end()) {
+    HEARTH_CHECK(it->is_string(), origin, ": model_type must be a string (e.g. \"llama\"), got ", it->type_name(), " ",
+                 printable(it->dump(), 60));
+    type = *it;
+  }
   auto f = families().find(type);
   if (f == families().end()) {
     std::string list;
     for (const auto& name : supported_model_types()) list += (list.empty() ? "" : ", ") + name;
-    throw Error(cat(origin, ": unsupported model_type '", type, "' (supported: ", list, ")"));
+    throw Error(cat(origin, type.empty() ? ": missing model_type" : cat(": unsupported model_type '", printable(type, 100), "'"),
+                    " (supported: ", list, ")"));
   }
   return f->second;
 }

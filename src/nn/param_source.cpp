@@ -17,15 +17,43 @@ std::string shape_str(at::IntArrayRef shape) {
   return os.str();
 }
 
+namespace {
+
+// Integer (and bool) tensors are legal only where the format stores codes: MLX packed quantized
+// weights, "<module>.weight" as U32 (or I32) beside "<module>.scales". Anywhere else they would be
+// converted numerically into garbage weights (or fail inside torch with no file named).
+template <typename Contains>
+void check_dtype(const std::string& name, at::ScalarType type, const char* stored, const std::string& origin,
+                 Contains contains) {
+  if (at::isFloatingType(type)) return;
+  const std::string suffix = ".weight";
+  const bool packed = name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+                      contains(name.substr(0, name.size() - suffix.size()) + ".scales");
+  HEARTH_CHECK(packed && type == at::kInt, origin, ": tensor ", name, " is stored as ", stored,
+               packed ? "; MLX packed weights must be U32" : "",
+               packed ? "" : ", not a floating-point type; integer dtypes are only read as MLX packed weights "
+                             "(a .weight beside .scales)");
+}
+
+}  // namespace
+
 bool WeightStoreSource::contains(const std::string& name) const { return store_.contains(name); }
 
 at::Tensor WeightStoreSource::get(const std::string& name, const std::vector<int64_t>& expected) const {
+  if (store_.contains(name)) {
+    const io::TensorInfo& info = store_.info(name);
+    check_dtype(name, io::to_scalar_type(info.dtype), io::dtype_name(info.dtype), store_.file_of(name).string(),
+                [&](const std::string& n) { return store_.contains(n); });
+  }
   return expected.empty() ? store_.get(name) : store_.get(name, expected);
 }
 
 at::Tensor TensorMapSource::get(const std::string& name, const std::vector<int64_t>& expected) const {
   auto it = tensors_.find(name);
   HEARTH_CHECK(it != tensors_.end(), origin_, ": missing tensor ", name);
+  const std::string type_name = c10::toString(it->second.scalar_type());
+  check_dtype(name, it->second.scalar_type(), type_name.c_str(), origin_,
+              [&](const std::string& n) { return tensors_.count(n) > 0; });
   if (!expected.empty())
     HEARTH_CHECK(it->second.sizes().vec() == expected, origin_, ": tensor ", name, " has shape ",
                  shape_str(it->second.sizes()), ", expected ", shape_str(expected));

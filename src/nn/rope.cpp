@@ -56,7 +56,8 @@ RopeParams RopeParams::from_json(const json& config, const std::string& origin) 
   RopeParams p;
   json scaling;  // the per-type parameter object, whichever convention
   const std::string params_where = cat(origin, ": rope_parameters");
-  if (auto it = config.find("rope_parameters"); it != config.end() && it->is_object()) {
+  if (auto it = config.find("rope_parameters"); it != config.end() && !it->is_null()) {
+    HEARTH_CHECK(it->is_object(), params_where, " must be an object (or null), got ", it->type_name());
     scaling = *it;
     if (auto t = opt_pos(scaling, "rope_theta", params_where)) p.theta = *t;
     else if (auto t2 = opt_pos(config, "rope_theta", origin)) p.theta = *t2;
@@ -109,7 +110,10 @@ RopeParams RopeParams::from_json(const json& config, const std::string& origin) 
     throw Error(cat(where, ": unsupported rope type '", type,
                     "' (supported: default, linear, dynamic, llama3, yarn)"));
   }
-  HEARTH_CHECK(p.factor > 0, where, ": factor must be > 0, got ", p.factor);
+  // transformers' _validate_*_rope_parameters warn when factor < 1 (a factor < 1 shrinks, not
+  // extends, the context; near 0 it turns inv_freq into inf and the logits into NaN): refuse it.
+  HEARTH_CHECK(p.factor >= 1, where, ": factor must be >= 1 (", type, " scaling extends the context), got ",
+               scaling.at("factor").dump());
   return p;
 }
 
@@ -180,6 +184,10 @@ RotaryEmbedding::RotaryEmbedding(RopeParams params, int64_t head_dim, int64_t ma
     : params_(std::move(params)), max_pos_(max_pos), device_(device) {
   dim_ = static_cast<int64_t>(head_dim * params_.partial_rotary_factor);
   RopeInit init = compute_rope_init(params_, dim_, max_pos_);
+  // Whatever the parameters, a table that is not finite would make every logit NaN.
+  HEARTH_CHECK(std::isfinite(init.attention_scaling) && at::isfinite(init.inv_freq).all().item<bool>(),
+               "rope: the ", params_.type, " parameters (theta ", params_.theta, ", factor ", params_.factor,
+               ") give non-finite frequencies; check rope_parameters / rope_scaling in config.json");
   inv_freq_ = init.inv_freq.to(device_);
   original_inv_freq_ = inv_freq_;
   attention_scaling_ = init.attention_scaling;

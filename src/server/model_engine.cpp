@@ -366,8 +366,11 @@ std::vector<AdapterInfo> ModelEngine::list_adapters() const {
 }
 
 AdapterInfo ModelEngine::mount_adapter(const std::string& id, const std::string& path) {
-  if (id.empty() || id == "none" || id.find_first_of("+,") != std::string::npos)
-    throw ApiError(400, "adapter id '" + id + "' is invalid: non-empty, not \"none\", no '+' or ','", "id");
+  try {
+    adapters::check_adapter_id(id);  // also no control characters (a NUL would cut messages short)
+  } catch (const Error& e) {
+    throw ApiError(400, e.what(), "id");
+  }
   {
     std::lock_guard<std::mutex> lock(adapters_mu_);
     for (const auto& a : adapters_)
@@ -387,7 +390,13 @@ AdapterInfo ModelEngine::mount_adapter(const std::string& id, const std::string&
   if (!fs::is_directory(p, ec)) throw ApiError(404, "No adapter folder at '" + path + "'.", "path", "adapter_not_found");
   adapters::Adapter a;
   try {
-    a = adapters::load_adapter(p);
+    // Every file must resolve inside the allowed folders (a symlinked file must not read /etc), and
+    // shapes are checked against the model from the header before any tensor data is copied.
+    const adapters::ModuleShapes shapes = adapters::module_shapes(*model_);
+    adapters::LoadAdapterOptions load_opts;
+    load_opts.roots = roots_;
+    load_opts.shapes = &shapes;
+    a = adapters::load_adapter(p, load_opts);
     a.id = id;
     adapters::mount(*model_, a);  // validates first; all-or-nothing
   } catch (const Error& e) {

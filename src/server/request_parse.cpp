@@ -67,7 +67,9 @@ std::optional<int64_t> integer_in(const json& body, const std::string& key, int6
   if (v->is_number_float()) {
     double d = v->get<double>();
     if (!std::isfinite(d) || d != std::floor(d)) bad_type(key, *v, "an integer");
-    if (d < static_cast<double>(lo) || d > static_cast<double>(hi))
+    // hi as a double may round up (INT64_MAX becomes 2^63): compare below 2^63 too, so the cast
+    // below is always defined.
+    if (d < static_cast<double>(lo) || d > static_cast<double>(hi) || d >= 0x1p63)
       bad(key, "Invalid '" + key + "': expected an integer in [" + std::to_string(lo) + ", " +
                    std::to_string(hi) + "], but got " + v->dump() + " instead.");
     return static_cast<int64_t>(d);

@@ -5,17 +5,18 @@
 
 #include <nlohmann/json.hpp>
 
-#include <fstream>
-#include <sstream>
-
 #include "core/error.h"
 #include "core/json_nesting.h"
+#include "core/printable.h"
+#include "io/hf_config.h"
+#include "io/read_file.h"
 #include "tokenizer/added_vocab.h"
 #include "tokenizer/decoders.h"
 #include "tokenizer/model_bpe.h"
 #include "tokenizer/normalizers.h"
 #include "tokenizer/post_processor.h"
 #include "tokenizer/pre_tokenizers.h"
+#include "tokenizer/tokenizer_class.h"
 #include "tokenizer/unicode.h"
 
 namespace hearth::tokenizer {
@@ -35,24 +36,12 @@ struct Tokenizer::Impl {
 
 namespace {
 
-std::string read_file(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  HEARTH_CHECK_T(NotFound, f.good(), p.string(), ": cannot open file (does it exist?)");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  HEARTH_CHECK(!f.bad(), p.string(), ": read error");
-  return ss.str();
-}
-
 json parse_json(std::string_view text, const std::string& origin) {
   check_json_nesting(text, origin);
   try {
     return json::parse(text.begin(), text.end());
   } catch (const json::exception& e) {  // parse_error, and out_of_range for number overflow
-    std::string msg = e.what();
-    for (char& c : msg)
-      if (c == '\n' || c == '\r') c = ' ';
-    throw Error(cat(origin, ": invalid JSON: ", msg));
+    throw Error(cat(origin, ": invalid JSON: ", io::json_error_text(e)));
   }
 }
 
@@ -70,6 +59,12 @@ void apply_config(Tokenizer::Impl& impl, const json& cfg, const jf::At& at, cons
     if (!cfg.is_object()) at.fail("expected an object");
     impl.bos_token = config_token(cfg, "bos_token", at);
     impl.eos_token = config_token(cfg, "eos_token", at);
+    // An EOS the vocabulary lacks can never be generated, so generation would never stop on it
+    // (transformers would append it as a new id past the model's embedding): refuse the file.
+    if (!impl.eos_token.empty() && !impl.added.token_to_id(impl.eos_token) && !impl.model->token_to_id(impl.eos_token))
+      (at / "eos_token")
+          .fail(cat("token '", printable(impl.eos_token, 100),
+                    "' is not in the vocabulary (tokenizer.json), so generation could never stop on it"));
     if (auto it = cfg.find("chat_template"); it != cfg.end() && !it->is_null()) {
       jf::At ca = at / "chat_template";
       if (it->is_string()) {
@@ -105,8 +100,7 @@ void apply_config(Tokenizer::Impl& impl, const json& cfg, const jf::At& at, cons
   if (!jinja.empty()) impl.chat_template = jinja;
 }
 
-std::shared_ptr<Tokenizer::Impl> load_unguarded(std::string_view text, const std::string& origin) {
-  json j = parse_json(text, origin);
+std::shared_ptr<Tokenizer::Impl> load_unguarded(const json& j, const std::string& origin) {
   jf::At at{origin, ""};
   if (!j.is_object()) at.fail("expected a JSON object");
   auto impl = std::make_shared<Tokenizer::Impl>();
@@ -149,11 +143,19 @@ std::shared_ptr<Tokenizer::Impl> load_unguarded(std::string_view text, const std
 }
 
 // Any JSON access error that slipped past the field checks still becomes a one-line hearth::Error.
-std::shared_ptr<Tokenizer::Impl> load(std::string_view text, const std::string& origin) {
+// tokenizer.json text + parsed config (null when none) → the pipeline, with the config's
+// tokenizer_class applied first as transformers 5 applies it (tokenizer_class.h).
+std::shared_ptr<Tokenizer::Impl> load(std::string_view text, const std::string& origin, json cfg,
+                                      const std::string& config_origin, const std::string& jinja) {
   try {
-    return load_unguarded(text, origin);
+    json j = parse_json(text, origin);
+    const jf::At cat_at{config_origin, ""};
+    apply_tokenizer_class(j, cfg, cat_at);
+    auto impl = load_unguarded(j, origin);
+    apply_config(*impl, cfg, cat_at, jinja);
+    return impl;
   } catch (const json::exception& e) {
-    throw Error(cat(origin, ": ", e.what()));
+    throw Error(cat(origin, ": ", io::json_error_text(e)));
   }
 }
 
@@ -161,34 +163,31 @@ std::shared_ptr<Tokenizer::Impl> load(std::string_view text, const std::string& 
 
 Tokenizer Tokenizer::from_json_text(std::string_view tokenizer_json_text, const std::string& origin,
                                     std::string_view config_text, const std::string& config_origin) {
-  auto impl = load(tokenizer_json_text, origin);
-  if (!config_text.empty()) {
-    std::string co = config_origin.empty() ? "tokenizer_config.json" : config_origin;
-    apply_config(*impl, parse_json(config_text, co), jf::At{co, ""}, "");
-  }
+  const std::string co = config_origin.empty() ? "tokenizer_config.json" : config_origin;
+  json cfg = config_text.empty() ? json() : parse_json(config_text, co);
   Tokenizer t;
-  t.impl_ = std::move(impl);
+  t.impl_ = load(tokenizer_json_text, origin, std::move(cfg), co, "");
   return t;
 }
 
 Tokenizer Tokenizer::from_files(const std::filesystem::path& tokenizer_json,
                                 const std::filesystem::path& tokenizer_config_json) {
-  auto impl = load(read_file(tokenizer_json), tokenizer_json.string());
+  const std::string text = io::read_file(tokenizer_json, io::FileKind::kTokenizer);
   std::string jinja;
   std::filesystem::path jinja_path =
       (tokenizer_config_json.empty() ? tokenizer_json : tokenizer_config_json).parent_path() / "chat_template.jinja";
-  if (std::filesystem::exists(jinja_path)) jinja = read_file(jinja_path);
+  if (io::entry_exists(jinja_path)) jinja = io::read_file(jinja_path, io::FileKind::kText);
   json cfg;
-  if (!tokenizer_config_json.empty()) cfg = parse_json(read_file(tokenizer_config_json), tokenizer_config_json.string());
-  apply_config(*impl, cfg, jf::At{tokenizer_config_json.string(), ""}, jinja);
+  if (!tokenizer_config_json.empty())
+    cfg = parse_json(io::read_file(tokenizer_config_json, io::FileKind::kConfig), tokenizer_config_json.string());
   Tokenizer t;
-  t.impl_ = std::move(impl);
+  t.impl_ = load(text, tokenizer_json.string(), std::move(cfg), tokenizer_config_json.string(), jinja);
   return t;
 }
 
 Tokenizer Tokenizer::from_dir(const std::filesystem::path& dir) {
   std::filesystem::path cfg = dir / "tokenizer_config.json";
-  return from_files(dir / "tokenizer.json", std::filesystem::exists(cfg) ? cfg : std::filesystem::path{});
+  return from_files(dir / "tokenizer.json", io::entry_exists(cfg) ? cfg : std::filesystem::path{});
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {

@@ -53,7 +53,8 @@ void check_config(const TrainConfig& c) {
   HEARTH_CHECK(c.iters >= 1, "--iters must be >= 1, got ", c.iters);
   HEARTH_CHECK(c.grad_accumulation_steps >= 1, "--grad-accumulation-steps must be >= 1, got ",
                c.grad_accumulation_steps);
-  HEARTH_CHECK(c.learning_rate >= 0, "--learning-rate must be >= 0, got ", c.learning_rate);
+  HEARTH_CHECK(std::isfinite(c.learning_rate) && c.learning_rate >= 0, "--learning-rate must be a finite number >= 0, got ",
+               c.learning_rate);
   HEARTH_CHECK(c.warmup >= 0, "--warmup must be >= 0, got ", c.warmup);
   HEARTH_CHECK(c.steps_per_report >= 1, "--steps-per-report must be >= 1, got ", c.steps_per_report);
   HEARTH_CHECK(c.steps_per_eval >= 1, "--steps-per-eval must be >= 1, got ", c.steps_per_eval);

@@ -169,7 +169,7 @@ TEST(AdapterFormat, BrokenFoldersGiveOneLineErrors) {
   expect_load_error(patched_copy(tmp, "dora", {{"use_dora", true}}), "DoRA");
   expect_load_error(patched_copy(tmp, "ia3", {{"peft_type", "IA3"}}), "peft_type 'IA3'");
   expect_load_error(patched_copy(tmp, "bias", {{"bias", "all"}}), "bias 'all'");
-  expect_load_error(patched_copy(tmp, "rtype", {{"r", "four"}}), "field 'r' must be a number");
+  expect_load_error(patched_copy(tmp, "rtype", {{"r", "four"}}), "field 'r' must be an integer");
   expect_load_error(patched_copy(tmp, "rank", {{"r", 8}}), "model.layers.0.mlp.down_proj: rank 4 but adapter_config.json gives r = 8");
   auto file = io::SafetensorsFile::open(golden_lora("llama_mha") / "adapter_model.safetensors");
   std::map<std::string, at::Tensor> t;

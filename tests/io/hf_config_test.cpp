@@ -45,6 +45,32 @@ TEST(GenerationConfig, EosIntOrList) {
             std::string::npos);
 }
 
+// Values that would make every request fail later (sampler checks) are refused at load, one line
+// naming the file and field.
+TEST(GenerationConfig, OutOfRangeValuesFailAtLoad) {
+  TempDir d;
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"temperature": -1})", "generation_config.json: temperature must be a finite number >= 0, got -1"},
+      {R"({"top_p": 1.5})", "generation_config.json: top_p must be in [0, 1], got 1.5"},
+      {R"({"min_p": -0.1})", "generation_config.json: min_p must be in [0, 1], got -0.1"},
+      {R"({"top_k": -1})", "generation_config.json: top_k must be >= 0 (0 = off), got -1"},
+      {R"({"top_k": 1e3})", "generation_config.json: top_k must be an integer, got 1000.0"},
+      {R"({"repetition_penalty": 0})", "generation_config.json: repetition_penalty must be a finite number > 0"},
+      {R"({"eos_token_id": -5})", "generation_config.json: eos_token_id must be a token id"},
+      {R"({"eos_token_id": [2, 99999999999]})", "generation_config.json: eos_token_id must be a token id"},
+      {R"({"bos_token_id": 18446744073709551615})", "generation_config.json: bos_token_id must be a token id"},
+      {R"({"temperature": "hot"})", "generation_config.json: temperature must be a number, got \"hot\""},
+  };
+  for (const auto& [text, want] : cases) {
+    hearth::io::write_file_atomic(d / "generation_config.json", text);
+    const std::string msg = error_of([&] { GenerationConfig::load(d.path()); });
+    EXPECT_NE(msg.find(want), std::string::npos) << text << " -> " << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+  hearth::io::write_file_atomic(d / "generation_config.json", R"({"temperature": 0, "top_p": 1, "top_k": 0})");
+  EXPECT_EQ(*GenerationConfig::load(d.path()).temperature, 0.0);
+}
+
 TEST(QuantizationConfig, AbsentGivesNullopt) {
   EXPECT_FALSE(QuantizationConfig::from_config(json{{"hidden_size", 8}}, "config.json").has_value());
 }
@@ -63,6 +89,37 @@ TEST(QuantizationConfig, DefaultsAndOverrides) {
   auto back = QuantizationConfig::from_config(json{{"quantization", q->to_json()}}, "x");
   EXPECT_EQ(back->overrides, q->overrides);
   EXPECT_EQ(back->default_spec, q->default_spec);
+}
+
+// mlx-vlm writes overrides under the wrapper's path ("language_model.model.layers.0...") while the
+// weights (and Hearth's modules) are "model.layers.0..."; the reverse happens too. An override whose
+// key differs from the module path only by whole leading components applies when unambiguous.
+TEST(QuantizationConfig, OverridesMatchAcrossPrefixes) {
+  json c = json::parse(R"({"quantization": {"group_size": 64, "bits": 4,
+      "language_model.model.layers.0.mlp.down_proj": {"group_size": 32, "bits": 8},
+      "language_model.lm_head": false,
+      "layers.1.self_attn.q_proj": {"bits": 6}}})");
+  auto q = QuantizationConfig::from_config(c, "config.json");
+  ASSERT_TRUE(q.has_value());
+  EXPECT_EQ(q->spec_for("model.layers.0.mlp.down_proj"), (hearth::nn::QuantSpec{8, 32}));
+  EXPECT_FALSE(q->spec_for("lm_head").has_value());
+  EXPECT_EQ(q->spec_for("model.layers.1.self_attn.q_proj"), (hearth::nn::QuantSpec{6, 64}));
+  // Whole components only: layers.10 is not layers.0, "xmodel" is not "model".
+  EXPECT_EQ(q->spec_for("model.layers.10.mlp.down_proj"), (hearth::nn::QuantSpec{4, 64}));
+  EXPECT_EQ(q->spec_for("model.layers.1.self_attn.xq_proj"), (hearth::nn::QuantSpec{4, 64}));
+  EXPECT_EQ(q->spec_for("model.layers.0.mlp.up_proj"), (hearth::nn::QuantSpec{4, 64}));
+  // Two candidate keys with different settings: refused, naming both.
+  json amb = json::parse(R"({"quantization": {"group_size": 64, "bits": 4,
+      "language_model.model.layers.0.mlp.down_proj": {"bits": 8},
+      "vision_tower.model.layers.0.mlp.down_proj": {"bits": 2}}})");
+  auto qa = QuantizationConfig::from_config(amb, "config.json");
+  const std::string msg = error_of([&] { qa->spec_for("model.layers.0.mlp.down_proj"); });
+  EXPECT_NE(msg.find("model.layers.0.mlp.down_proj matches two overrides"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("vision_tower.model.layers.0.mlp.down_proj"), std::string::npos) << msg;
+  // The exact key wins over prefixed ones.
+  amb["quantization"]["model.layers.0.mlp.down_proj"] = {{"bits", 3}};
+  EXPECT_EQ(QuantizationConfig::from_config(amb, "config.json")->spec_for("model.layers.0.mlp.down_proj"),
+            (hearth::nn::QuantSpec{3, 64}));
 }
 
 TEST(QuantizationConfig, AcceptsQuantizationConfigKey) {
@@ -120,7 +177,7 @@ TEST(AtomicFile, WritesAndLeavesNoTempOnFailure) {
   size_t n = 0;
   for (auto& e : std::filesystem::directory_iterator(d.path())) (void)e, ++n;
   EXPECT_EQ(n, 1u);
-  EXPECT_NE(error_of([&] { hearth::io::read_file(d / "nope"); }).find("nope: cannot read (no such file)"),
+  EXPECT_NE(error_of([&] { hearth::io::read_file(d / "nope"); }).find("nope: cannot open (no such file)"),
             std::string::npos);
   EXPECT_THROW(hearth::io::write_file_atomic(d / "no_dir" / "x", "y"), hearth::Error);
 }

@@ -145,7 +145,7 @@ TEST(SafetensorsErrors, MissingFile) {
     SafetensorsFile::open(d / "nope.safetensors");
     FAIL();
   } catch (const hearth::NotFound& e) {
-    EXPECT_NE(std::string(e.what()).find("nope.safetensors: no such file"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("nope.safetensors: cannot open (no such file)"), std::string::npos) << e.what();
   }
 }
 
@@ -154,7 +154,59 @@ TEST(SafetensorsErrors, EmptyFile) { expect_open_error("", {"empty file"}); }
 TEST(SafetensorsErrors, ShorterThanLengthPrefix) { expect_open_error("abc", {"too short (3 bytes)"}); }
 
 TEST(SafetensorsErrors, HeaderLengthBeyondFile) {
-  expect_open_error(safetensors_bytes("{}", "", 4096), {"header length 4096 exceeds the file size 10"});
+  expect_open_error(safetensors_bytes("{}", "", 4096), {"header length exceeds the file size 10"});
+}
+
+// The first 8 bytes of any file are read as the header length: their value must not be echoed
+// (a symlink to /etc/passwd would print its first bytes as a number).
+TEST(SafetensorsErrors, HeaderLengthIsNotQuoted) {
+  const std::string text = "root:x:0:0:root:/root:/bin/bash\n";
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(text[i]);
+  TempDir d;
+  write_bytes(d / "passwd.safetensors", text);
+  try {
+    SafetensorsFile::open(d / "passwd.safetensors");
+    FAIL();
+  } catch (const hearth::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("header length exceeds the 100 MB limit"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find(std::to_string(n)), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("root:"), std::string::npos) << msg;
+  }
+}
+
+// The reference reader (safetensors crate, Metadata::validate + read_metadata) rejects bytes after
+// the last tensor and gaps between tensors (MetadataIncompleteBuffer / InvalidOffset).
+TEST(SafetensorsErrors, TrailingBytesAfterLastTensor) {
+  expect_open_error(safetensors_bytes("{" + kGoodEntry + "}", f32_bytes({1, 2}) + "abcd"),
+                    {"4 bytes after the last tensor", "MetadataIncompleteBuffer"});
+  // A header with no tensors and a data section.
+  expect_open_error(safetensors_bytes("{}", "abcd"), {"4 bytes after the last tensor"});
+}
+
+TEST(SafetensorsErrors, GapsBetweenTensors) {
+  expect_open_error(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                                      R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+                                      f32_bytes({1, 2, 3})),
+                    {"tensor 'b'", "leave bytes [4, 8) of the data section unused"});
+  expect_open_error(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", f32_bytes({1, 2})),
+                    {"tensor 'a'", "leave bytes [0, 4)"});
+}
+
+TEST(SafetensorsErrors, HeaderPaddedWithNulBytes) {
+  expect_open_error(safetensors_bytes("{" + kGoodEntry + "}" + std::string(3, '\0'), f32_bytes({1, 2})),
+                    {"NUL"});
+}
+
+TEST(Safetensors, HeaderPaddedWithSpacesAndZeroSizeTensorsAreAccepted) {
+  TempDir d;
+  write_bytes(d / "ok.safetensors",
+              safetensors_bytes(R"({"e":{"dtype":"F32","shape":[0],"data_offsets":[8,8]},)" + kGoodEntry + "}     ",
+                                f32_bytes({1, 2})));
+  auto f = SafetensorsFile::open(d / "ok.safetensors");
+  EXPECT_EQ(f->tensors().size(), 2u);
+  EXPECT_EQ(f->tensor("a")[1].item<float>(), 2.0f);
 }
 
 TEST(SafetensorsErrors, HeaderLengthAbsurd) {

