@@ -157,7 +157,7 @@ void Interpreter::exec_for(const Stmt& s, Scope& scope, std::string& out) {
   }
   const int64_t n = static_cast<int64_t>(items.size());
   for (int64_t i = 0; i < n; ++i) {
-    tick(s.line);
+    tick(s.line, kLoopIterationSteps);
     Scope inner{&scope, {}};
     bind(inner, items[i]);
     Value loop = Value::dict();
@@ -231,7 +231,7 @@ Value Interpreter::eval(const Expr& e, Scope& scope) {
   switch (e.kind) {
     case Expr::Kind::Literal: return e.value;
     case Expr::Kind::Name: {
-      if (Value* v = scope.lookup(e.name)) return *v;
+      if (Value* v = scope.lookup(e.name)) return charge(*v, e.line);
       return Value::undefined("'" + e.name + "' is undefined");
     }
     case Expr::Kind::List:
@@ -249,8 +249,16 @@ Value Interpreter::eval(const Expr& e, Scope& scope) {
       }
       return d;
     }
-    case Expr::Kind::Attr: return get_attr(eval(*e.kids[0], scope), e.name, e.line);
-    case Expr::Kind::Item: return get_item(eval(*e.kids[0], scope), eval(*e.kids[1], scope), e.line);
+    case Expr::Kind::Attr: {
+      Value v = get_attr(eval(*e.kids[0], scope), e.name, e.line);
+      charge(v, e.line);
+      return v;
+    }
+    case Expr::Kind::Item: {
+      Value v = get_item(eval(*e.kids[0], scope), eval(*e.kids[1], scope), e.line);
+      charge(v, e.line);
+      return v;
+    }
     case Expr::Kind::Slice: {
       Value obj = eval(*e.kids[0], scope);
       Value parts[3];
