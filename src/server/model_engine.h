@@ -67,6 +67,10 @@ class ModelEngine : public Engine {
 
   std::string model_id() const override { return model_id_; }
   int64_t context_length() const override { return context_length_; }
+  /// Twice the longest vocabulary entry in bytes, as written in tokenizer.json (byte-level and
+  /// SentencePiece entries are never shorter than the text they stand for; the factor 2 leaves
+  /// room for a normalizer that shrinks text).
+  int64_t max_token_bytes() const override { return max_token_bytes_; }
 
   /// Chat: messages → JSON as transformers expects (assistant tool_calls' arguments parsed from
   /// their JSON text to objects; tool messages keep tool_call_id/name) → chat template with
@@ -74,8 +78,11 @@ class ModelEngine : public Engine {
   /// chat_template_kwargs → encode with special tokens, dropping a doubled BOS (the template
   /// wrote one and the post-processor added another). Completions: encode(prompt) with special
   /// tokens. Throws hearth::InvalidArgument: no chat template, a template error, an empty
-  /// prompt, or an adapter id that is not mounted.
+  /// prompt, or an adapter id that is not mounted. Thread-safe (tokenizer, template and the
+  /// adapter list under its mutex only).
   Prompt prepare(const CompletionRequest& req) override;
+  /// The adapter ids again (unknown: InvalidArgument), on the engine thread before generate().
+  void check_request(const CompletionRequest& req) override { selected_adapters(req); }
   /// Runs generate::generate with resolve_sampling(req), the request's adapters active, EOS ids
   /// from generation_config.json + the tokenizer; streams text through a StreamDecoder and, when
   /// asked, the sampled token's logprob and the top req.top_logprobs alternatives (log-softmax of
@@ -129,6 +136,7 @@ class ModelEngine : public Engine {
   ModelEngineOptions opts_;
   std::string model_id_;
   int64_t context_length_ = 0;
+  int64_t max_token_bytes_ = 0;
   tokenizer::Tokenizer tokenizer_;
   std::unique_ptr<models::Model> model_;
   io::GenerationConfig gen_config_;
