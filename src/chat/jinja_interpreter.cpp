@@ -379,6 +379,7 @@ Value Interpreter::eval_binary(const std::string& op, const Value& a, const Valu
       int64_t n = std::max<int64_t>(0, cnt->as_int());
       size_t unit = seq->is_string() ? seq->str_ref().size() : seq->list_ref().items.size();
       if (unit && static_cast<uint64_t>(n) > limits_.max_output_bytes / unit) check_size(limits_.max_output_bytes + 1, line);
+      check_size(unit * static_cast<size_t>(n), line);  // the result counts against the total too
       if (seq->is_string()) {
         std::string r;
         for (int64_t i = 0; i < n; ++i) r += seq->str_ref();

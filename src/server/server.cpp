@@ -204,8 +204,8 @@ struct Server::Impl {
         return httplib::Server::HandlerResponse::Handled;
       }
       if (req.method == "POST" && !d.has_body) {
-        send_error(res, 400, "The request has no body (no Content-Length or Transfer-Encoding, or Content-Length: 0): "
-                             "send a JSON object.", "", "invalid_json");
+        send_error(res, 400, "The request body is empty (no Content-Length or Transfer-Encoding, or Content-Length: "
+                             "0): send a JSON object.", "", "invalid_json");
         return httplib::Server::HandlerResponse::Handled;
       }
       // httplib reads bodies of POST/PUT/PATCH/DELETE only; another method's body would be

@@ -35,7 +35,7 @@ TEST(JinjaBudget, AnEndlessTemplateFailsWithinSeconds) {
   const std::string err = error_of("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}");
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_NE(err.find("step limit"), std::string::npos) << err;
-  EXPECT_LT(s, 5.0);
+  EXPECT_LT(s, 15.0);  // ~1 s on an idle core, a few on a loaded machine; 20 M steps took 70 s idle
 }
 
 TEST(JinjaBudget, StringsBuiltOrCopiedAreBoundedInTotal) {
