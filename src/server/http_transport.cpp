@@ -213,8 +213,9 @@ struct GuardedHttpServer::Conn : httplib::Stream {
   bool wait(short events, Clock::time_point until, bool stop_aware) const {
     for (;;) {
       if (stop_aware && svr_sock == INVALID_SOCKET) return false;
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
-      if (left <= 0) return false;
+      const Clock::time_point now = Clock::now();
+      if (now >= until) return false;  // so that a caller seeing false knows `until` has passed
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - now).count();
       pollfd p{sock, events, 0};
       const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 100)));
       if (r > 0 || (r < 0 && errno != EINTR)) return true;
