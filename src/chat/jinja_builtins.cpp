@@ -531,7 +531,7 @@ void add_builtin_globals(Value& globals) {
           size_t n = fmt.empty() ? 0 : std::strftime(buf, sizeof buf, fmt.c_str(), &tm);
           return Value::string(std::string(buf, n));
         }));
-  g.set(Value::string("range"), Value::func("range", [](Interpreter&, CallArgs& a) -> Value {
+  g.set(Value::string("range"), Value::func("range", [](Interpreter& in, CallArgs& a) -> Value {
           for (const auto& v : a.pos)
             if (!v.is_int() && !v.is_bool()) template_fail(a.line, "'" + v.type_name() + "' object cannot be interpreted as an integer");
           int64_t start = 0, stop = 0, step = 1;
@@ -548,6 +548,7 @@ void add_builtin_globals(Value& globals) {
               template_fail(a.line, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
             out.push_back(Value::integer(i));
           }
+          in.tick(a.line, static_cast<int64_t>(out.size()) / kRangeItemsPerStep);  // the step budget pays for its size
           return Value::list(std::move(out));
         }));
   auto make_dict = [](bool ns) {

@@ -164,7 +164,7 @@ void Interpreter::exec_for(const Stmt& s, Scope& scope, std::string& out) {
   }
   const int64_t n = static_cast<int64_t>(items.size());
   for (int64_t i = 0; i < n; ++i) {
-    tick(s.line);
+    tick(s.line, kLoopIterationSteps);
     Scope inner{&scope, {}};
     bind(inner, items[i]);
     Value loop = Value::dict();
@@ -238,7 +238,7 @@ Value Interpreter::eval(const Expr& e, Scope& scope) {
   switch (e.kind) {
     case Expr::Kind::Literal: return e.value;
     case Expr::Kind::Name: {
-      if (Value* v = scope.lookup(e.name)) return *v;
+      if (Value* v = scope.lookup(e.name)) return charge(*v, e.line);
       return Value::undefined("'" + e.name + "' is undefined");
     }
     case Expr::Kind::List:
@@ -256,8 +256,16 @@ Value Interpreter::eval(const Expr& e, Scope& scope) {
       }
       return d;
     }
-    case Expr::Kind::Attr: return get_attr(eval(*e.kids[0], scope), e.name, e.line);
-    case Expr::Kind::Item: return get_item(eval(*e.kids[0], scope), eval(*e.kids[1], scope), e.line);
+    case Expr::Kind::Attr: {
+      Value v = get_attr(eval(*e.kids[0], scope), e.name, e.line);
+      charge(v, e.line);
+      return v;
+    }
+    case Expr::Kind::Item: {
+      Value v = get_item(eval(*e.kids[0], scope), eval(*e.kids[1], scope), e.line);
+      charge(v, e.line);
+      return v;
+    }
     case Expr::Kind::Slice: {
       Value obj = eval(*e.kids[0], scope);
       Value parts[3];
@@ -378,6 +386,7 @@ Value Interpreter::eval_binary(const std::string& op, const Value& a, const Valu
       int64_t n = std::max<int64_t>(0, cnt->as_int());
       size_t unit = seq->is_string() ? seq->str_ref().size() : seq->list_ref().items.size();
       if (unit && static_cast<uint64_t>(n) > limits_.max_output_bytes / unit) check_size(limits_.max_output_bytes + 1, line);
+      check_size(unit * static_cast<size_t>(n), line);  // the result counts against the total too
       if (seq->is_string()) {
         std::string r;
         for (int64_t i = 0; i < n; ++i) r += seq->str_ref();

@@ -12,10 +12,21 @@
 
 namespace hearth::chat {
 
+/// Steps a for-loop iteration counts (RenderLimits::max_steps), and range() items per step.
+constexpr int64_t kLoopIterationSteps = 8;
+constexpr int64_t kRangeItemsPerStep = 8;
+
 /// Limits that keep hostile templates from hanging or exhausting memory.
 struct RenderLimits {
-  int64_t max_steps = 20'000'000;        // expression evaluations + statements executed
+  /// Expression evaluations + statements executed; a loop iteration counts kLoopIterationSteps
+  /// (it builds the `loop` object) and range(n) counts n / kRangeItemsPerStep. About 3 s of the
+  /// slowest steps on one core.
+  int64_t max_steps = 1'000'000;
   size_t max_output_bytes = 64u << 20;    // rendered text and any single string built
+  /// Bytes of all strings built (operators, filters) or copied out of variables, attributes and
+  /// items in one render, summed: bounds the memory a template can hold (a list it appends a
+  /// string to) and the time it spends copying.
+  size_t max_total_string_bytes = 512u << 20;
   int max_call_depth = 64;                // nested macro calls
 };
 
@@ -48,13 +59,21 @@ class Interpreter {
   bool compare_op(const std::string& op, const Value& a, const Value& b, int line) { return compare(op, a, b, line); }
   /// Python a < b (TemplateError when the types do not order).
   bool compare_values(const Value& a, const Value& b, int line) { return compare("<", a, b, line); }
-  /// Counts one step against the budget; TemplateError when exceeded.
-  void tick(int line) {
-    if (++steps_ > limits_.max_steps) template_fail(line, "template exceeded the step limit (infinite loop?)");
+  /// Counts `n` steps against the budget; TemplateError when exceeded.
+  void tick(int line, int64_t n = 1) {
+    steps_ += n;
+    if (steps_ > limits_.max_steps) template_fail(line, "template exceeded the step limit (infinite loop?)");
   }
-  /// Throws when a string about to be built would exceed the output limit.
+  /// Throws when a string about to be built would exceed the output limit, or the strings built
+  /// so far the total limit.
   void check_size(size_t bytes, int line) const {
     if (bytes > limits_.max_output_bytes) template_fail(line, "string result exceeds the output size limit");
+    charge_bytes(bytes, line);
+  }
+  /// Counts a string copied out of a variable, attribute or item against the total string limit.
+  const Value& charge(const Value& v, int line) const {
+    if (v.is_string()) charge_bytes(v.str_ref().size(), line);
+    return v;
   }
 
  private:
@@ -86,8 +105,15 @@ class Interpreter {
     out += s;
   }
 
+  void charge_bytes(size_t bytes, int line) const {
+    string_bytes_ += bytes;
+    if (string_bytes_ > limits_.max_total_string_bytes)
+      template_fail(line, "strings built by the template exceed the total size limit");
+  }
+
   RenderLimits limits_;
   int64_t steps_ = 0;
+  mutable size_t string_bytes_ = 0;
   int call_depth_ = 0;
   Scope* root_ = nullptr;
   const std::string* root_out_ = nullptr;  // the top-level output during render()

@@ -13,6 +13,7 @@
 #include "cli/verb.h"
 #include "core/error.h"
 #include "server/fake_engine.h"
+#include "server/http_guard.h"
 
 namespace hearth::cli {
 
@@ -53,6 +54,13 @@ int run_serve(const ServeArgs& a) {
 
   server::Server srv(*engine, a.server);
   int port = srv.bind();
+  if (a.server.api_key.empty() && !server::is_loopback_host(a.server.host))
+    std::cerr << "hearth: warning: serving on " << a.server.host << " without --api-key: anyone who can reach this "
+              << "address can use the model and mount adapters (set --api-key KEY, or bind 127.0.0.1)" << std::endl;
+  for (const auto& o : a.server.allowed_origins)
+    if (o == "*" && a.server.api_key.empty())
+      std::cerr << "hearth: warning: --allowed-origins '*' without --api-key: any web page opened on this machine can "
+                << "use the model and mount adapters" << std::endl;
   std::thread watcher([&] {
     unsigned char sig = 0;
     while (read(pipe_fds[0], &sig, 1) < 0 && errno == EINTR) {
@@ -88,7 +96,24 @@ std::function<int()> setup_serve(CLI::App& app) {
   app.add_option("--host", a->server.host, "Address to bind (default 127.0.0.1: this machine only)");
   app.add_option("--port", a->server.port, "Port (0 = any free port; the chosen one is printed)")
       ->check(CLI::Range(0, 65535));
-  app.add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
+  app.add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*")
+      ->check([](const std::string& key) -> std::string {
+        if (key.empty()) return "--api-key is empty: give a key, or leave the flag out to serve without one";
+        for (char c : key)
+          if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7f) return "--api-key must not hold spaces or control characters";
+        return "";
+      });
+  app.add_option("--allowed-hosts", a->server.allowed_hosts,
+                 "Host names accepted besides localhost and --host (comma list; '*' = any). A loopback-bound "
+                 "server refuses other names (DNS rebinding)")
+      ->delimiter(',');
+  app.add_option("--allowed-origins", a->server.allowed_origins,
+                 "Web origins (scheme://host:port, comma list; '*' = any) that may call the API from a browser, "
+                 "with CORS headers. Default: same-origin only")
+      ->delimiter(',');
+  app.add_option("--max-connections", a->server.max_connections,
+                 "Connections served at once; past it the longest-idle one is closed, else 503")
+      ->check(CLI::Range(1, 4096));
   app.add_option("--max-queue", a->server.max_queue, "Requests that may wait for the engine before 429")
       ->check(CLI::Range(1, 100000));
   app.add_option("--max-body-bytes", a->server.max_body_bytes, "Largest accepted request body (413 above)")

@@ -146,10 +146,12 @@ ParsedToolCalls to_server(chat::ParsedToolCalls parsed);
 /// went away, a stop string matched, or the server is shutting down).
 using TokenCallback = std::function<bool(const TokenEvent&)>;
 
-/// A loaded model as the server sees it. The server calls prepare() and generate() from ONE
-/// engine thread only (src/server/engine_loop.h), so implementations need no locking for them;
-/// model_id(), context_length() and the tool-call hooks are called from any thread and must be
-/// constant after construction.
+/// A loaded model as the server sees it. The server calls generate(), check_request() and the
+/// adapter hooks from ONE engine thread only (src/server/engine_loop.h), so implementations need
+/// no locking for them. prepare() runs on the HTTP threads, several at once, beside generate():
+/// it must be thread-safe and must not touch model state (tokenizer and template only).
+/// model_id(), context_length(), max_token_bytes() and the tool-call hooks are called from any
+/// thread and must be constant after construction.
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -158,12 +160,20 @@ class Engine {
   virtual std::string model_id() const = 0;
   /// Maximum prompt + generated tokens (max_position_embeddings or a configured cap).
   virtual int64_t context_length() const = 0;
+  /// An upper bound on the bytes of text one token stands for (the longest vocabulary entry),
+  /// so that a request with more than context_length() * this bytes of text is refused before
+  /// templating and tokenizing it. 0 = unknown (no such check).
+  virtual int64_t max_token_bytes() const { return 0; }
 
   /// Builds the prompt: chat → chat template (with tools unless tools_active() is false, and
   /// chat_template_kwargs) + tokenize; completions → tokenize `prompt`. Validates everything that
   /// depends on the model (e.g. unknown adapter ids) so that generate() does not fail on input.
-  /// Throws hearth::InvalidArgument for a request the model cannot serve (HTTP 400).
+  /// Throws hearth::InvalidArgument for a request the model cannot serve (HTTP 400). Called from
+  /// HTTP threads concurrently (see the class comment).
   virtual Prompt prepare(const CompletionRequest& req) = 0;
+  /// Re-checks on the engine thread, right before generate(), what prepare() validated but may
+  /// have changed since (e.g. an adapter id unmounted meanwhile). Throws like prepare().
+  virtual void check_request(const CompletionRequest& req) { (void)req; }
 
   /// Generates up to *req.max_tokens tokens after `prompt` with req.sampling (unset fields: the
   /// model's defaults), req.adapter and req.logprobs/top_logprobs, calling on_token per token on

@@ -21,18 +21,113 @@ StreamEvent error_event(int status, std::string message, std::string param = {},
   ev.code = std::move(code);
   return ev;
 }
+
+size_t prepare_slots(size_t asked) {
+  if (asked > 0) return asked;
+  return std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8);
+}
+
+// Bytes of request text that any prompt built from it contains (message contents, tool-call
+// names and arguments; the raw prompt for completions): a lower bound on the rendered prompt.
+uint64_t text_bytes(const CompletionRequest& req) {
+  if (!req.chat) return req.prompt.size();
+  uint64_t n = 0;
+  for (const auto& m : req.messages) {
+    n += m.content ? m.content->size() : 0;
+    for (const auto& tc : m.tool_calls) n += tc.name.size() + tc.arguments_json.size();
+  }
+  return n;
+}
+
+// Holds one of the prepare slots for a scope.
+class SlotGuard {
+ public:
+  explicit SlotGuard(std::counting_semaphore<>& s) : s_(s) { s_.acquire(); }
+  ~SlotGuard() { s_.release(); }
+  SlotGuard(const SlotGuard&) = delete;
+  SlotGuard& operator=(const SlotGuard&) = delete;
+
+ private:
+  std::counting_semaphore<>& s_;
+};
+
 }  // namespace
 
-EngineLoop::EngineLoop(Engine& engine, EngineLoopOptions opts) : engine_(engine), opts_(opts) {
+EngineLoop::EngineLoop(Engine& engine, EngineLoopOptions opts)
+    : engine_(engine), opts_(opts), prepare_slots_(static_cast<std::ptrdiff_t>(prepare_slots(opts.max_concurrent_prepares))) {
   thread_ = std::thread([this] { run(); });
 }
 
 EngineLoop::~EngineLoop() { shutdown(); }
 
 std::shared_ptr<Job> EngineLoop::submit(CompletionRequest req) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // refuse before building a prompt for nothing
+    if (stopping_ || queue_.size() >= opts_.max_queue) return nullptr;
+  }
   auto job = std::make_shared<Job>();
   job->request = std::move(req);
+  if (!prepare(*job)) return job;
   return enqueue(std::move(job));
+}
+
+bool EngineLoop::prepare(Job& job) {
+  CompletionRequest& req = job.request;
+  const int64_t ctx = engine_.context_length();
+  const char* what = req.chat ? "messages" : "prompt";
+  if (const int64_t per_token = engine_.max_token_bytes(); per_token > 0) {
+    const uint64_t bytes = text_bytes(req);
+    const uint64_t most = static_cast<uint64_t>(ctx) * static_cast<uint64_t>(per_token);
+    if (bytes > most) {
+      job.events.push(error_event(400, cat("This model's maximum context length is ", ctx, " tokens. However, your ", what,
+                                           " hold ", bytes, " bytes of text, more than ", ctx, " tokens can cover (one token is at most ",
+                                           per_token, " bytes). Please reduce the length of the ", what, "."),
+                                  what, "context_length_exceeded"));
+      return false;
+    }
+  }
+  try {
+    SlotGuard slot(prepare_slots_);
+    job.prompt = engine_.prepare(req);
+  } catch (const ApiError& e) {
+    job.events.push(error_event(e.status(), e.what(), e.param(), e.code()));
+    return false;
+  } catch (const Error& e) {
+    job.events.push(error_event(400, e.what()));
+    return false;
+  } catch (const c10::Error& e) {
+    job.events.push(error_event(500, std::string("Internal error while building the prompt: ") + e.what_without_backtrace()));
+    return false;
+  } catch (const std::exception& e) {
+    job.events.push(error_event(500, std::string("Internal error while building the prompt: ") + e.what()));
+    return false;
+  }
+  const int64_t n_prompt = static_cast<int64_t>(job.prompt.ids.size());
+  if (n_prompt >= ctx) {
+    // OpenAI / vLLM: 400 context_length_exceeded, naming the input.
+    job.events.push(error_event(400, cat("This model's maximum context length is ", ctx, " tokens. However, your ", what,
+                                         " resulted in ", n_prompt, " tokens (the prompt plus at least one generated token must fit). "
+                                         "Please reduce the length of the ", what, "."),
+                                what, "context_length_exceeded"));
+    return false;
+  }
+  const int64_t room = ctx - n_prompt;
+  if (req.max_tokens && *req.max_tokens > room) {
+    // OpenAI / vLLM: a client limit that cannot fit is refused, not silently lowered.
+    job.events.push(error_event(400, cat("max_tokens (or max_completion_tokens) is too large: ", *req.max_tokens,
+                                         ". This model's context length is ", ctx, " tokens and the prompt has ",
+                                         n_prompt, " tokens, so at most ", room, " tokens can be generated (", *req.max_tokens,
+                                         " > ", ctx, " - ", n_prompt, ")."),
+                                "max_tokens", "context_length_exceeded"));
+    return false;
+  }
+  if (!req.max_tokens) {
+    // The server's default (chat: --max-tokens, completions: 512) is only a cap: clamp it to the
+    // room left; 0 fills the context.
+    int64_t limit = req.chat ? opts_.default_max_tokens_chat : opts_.default_max_tokens_completion;
+    req.max_tokens = limit <= 0 ? room : std::min(limit, room);
+  }
+  return true;
 }
 
 std::shared_ptr<Job> EngineLoop::submit_task(std::function<void()> task) {
@@ -110,47 +205,16 @@ void EngineLoop::run_job(Job& job) {
     return;
   }
   CompletionRequest& req = job.request;
-  Prompt prompt;
+  const Prompt& prompt = job.prompt;
+  const int64_t n_prompt = static_cast<int64_t>(prompt.ids.size());
   try {
-    prompt = engine_.prepare(req);
+    engine_.check_request(req);  // what may have changed since prepare() (adapter ids)
   } catch (const ApiError& e) {
     job.events.push(error_event(e.status(), e.what(), e.param(), e.code()));
     return;
-  } catch (const InvalidArgument& e) {
-    job.events.push(error_event(400, e.what()));
-    return;
-  } catch (const Error& e) {
-    job.events.push(error_event(400, e.what()));
-    return;
-  } catch (const c10::Error& e) {
-    job.events.push(error_event(500, std::string("Internal error while building the prompt: ") + e.what_without_backtrace()));
-    return;
   } catch (const std::exception& e) {
-    job.events.push(error_event(500, std::string("Internal error while building the prompt: ") + e.what()));
+    job.events.push(error_event(400, e.what()));
     return;
-  }
-  const int64_t n_prompt = static_cast<int64_t>(prompt.ids.size());
-  const int64_t ctx = engine_.context_length();
-  if (n_prompt >= ctx) {
-    job.events.push(error_event(413, cat("The prompt is ", n_prompt, " tokens, but this model's context length is ", ctx,
-                                         " tokens (prompt plus at least one generated token must fit).")));
-    return;
-  }
-  const int64_t room = ctx - n_prompt;
-  if (req.max_tokens && *req.max_tokens > room) {
-    // OpenAI / vLLM: a client limit that cannot fit is refused, not silently lowered.
-    job.events.push(error_event(400, cat("max_tokens (or max_completion_tokens) is too large: ", *req.max_tokens,
-                                         ". This model's context length is ", ctx, " tokens and the prompt has ",
-                                         n_prompt, " tokens, so at most ", room, " tokens can be generated (", *req.max_tokens,
-                                         " > ", ctx, " - ", n_prompt, ")."),
-                                "max_tokens", "context_length_exceeded"));
-    return;
-  }
-  if (!req.max_tokens) {
-    // The server's default (chat: --max-tokens, completions: 512) is only a cap: clamp it to the
-    // room left; 0 fills the context.
-    int64_t limit = req.chat ? opts_.default_max_tokens_chat : opts_.default_max_tokens_completion;
-    req.max_tokens = limit <= 0 ? room : std::min(limit, room);
   }
 
   StreamEvent started;

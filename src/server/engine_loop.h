@@ -5,6 +5,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <semaphore>
 #include <thread>
 
 #include "server/engine.h"
@@ -17,15 +18,24 @@ struct EngineLoopOptions {
   /// Generated-token limit when a request sets none: 0 = up to the context length.
   int64_t default_max_tokens_chat = 0;
   int64_t default_max_tokens_completion = 512;  ///< /v1/completions default (as mlx-lm)
+  /// Prompts built (templated + tokenized) at once on submitting threads; more wait their turn.
+  /// 0 = the number of cores, at most 8.
+  size_t max_concurrent_prepares = 0;
 };
 
-/// Runs Jobs one at a time on its own thread: tasks, or prepare() (errors -> kError 400/413/500), then
-/// kStarted, generate() through an OutputStream (kDelta...), then kDone. Limits: a prompt that
-/// leaves no room for one token -> 413; a client max_tokens above context - prompt -> 400 with
-/// param "max_tokens" (as OpenAI and vLLM; never clamped); no max_tokens -> the default above,
-/// clamped to the room left. A job whose `cancelled` flag is set is skipped, or stopped at its
-/// next token and finished with finish_reason "abort" (the partial answer is delivered; a cut
-/// answer never claims "stop"). kError events carry the ApiError's status, param and code.
+/// Runs Jobs one at a time on its own thread: tasks, or generate() through an OutputStream
+/// (kStarted, kDelta..., kDone). The prompt is built before that, by submit() on the submitting
+/// (HTTP) thread, so that a huge prompt never stalls other requests: first a cheap size check
+/// (the request's text bytes against context_length() * Engine::max_token_bytes(): more cannot
+/// fit, whatever the tokenizer does), then Engine::prepare() (errors -> kError 400/500), then the
+/// limits: a prompt that leaves no room for one token -> 400 code "context_length_exceeded" with
+/// param "messages" (chat) or "prompt" (as OpenAI and vLLM); a client max_tokens above
+/// context - prompt -> 400 with param "max_tokens" (never clamped); no max_tokens -> the default
+/// above, clamped to the room left. On the engine thread, Engine::check_request() runs again
+/// just before generate() (an adapter may have been unmounted meanwhile; 400). A job whose
+/// `cancelled` flag is set is skipped, or stopped at its next token and finished with
+/// finish_reason "abort" (the partial answer is delivered; a cut answer never claims "stop").
+/// kError events carry the ApiError's status, param and code.
 class EngineLoop {
  public:
   EngineLoop(Engine& engine, EngineLoopOptions opts);
@@ -33,7 +43,9 @@ class EngineLoop {
   EngineLoop(const EngineLoop&) = delete;
   EngineLoop& operator=(const EngineLoop&) = delete;
 
-  /// Queues a request; returns nullptr when the queue is full or the loop is shutting down.
+  /// Builds the request's prompt on the calling thread (see above) and queues it; returns nullptr
+  /// when the queue is full or the loop is shutting down. When the prompt cannot be built or
+  /// does not fit, the job is returned unqueued with its kError event already pushed.
   std::shared_ptr<Job> submit(CompletionRequest req);
   /// Queues `task` to run on the engine thread in FIFO order with the requests (for adapter
   /// mount/unmount, which must not race a forward). Its job ends with kDone, or kError carrying
@@ -50,6 +62,7 @@ class EngineLoop {
  private:
   void run();
   void run_job(Job& job);
+  bool prepare(Job& job);  // fills job.prompt, or pushes the kError event and returns false
   std::shared_ptr<Job> enqueue(std::shared_ptr<Job> job);
 
   Engine& engine_;
@@ -60,6 +73,7 @@ class EngineLoop {
   std::deque<std::shared_ptr<Job>> queue_;
   std::shared_ptr<Job> running_;
   bool stopping_ = false;
+  std::counting_semaphore<> prepare_slots_;
   std::thread thread_;
 };
 

@@ -42,6 +42,7 @@ std::vector<std::string> utf8_chunks(const std::string& s, size_t n) {
 FakeEngine::FakeEngine(FakeEngineOptions opts) : opts_(std::move(opts)), delay_ms_(opts_.token_delay_ms) {}
 
 Prompt FakeEngine::prepare(const CompletionRequest& req) {
+  ++prepares_;
   if (req.adapter && *req.adapter != "none")
     throw InvalidArgument("adapter: unknown adapter \"" + *req.adapter + "\" (none are mounted)");
   Prompt p;
@@ -56,6 +57,7 @@ Prompt FakeEngine::prepare(const CompletionRequest& req) {
   } else {
     p.text = req.prompt;
   }
+  if (p.text.find("__slow_prepare__") != std::string::npos) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   if (p.text.find("__bad_prompt__") != std::string::npos)
     throw InvalidArgument("prompt: contains __bad_prompt__ (the fake engine refuses it)");
   if (req.chat && opts_.reasoning != chat::ReasoningFormat::None) {

@@ -18,6 +18,7 @@ struct FakeEngineOptions {
   /// reasoning_content and content; chat_template_kwargs.enable_thinking == true stands for a
   /// template that primed the open marker (Prompt::reasoning_open).
   chat::ReasoningFormat reasoning = chat::ReasoningFormat::None;
+  int64_t max_token_bytes = 0;  ///< Engine::max_token_bytes (0 = no early size check)
 };
 
 /// Behaviour, by the last message (chat) or the prompt (completions):
@@ -27,7 +28,7 @@ struct FakeEngineOptions {
 /// Prompt tokens = whitespace-separated words of the rendered prompt ("<role>: <content>" lines).
 /// Natural end counts one extra (EOS) token in completion_tokens, like a real model.
 /// prepare() throws InvalidArgument for an adapter other than "none", or a prompt containing
-/// "__bad_prompt__"; generate() throws after one token for a prompt containing
+/// "__bad_prompt__", and sleeps 1.5 s for a prompt containing "__slow_prepare__"; generate() throws after one token for a prompt containing
 /// "__fail_generate__" (an internal failure: 500 / mid-stream error event). Logprobs are synthetic: token i gets -0.5 * (i % 4 + 1), alternatives
 /// "alt1".."altK" lower. Observable counters let tests see cancellation.
 class FakeEngine : public Engine {
@@ -36,6 +37,7 @@ class FakeEngine : public Engine {
 
   std::string model_id() const override { return opts_.model_id; }
   int64_t context_length() const override { return opts_.context_length; }
+  int64_t max_token_bytes() const override { return opts_.max_token_bytes; }
   Prompt prepare(const CompletionRequest& req) override;
   Finish generate(const Prompt& prompt, const CompletionRequest& req, const TokenCallback& on_token) override;
   /// opts.reasoning's splitter for chat requests (Hermes "<tool_call>" ends a thought when tools
@@ -45,6 +47,7 @@ class FakeEngine : public Engine {
 
   void set_token_delay_ms(int ms) { delay_ms_ = ms; }
   int generations() const { return generations_; }        ///< generate() calls started
+  int prepares() const { return prepares_; }              ///< prepare() calls started
   int stopped_early() const { return stopped_early_; }    ///< generations ended by on_token == false
   int64_t tokens_emitted() const { return tokens_; }      ///< on_token calls, all generations
   bool busy() const { return busy_; }                     ///< inside generate() now
@@ -57,6 +60,7 @@ class FakeEngine : public Engine {
   FakeEngineOptions opts_;
   std::atomic<int> delay_ms_;
   std::atomic<int> generations_{0};
+  std::atomic<int> prepares_{0};
   std::atomic<int> stopped_early_{0};
   std::atomic<int64_t> tokens_{0};
   std::atomic<bool> busy_{false};

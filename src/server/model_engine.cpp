@@ -142,6 +142,9 @@ ModelEngine::ModelEngine(ModelEngineOptions opts)
                                        : adapters::load_model_with_full_finetune(dir, opts_.full_finetune, placement);
   gen_config_ = io::GenerationConfig::load(dir);
   context_length_ = opts_.context_length > 0 ? opts_.context_length : read_context_length(dir, tokenizer_);
+  // Twice the longest vocabulary entry: a normalizer (NFKC, accent stripping) may shrink text.
+  for (int32_t id = 0; id < tokenizer_.vocab_size(); ++id)
+    max_token_bytes_ = std::max<int64_t>(max_token_bytes_, 2 * static_cast<int64_t>(tokenizer_.id_to_token(id).size()));
   if (!tokenizer_.chat_template().empty()) {
     chat_template_ = std::make_unique<chat::ChatTemplate>(tokenizer_.chat_template());
     tool_format_ = chat::detect_tool_call_format(tokenizer_.chat_template());

@@ -71,6 +71,10 @@ class ModelEngine : public Engine {
 
   std::string model_id() const override { return model_id_; }
   int64_t context_length() const override { return context_length_; }
+  /// Twice the longest vocabulary entry in bytes, as written in tokenizer.json (byte-level and
+  /// SentencePiece entries are never shorter than the text they stand for; the factor 2 leaves
+  /// room for a normalizer that shrinks text).
+  int64_t max_token_bytes() const override { return max_token_bytes_; }
 
   /// Chat: messages → JSON as transformers expects (assistant tool_calls' arguments parsed from
   /// their JSON text to objects; tool messages keep tool_call_id/name) → chat template with
@@ -78,9 +82,12 @@ class ModelEngine : public Engine {
   /// chat_template_kwargs (enable_thinking from opts.thinking when the request has none) → encode
   /// with special tokens, dropping a doubled BOS (the template wrote one and the post-processor
   /// added another); Prompt::reasoning_open when the rendered prompt ends inside an open thought.
-  /// Completions: encode(prompt) with special tokens. Throws hearth::InvalidArgument: no chat template, a template error, an empty
-  /// prompt, or an adapter id that is not mounted.
+  /// Completions: encode(prompt) with special tokens. Throws hearth::InvalidArgument: no chat
+  /// template, a template error, an empty prompt, or an adapter id that is not mounted.
+  /// Thread-safe (tokenizer, template and the adapter list under its mutex only).
   Prompt prepare(const CompletionRequest& req) override;
+  /// The adapter ids again (unknown: InvalidArgument), on the engine thread before generate().
+  void check_request(const CompletionRequest& req) override { selected_adapters(req); }
   /// Runs generate::generate with resolve_sampling(req), the request's adapters active, EOS ids
   /// (eos_ids()); streams text through a StreamDecoder that skips special tokens except, for chat
   /// requests, the reasoning and tool-call markers (marker_decoder.h) and, when
@@ -144,6 +151,7 @@ class ModelEngine : public Engine {
   ModelEngineOptions opts_;
   std::string model_id_;
   int64_t context_length_ = 0;
+  int64_t max_token_bytes_ = 0;
   tokenizer::Tokenizer tokenizer_;
   std::unique_ptr<models::Model> model_;
   io::GenerationConfig gen_config_;

@@ -13,6 +13,8 @@
 #include "core/error.h"
 #include "server/api_error.h"
 #include "server/engine_loop.h"
+#include "server/http_guard.h"
+#include "server/http_transport.h"
 #include "server/openai_format.h"
 #include "server/request_parse.h"
 #include "server/web_assets.h"
@@ -34,31 +36,95 @@ int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// Whether the request frames a body (Content-Length, or chunked Transfer-Encoding). Without
-// either, a request has no body (RFC 9112 §6.3), but httplib 0.11 would read one until the client
-// closes or the read timeout fires; routes check this first and answer at once.
-bool has_body_framing(const httplib::Request& req) {
-  if (req.has_header("Content-Length")) return true;
-  std::string te = req.get_header_value("Transfer-Encoding");
-  for (char& c : te) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return te.find("chunked") != std::string::npos;
-}
-
-// A handler for a route that takes no body: the body, if framed, is read and dropped (keeping the
-// connection in sync); an unframed request is not read at all (no wait for a body that never comes).
+// A handler for a route that takes no body. A body, if framed, is not read: the connection is
+// closed after the answer instead (its bytes must not be parsed as the next request).
 using BodylessHandler = std::function<void(const httplib::Request&, httplib::Response&)>;
 httplib::Server::HandlerWithContentReader bodyless(BodylessHandler h) {
-  return [h = std::move(h)](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read) {
-    if (has_body_framing(req) && !read([](const char*, size_t) { return true; })) return;  // status set by httplib
+  return [h = std::move(h)](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader&) {
+    const std::string length = req.get_header_value("Content-Length");  // validated by check_request
+    if (length.find_first_not_of("0 \t") != std::string::npos || req.has_header("Transfer-Encoding"))
+      close_after_response(res);
     h(req, res);
   };
 }
 
-bool constant_time_equal(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
+std::string too_large_message(const TransportLimits& lim) {
+  return "Request body too large: this server accepts at most " + std::to_string(lim.max_body_bytes) +
+         " bytes (--max-body-bytes).";
+}
+
+// Status and message for a request whose line, headers or body could not be read, from what the
+// transport saw (`status`: httplib's own guess).
+std::pair<int, std::string> read_failure_answer(int status, const TransportLimits& lim) {
+  switch (current_read_failure()) {
+    case ReadFailure::kHeaderTimeout:
+      return {408, "Request headers not received within " + std::to_string(lim.header_timeout_s) + " s."};
+    case ReadFailure::kBodyTimeout:
+      return {408, "Request body not received within " + std::to_string(lim.body_timeout_s) + " s."};
+    case ReadFailure::kHeadersTooLarge:
+      return {431, "Request line and headers exceed " + std::to_string(lim.max_header_bytes) + " bytes."};
+    case ReadFailure::kBodyTooLarge:
+      return {413, too_large_message(lim)};
+    case ReadFailure::kSilence:
+      return {400, "Request cut short: the client sent nothing for " + std::to_string(lim.read_timeout_s) +
+                       " s in the middle of it (a body shorter than its Content-Length?)."};
+    case ReadFailure::kNone:
+      break;
+  }
+  if (status == 413) return {413, too_large_message(lim)};
+  if (status == 400) return {400, "Malformed request: bad request line, headers or body framing."};
+  return {status, "HTTP error " + std::to_string(status) + "."};
+}
+
+// Reads the request body through `read`: at most `max_bytes` decoded bytes, whatever the framing
+// (a chunked body is counted as it arrives, not after). On failure answers 413 (too large), 408
+// (too slow) or 400 (cut short, bad chunks), closes the connection after it, and returns false.
+bool read_body(const httplib::ContentReader& read, const TransportLimits& lim, std::string& body,
+               httplib::Response& res) {
+  bool too_large = false;
+  const bool ok = read([&](const char* data, size_t n) {
+    if (body.size() + n > lim.max_body_bytes) {
+      too_large = true;
+      return false;
+    }
+    body.append(data, n);
+    return true;
+  });
+  if (ok) return true;
+  close_after_response(res);
+  auto [status, message] = too_large ? std::pair{413, too_large_message(lim)} : read_failure_answer(400, lim);
+  send_error(res, status, message, "", status == 413 ? "request_too_large" : "");
+  return false;
+}
+
+// The request headers the access checks read.
+RequestHead request_head(const httplib::Request& req) {
+  RequestHead h;
+  h.method = req.method;
+  h.path = req.path;
+  h.version = req.version;
+  h.host = req.get_header_value("Host");
+  h.host_count = req.get_header_value_count("Host");
+  h.has_origin = req.has_header("Origin");
+  h.origin = req.get_header_value("Origin");
+  h.authorization = req.get_header_value("Authorization");
+  h.content_type = req.get_header_value("Content-Type");
+  h.content_length = req.get_header_value("Content-Length");
+  h.content_length_count = req.get_header_value_count("Content-Length");
+  h.transfer_encoding = req.get_header_value("Transfer-Encoding");
+  h.transfer_encoding_count = req.get_header_value_count("Transfer-Encoding");
+  return h;
+}
+
+TransportLimits transport_limits(const ServerOptions& o) {
+  TransportLimits l;
+  l.max_connections = o.max_connections;
+  l.idle_timeout_s = o.idle_timeout_s;
+  l.header_timeout_s = o.header_timeout_s;
+  l.body_timeout_s = o.body_timeout_s;
+  l.read_timeout_s = o.read_timeout_s;
+  l.max_body_bytes = o.max_body_bytes;
+  return l;
 }
 
 // Routes and the methods they accept (for 404 vs 405).
@@ -76,13 +142,6 @@ bool known_path(const std::string& path, std::string& allow) {
   return false;
 }
 
-// httplib listens with a backlog of 5, which drops connections (1 s SYN retries) when many clients
-// connect at once; this subclass exposes the socket so bind() can re-listen with a deep backlog.
-class HttpServer : public httplib::Server {
- public:
-  void deepen_backlog(int backlog) { ::listen(svr_sock_, backlog); }
-};
-
 // Streaming state shared by the content provider and its releaser.
 struct StreamState {
   std::shared_ptr<Job> job;
@@ -97,21 +156,17 @@ struct Server::Impl {
   Engine& engine;
   ServerOptions opts;
   EngineLoop loop;
-  HttpServer http;
+  AccessPolicy policy;
+  GuardedHttpServer http;
   int64_t started_at = unix_now();
   std::atomic<bool> stopped{false};
 
   Impl(Engine& e, ServerOptions o)
       : engine(e),
         opts(std::move(o)),
-        loop(e, EngineLoopOptions{opts.max_queue, opts.default_max_tokens, 512}) {
-    size_t threads = opts.http_threads ? opts.http_threads : opts.max_queue + 16;
-    http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-    http.set_payload_max_length(opts.max_body_bytes);
-    http.set_keep_alive_timeout(2);
-    http.set_keep_alive_max_count(1000);
-    http.set_read_timeout(opts.read_timeout_s);
-    http.set_write_timeout(30);
+        loop(e, EngineLoopOptions{opts.max_queue, opts.default_max_tokens, 512}),
+        policy{opts.host, opts.allowed_hosts, opts.allowed_origins, opts.api_key, opts.max_body_bytes},
+        http(transport_limits(opts)) {
     routes();
   }
 
@@ -124,23 +179,39 @@ struct Server::Impl {
   }
 
   void routes() {
-    // Runs before httplib reads any body: auth, then POSTs without a body answered at once.
+    // Runs before httplib reads any body: Host, Origin/CORS, auth, framing, Content-Type; then
+    // POSTs without a body are answered at once. A refusal closes the connection (the body, if
+    // any, is left unread).
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      if (!opts.api_key.empty() && req.path.rfind("/v1/", 0) == 0) {
-        std::string auth = req.get_header_value("Authorization");
-        const std::string prefix = "Bearer ";
-        if (auth.rfind(prefix, 0) != 0 || !constant_time_equal(auth.substr(prefix.size()), opts.api_key)) {
-          send_error(res, 401, auth.empty() ? "Missing API key: send 'Authorization: Bearer <key>'." : "Incorrect API key provided.",
-                     "", "invalid_api_key");
-          res.set_header("WWW-Authenticate", "Bearer");
-          return httplib::Server::HandlerResponse::Handled;
-        }
+      const GuardDecision d = check_request(request_head(req), policy);
+      if (!d.cors_origin.empty()) {
+        res.set_header("Access-Control-Allow-Origin", d.cors_origin);
+        if (d.cors_origin != "*") res.set_header("Vary", "Origin");
       }
-      if (req.method == "POST" && !has_body_framing(req)) {
-        send_error(res, 400, "The request has no body (no Content-Length or Transfer-Encoding): send a JSON object.", "",
-                   "invalid_json");
+      if (d.refusal) {
+        close_after_response(res);
+        send_error(res, d.refusal->status, d.refusal->message, "", d.refusal->code);
+        if (d.refusal->status == 401) res.set_header("WWW-Authenticate", "Bearer");
         return httplib::Server::HandlerResponse::Handled;
       }
+      if (d.preflight) {
+        res.status = 204;
+        res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
+        const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+        res.set_header("Access-Control-Allow-Headers", asked.empty() ? "Authorization, Content-Type" : asked);
+        res.set_header("Access-Control-Max-Age", "600");
+        if (d.has_body) close_after_response(res);
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      if (req.method == "POST" && !d.has_body) {
+        send_error(res, 400, "The request body is empty (no Content-Length or Transfer-Encoding, or Content-Length: "
+                             "0): send a JSON object.", "", "invalid_json");
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      // httplib reads bodies of POST/PUT/PATCH/DELETE only; another method's body would be
+      // parsed as the next request.
+      if (d.has_body && req.method != "POST" && req.method != "PUT" && req.method != "PATCH" && req.method != "DELETE")
+        close_after_response(res);
       return httplib::Server::HandlerResponse::Unhandled;
     });
 
@@ -156,14 +227,25 @@ struct Server::Impl {
                                         engine.model_id() + "'.", "model", "model_not_found");
       res.set_content(dump_json(model_json()), kJson);
     });
-    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, true); });
-    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { completion(req, res, false); });
+    // POST routes read their body themselves (read_body), so that its size is checked as it arrives.
+    using Reader = httplib::ContentReader;
+    http.Post("/v1/chat/completions", [this](const httplib::Request&, httplib::Response& res, const Reader& read) {
+      std::string body;
+      if (read_body(read, http.limits(), body, res)) completion(body, res, true);
+    });
+    http.Post("/v1/completions", [this](const httplib::Request&, httplib::Response& res, const Reader& read) {
+      std::string body;
+      if (read_body(read, http.limits(), body, res)) completion(body, res, false);
+    });
     http.Get("/v1/adapters", [this](const httplib::Request&, httplib::Response& res) {
       ojson list = ojson::array();
       for (const auto& a : engine.list_adapters()) list.push_back(adapter_json(a));
       res.set_content(dump_json(ojson{{"object", "list"}, {"adapters", list}}), kJson);
     });
-    http.Post("/v1/adapters", [this](const httplib::Request& req, httplib::Response& res) { mount(req, res); });
+    http.Post("/v1/adapters", [this](const httplib::Request&, httplib::Response& res, const Reader& read) {
+      std::string body;
+      if (read_body(read, http.limits(), body, res)) mount(body, res);
+    });
     http.Delete("/v1/adapters/(.+)", bodyless([this](const httplib::Request& req, httplib::Response& res) {
       const std::string id = req.matches[1];
       auto task = [this, id] {
@@ -187,20 +269,20 @@ struct Server::Impl {
       send_error(res, 404, "Unknown route: " + req.method + " " + req.path + ".", "", "unknown_url");
     };
     http.Get(".*", fallback);
-    http.Post(".*", fallback);
+    http.Post(".*", bodyless(fallback));
     http.Put(".*", bodyless(fallback));
     http.Patch(".*", bodyless(fallback));
     http.Delete(".*", bodyless(fallback));
     http.Options(".*", fallback);
 
-    // httplib's own errors (413 payload too large, 400 malformed request, ...) get an OpenAI body.
-    http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
+    // httplib's own errors (a request line, headers or body that could not be read, ...) get an
+    // OpenAI body, the status the transport saw (408 too slow, 431/413 too large), and a closed
+    // connection: what is left of the request cannot be trusted.
+    http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request&, httplib::Response& res) {
       if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-      std::string msg = res.status == 413   ? "Request body too large."
-                        : res.status == 400 ? "Malformed request: bad request line or headers, or a body shorter than "
-                                              "its Content-Length (read timed out)."
-                                            : std::string("HTTP error ") + std::to_string(res.status) + ".";
-      send_error(res, res.status, msg);
+      auto [status, message] = read_failure_answer(res.status, http.limits());
+      close_after_response(res);
+      send_error(res, status, message, "", status == 413 ? "request_too_large" : "");
       return httplib::Server::HandlerResponse::Handled;
     }));
     http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
@@ -241,10 +323,10 @@ struct Server::Impl {
   }
 
   // POST /v1/adapters {"id", "path"}: mount on the engine thread.
-  void mount(const httplib::Request& req, httplib::Response& res) {
+  void mount(const std::string& raw, httplib::Response& res) {
     std::string id, path;
     try {
-      ojson body = parse_body(req.body);
+      ojson body = parse_body(raw);
       for (const char* f : {"id", "path"}) {
         if (!body.contains(f) || !body[f].is_string() || body[f].get<std::string>().empty())
           throw ApiError(400, std::string("'") + f + "' is required and must be a non-empty string.", f);
@@ -272,10 +354,10 @@ struct Server::Impl {
     send_error(res, 404, "Unknown route: GET " + path + ".", "", "unknown_url");
   }
 
-  void completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+  void completion(const std::string& raw, httplib::Response& res, bool chat) {
     CompletionRequest creq;
     try {
-      ojson body = parse_body(req.body);
+      ojson body = parse_body(raw);
       creq = chat ? parse_chat_request(body) : parse_completion_request(body);
     } catch (const ApiError& e) {
       return send_error(res, e.status(), e.what(), e.param(), e.code());

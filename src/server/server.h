@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "server/engine.h"
 
@@ -14,15 +15,26 @@ struct ServerOptions {
   std::string host = "127.0.0.1";  ///< bind address (loopback by default)
   int port = 8080;                 ///< 0 = pick a free port (see Server::bind)
   std::string api_key;             ///< when set, /v1/* needs "Authorization: Bearer <key>" (else 401)
+  /// Host header names accepted besides loopback names and `host` ("*" = any; see AccessPolicy in
+  /// http_guard.h). Empty: a loopback-bound server answers loopback names only (DNS rebinding).
+  std::vector<std::string> allowed_hosts;
+  /// Origins allowed cross-origin, with CORS headers ("*" = any). Empty: browser requests from
+  /// other origins are refused (403) and no CORS header is sent.
+  std::vector<std::string> allowed_origins;
   size_t max_queue = 64;           ///< requests waiting for the engine; more -> 429
-  size_t max_body_bytes = 16u << 20;  ///< larger request bodies -> 413
-  size_t http_threads = 0;         ///< 0 = max_queue + 16 (every queued request holds a thread)
+  size_t max_body_bytes = 16u << 20;  ///< larger request bodies (chunked ones too) -> 413
+  /// Connections open at once (one thread each); past it the longest-idle one is closed, or the
+  /// new one gets a 503 when none is idle. Requests waiting for the engine hold one each.
+  size_t max_connections = 256;
   int64_t default_max_tokens = 0;  ///< chat limit when a request sets none; 0 = context length
   /// Seconds a connection may stay silent while its request line, headers or body are read. A
-  /// body shorter than its Content-Length is only detected when this runs out (httplib 0.11 reads
-  /// until Content-Length bytes arrive), so it is short; then the answer is a 400. A POST with
-  /// no Content-Length/Transfer-Encoding, or Content-Length 0, is answered 400 at once.
+  /// body shorter than its Content-Length is only detected when this runs out, so it is short;
+  /// then the answer is a 400. A POST with no Content-Length/Transfer-Encoding, or Content-Length
+  /// 0, is answered 400 at once.
   int read_timeout_s = 5;
+  int header_timeout_s = 10;  ///< request line + headers must arrive within this (else 408)
+  int body_timeout_s = 60;    ///< the body must arrive within this after the headers (else 408)
+  int idle_timeout_s = 2;     ///< an open connection may wait this long for its next request
 };
 
 /// The server. Lifecycle: construct, bind(), serve() (blocks) — stop() from any thread (or a

@@ -67,6 +67,7 @@ class EventChannel {
 struct Job {
   std::function<void()> task;
   CompletionRequest request;
+  Prompt prompt;  ///< built by EngineLoop::submit on the submitting thread
   EventChannel events;
   std::atomic<bool> cancelled{false};
 };

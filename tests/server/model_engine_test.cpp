@@ -325,7 +325,10 @@ TEST_F(ModelServerTest, RequestErrorsMapToStatuses) {
   for (int i = 0; i < 300; ++i) long_prompt += " word";
   r = post("/v1/completions", {{"prompt", long_prompt}});
   ASSERT_TRUE(r);
-  EXPECT_EQ(r->status, 413) << r->body;
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_EQ(J::parse(r->body)["error"]["code"], "context_length_exceeded") << r->body;
+  EXPECT_EQ(J::parse(r->body)["error"]["param"], "prompt") << r->body;
+  EXPECT_NE(r->body.find("resulted in"), std::string::npos) << r->body;  // tokenized, then refused
   r = post("/v1/completions", {{"prompt", "hi"}, {"adapter", "ghost"}});
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400) << r->body;
@@ -397,6 +400,30 @@ TEST_F(ModelServerTest, ContinuationsDecodeAgainstTheirContext) {
   // A lone 0xE9 byte shows as U+FFFD in the text.
   for (size_t p = 0; (p = from_bytes.find('\xE9', p)) != std::string::npos; p += 3) from_bytes.replace(p, 1, "\xEF\xBF\xBD");
   EXPECT_EQ(from_bytes, content);
+}
+
+TEST_F(ModelServerTest, APromptFarBeyondTheContextIsRefusedBeforeTokenizing) {
+  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kTemplate);
+  start(cpu_options(dir));
+  // The bound: twice the longest vocabulary entry.
+  auto tok = tokenizer::Tokenizer::from_dir(dir);
+  size_t longest = 0;
+  for (int32_t id = 0; id < tok.vocab_size(); ++id) longest = std::max(longest, tok.id_to_token(id).size());
+  ASSERT_GT(longest, 0u);
+  EXPECT_EQ(engine_->max_token_bytes(), static_cast<int64_t>(2 * longest));
+  const size_t most = static_cast<size_t>(engine_->context_length() * engine_->max_token_bytes());
+  for (bool chat : {true, false}) {
+    const std::string text(most + 1, 'a');
+    auto r = chat ? post("/v1/chat/completions", {{"messages", J::array({{{"role", "user"}, {"content", text}}})}})
+                  : post("/v1/completions", {{"prompt", text}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body.substr(0, 300);
+    J e = J::parse(r->body)["error"];
+    EXPECT_EQ(e["code"], "context_length_exceeded");
+    EXPECT_EQ(e["param"], chat ? "messages" : "prompt");
+    EXPECT_NE(e["message"].get<std::string>().find("bytes of text"), std::string::npos) << e;  // the early check
+  }
+  EXPECT_EQ(post_ok("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}})["usage"]["completion_tokens"], 2);
 }
 
 // A hearth verb's stdout (stderr dropped), with `input` on stdin.

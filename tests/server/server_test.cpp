@@ -1,126 +1,17 @@
 // The HTTP server end to end, in process: FakeEngine + Server on an ephemeral port, driven by
 // cpp-httplib's client. Routes, SSE framing, errors and their statuses, auth, limits, queueing,
-// disconnects and shutdown.
-#include <gtest/gtest.h>
-#include <httplib.h>
-
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <unistd.h>
-
+// disconnects and shutdown. Transport and access checks: server_transport_test.cpp,
+// server_access_test.cpp.
 #include <atomic>
 #include <chrono>
 #include <thread>
 
-#include "server/fake_engine.h"
-#include "server/server.h"
+#include "server_test_util.h"
 
 namespace hearth::server {
 namespace {
 
-using J = nlohmann::json;
-using namespace std::chrono_literals;
-
-class ServerTest : public ::testing::Test {
- protected:
-  void start(ServerOptions opts = {}, FakeEngineOptions fo = {}) {
-    opts.host = "127.0.0.1";
-    opts.port = 0;
-    engine_ = std::make_unique<FakeEngine>(fo);
-    server_ = std::make_unique<Server>(*engine_, opts);
-    port_ = server_->bind();
-    thread_ = std::thread([this] { server_->serve(); });
-  }
-  void TearDown() override {
-    if (server_) server_->stop();
-    if (thread_.joinable()) thread_.join();
-  }
-  httplib::Client client() {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(10, 0);
-    return c;
-  }
-  httplib::Result post(const std::string& path, const std::string& body, const httplib::Headers& h = {}) {
-    return client().Post(path.c_str(), h, body, "application/json");
-  }
-  static std::string chat_body(const std::string& user, const std::string& extra = "") {
-    return R"({"model": "gpt-4o", "messages": [{"role": "user", "content": )" + J(user).dump() + "}]" + extra + "}";
-  }
-  // Checks SSE framing and returns the JSON payloads (without the final [DONE]).
-  static std::vector<J> sse_events(const std::string& body, bool expect_done = true) {
-    std::vector<J> out;
-    size_t pos = 0;
-    bool done = false;
-    while (pos < body.size()) {
-      size_t end = body.find("\n\n", pos);
-      EXPECT_NE(end, std::string::npos) << "unterminated event at " << pos;
-      if (end == std::string::npos) break;
-      std::string ev = body.substr(pos, end - pos);
-      pos = end + 2;
-      EXPECT_EQ(ev.rfind("data: ", 0), 0u) << ev;
-      EXPECT_FALSE(done) << "event after [DONE]";
-      if (ev == "data: [DONE]") done = true;
-      else out.push_back(J::parse(ev.substr(6)));
-    }
-    EXPECT_EQ(done, expect_done);
-    return out;
-  }
-  // Sends `raw` bytes on a fresh connection, keeps it open, and returns what the server answers
-  // (read until the server closes or `wait` passes) and how long the first bytes took.
-  struct RawReply {
-    std::string text;
-    std::chrono::milliseconds first_byte{0};
-  };
-  RawReply raw_exchange(const std::string& raw, std::chrono::milliseconds wait = 3000ms) {
-    RawReply out;
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port_));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    timeval tv{0, 100 * 1000};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    EXPECT_EQ(::send(fd, raw.data(), raw.size(), 0), static_cast<ssize_t>(raw.size()));
-    const auto t0 = std::chrono::steady_clock::now();
-    char buf[4096];
-    while (std::chrono::steady_clock::now() - t0 < wait) {
-      ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-      if (n == 0) break;
-      if (n < 0) {
-        // Timed out this round; once a whole response is in, stop waiting.
-        if (out.text.find("\r\n\r\n") != std::string::npos && out.text.back() == '}') break;
-        continue;
-      }
-      if (out.text.empty())
-        out.first_byte = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
-      out.text.append(buf, static_cast<size_t>(n));
-    }
-    ::close(fd);
-    return out;
-  }
-  static void expect_error(const httplib::Result& r, int status, const std::string& param = "",
-                           const std::string& code = "") {
-    ASSERT_TRUE(r) << "no response";
-    EXPECT_EQ(r->status, status) << r->body;
-    J j = J::parse(r->body);
-    ASSERT_TRUE(j.contains("error")) << r->body;
-    EXPECT_TRUE(j["error"]["message"].is_string());
-    EXPECT_FALSE(j["error"]["message"].get<std::string>().empty());
-    EXPECT_TRUE(j["error"]["type"].is_string());
-    EXPECT_TRUE(j["error"].contains("param"));
-    EXPECT_TRUE(j["error"].contains("code"));
-    if (!param.empty()) EXPECT_EQ(j["error"]["param"], param) << r->body;
-    if (!code.empty()) EXPECT_EQ(j["error"]["code"], code) << r->body;
-  }
-
-  std::unique_ptr<FakeEngine> engine_;
-  std::unique_ptr<Server> server_;
-  std::thread thread_;
-  int port_ = 0;
-};
+using namespace hearth::server::testing;
 
 TEST_F(ServerTest, HealthIsExactlyTheMlxLmBody) {
   start();
@@ -458,7 +349,7 @@ TEST_F(ServerTest, MissingEmptyOrTruncatedBodiesAre400WithoutWaiting) {
     return out;
   };
   // No Content-Length and no Transfer-Encoding: no body (RFC 9112); answered at once.
-  RawReply r = raw_exchange("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\r\n");
+  RawReply r = raw_exchange("POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\r\n");
   auto [status, body] = status_and_body(r.text);
   EXPECT_EQ(status, 400) << r.text;
   EXPECT_EQ(body["error"]["code"], "invalid_json") << r.text;
@@ -469,18 +360,18 @@ TEST_F(ServerTest, MissingEmptyOrTruncatedBodiesAre400WithoutWaiting) {
   EXPECT_NE(J::parse(e->body)["error"]["message"].get<std::string>().find("empty"), std::string::npos) << e->body;
   expect_error(post("/v1/adapters", ""), 400);
   // A body shorter than its Content-Length: 400 once the (short) read timeout runs out.
-  r = raw_exchange("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"messages\"");
+  r = raw_exchange("POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"messages\"");
   std::tie(status, body) = status_and_body(r.text);
   EXPECT_EQ(status, 400) << r.text;
   EXPECT_TRUE(body["error"]["message"].is_string()) << r.text;
   EXPECT_GE(r.first_byte, 800ms);
   EXPECT_LT(r.first_byte, 2500ms);
   // Body-less methods without Content-Length (curl -X DELETE) are not read at all.
-  r = raw_exchange("DELETE /v1/adapters/ghost HTTP/1.1\r\nHost: x\r\n\r\n");
+  r = raw_exchange("DELETE /v1/adapters/ghost HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
   std::tie(status, body) = status_and_body(r.text);
   EXPECT_EQ(status, 404) << r.text;
   EXPECT_LT(r.first_byte, 500ms);
-  r = raw_exchange("DELETE /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  r = raw_exchange("DELETE /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
   EXPECT_EQ(status_and_body(r.text).first, 405) << r.text;
   EXPECT_LT(r.first_byte, 500ms);
   EXPECT_EQ(post("/v1/chat/completions", chat_body("fine"))->status, 200);
@@ -500,10 +391,19 @@ TEST_F(ServerTest, AdapterRouteErrorsCarryParamAndCode) {
   EXPECT_EQ(J::parse(l->body)["adapters"], J::array());
 }
 
-TEST_F(ServerTest, PromptLongerThanTheContextIs413) {
+TEST_F(ServerTest, PromptLongerThanTheContextIs400ContextLengthExceeded) {
+  // OpenAI and vLLM: 400, type invalid_request_error, code context_length_exceeded, the input as param.
   start({}, FakeEngineOptions{"m", 8, 0});
-  expect_error(post("/v1/chat/completions", chat_body("one two three four five six seven")), 413);
-  expect_error(post("/v1/chat/completions", chat_body("one two three four five six seven", R"(, "stream": true)")), 413);
+  for (const char* extra : {"", R"(, "stream": true)"}) {
+    auto r = post("/v1/chat/completions", chat_body("one two three four five six seven", extra));
+    expect_error(r, 400, "messages", "context_length_exceeded");
+    EXPECT_EQ(J::parse(r->body)["error"]["type"], "invalid_request_error");
+    const std::string msg = J::parse(r->body)["error"]["message"];
+    EXPECT_NE(msg.find("maximum context length is 8 tokens"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("resulted in 9 tokens"), std::string::npos) << msg;
+  }
+  expect_error(post("/v1/completions", R"({"prompt": "a b c d e f g h"})"), 400, "prompt", "context_length_exceeded");
+  EXPECT_EQ(engine_->generations(), 0);
   EXPECT_EQ(post("/v1/chat/completions", chat_body("one"))->status, 200);
 }
 

@@ -1,0 +1,48 @@
+// `hearth serve` flags about exposure, through the built binary (fake engine): an empty --api-key
+// is an error, and binding a non-loopback address without a key warns on stderr.
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include "../io/io_test_util.h"
+#include "../test_util.h"
+#include "test_paths.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using hearth::testing::TempDir;
+
+TEST(ServeCli, EmptyApiKeyIsAnError) {
+  for (const char* key : {"''", "'a b'"}) {
+    auto r = hearth::testing::run_hearth(std::string("serve --fake-engine --port 0 --api-key ") + key);
+    EXPECT_NE(r.rc, 0) << r.out;
+    EXPECT_NE(r.out.find("--api-key"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("serving"), std::string::npos) << r.out;
+  }
+}
+
+// Starts `hearth serve ARGS`, waits for its "serving" line, stops it, and returns its output.
+std::string serve_output(const std::string& args, const TempDir& tmp) {
+  const std::string log = (tmp.path() / "serve.log").string();
+  const pid_t pid = hearth::testing::start_process(std::string(HEARTH_BINARY) + " serve --fake-engine --port 0 " + args, log);
+  EXPECT_GT(pid, 0);
+  const std::string url = hearth::testing::wait_for_log(log, std::regex(R"(serving \S+ on (http://\S+))"), pid, 60);
+  EXPECT_FALSE(url.empty()) << hearth::testing::read_text(log);
+  hearth::testing::stop_process(pid, SIGTERM, 10);
+  return hearth::testing::read_text(log);
+}
+
+TEST(ServeCli, NonLoopbackBindWithoutAKeyWarns) {
+  TempDir tmp;
+  std::string out = serve_output("--host 0.0.0.0", tmp);
+  EXPECT_NE(out.find("warning: serving on 0.0.0.0 without --api-key"), std::string::npos) << out;
+  fs::remove(tmp.path() / "serve.log");
+  out = serve_output("--host 0.0.0.0 --api-key k", tmp);
+  EXPECT_EQ(out.find("warning"), std::string::npos) << out;
+  fs::remove(tmp.path() / "serve.log");
+  out = serve_output("--host 127.0.0.1", tmp);
+  EXPECT_EQ(out.find("warning"), std::string::npos) << out;
+}
+
+}  // namespace
