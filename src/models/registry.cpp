@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/printable.h"
 #include "io/weights.h"
+#include "models/gemma4/gemma4.h"
 #include "models/llama/llama.h"
 
 namespace hearth::models {
@@ -21,6 +22,7 @@ struct Family {
 // One line per family.
 const std::map<std::string, Family>& families() {
   static const std::map<std::string, Family> table = {
+      {"gemma4", {gemma4::create, gemma4::check_config}}, {"gemma4_text", {gemma4::create, gemma4::check_config}},
       {"llama", {llama::create, llama::check_config}},
       {"mistral", {llama::create, llama::check_config}},
       {"qwen2", {llama::create, llama::check_config}},

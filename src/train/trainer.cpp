@@ -183,7 +183,10 @@ std::vector<TrainableParam> full_parameters(models::Model& model, int64_t num_la
     TrainableParam p{name, t, layer_of(name)};
     if (p.layer < 0) {
       if (num_layers >= 0 && num_layers < L) continue;  // embed/norm/head only with all layers
-      p.in_embed = name.find("embed_tokens") != std::string::npos;
+      // Used by Model::embed: the token tables and Gemma 4's per-layer-input projection and norm.
+      p.in_embed = name.find("embed_tokens") != std::string::npos ||
+                   name.find("per_layer_model_projection") != std::string::npos ||
+                   name.find("per_layer_projection_norm") != std::string::npos;
       p.in_head = !p.in_embed || !has_lm_head;  // a tied table is also the head
     } else if (p.layer < first) {
       continue;
