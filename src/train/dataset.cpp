@@ -129,13 +129,21 @@ Dataset load_jsonl(const std::filesystem::path& path, const tokenizer::Tokenizer
         continue;
       }
       if (static_cast<int64_t>(ex.tokens.size()) > opts.max_seq_length) ex.tokens.resize(opts.max_seq_length);
-      ex.prompt_len = std::min<int64_t>(ex.prompt_len, static_cast<int64_t>(ex.tokens.size()) - 1);
+      // Targets are tokens[j] for max(prompt_len, 1) <= j < size (tokens[0] is never predicted):
+      // a prompt that fills the kept tokens leaves none, and the row would teach nothing.
+      if (std::max<int64_t>(ex.prompt_len, 1) >= static_cast<int64_t>(ex.tokens.size())) {
+        ++ds.skipped_no_target;
+        continue;
+      }
       ds.examples.push_back(std::move(ex));
     } catch (const Error& e) {
       throw Error(cat(name, ":", lineno, ": ", e.what()));
     }
   }
   HEARTH_CHECK(!first, path.string(), ": no rows");
+  HEARTH_CHECK(!ds.examples.empty() || ds.skipped_no_target == 0 || !stream.empty(), path.string(),
+               ": no row has a token to train on: the prompts of all ", ds.skipped_no_target,
+               " rows fill max_seq_length (--max-seq-length) ", opts.max_seq_length);
   for (size_t s = 0; s + 1 < stream.size(); s += opts.max_seq_length) {
     const size_t e = std::min(stream.size(), s + opts.max_seq_length);
     if (e - s < 2) break;
