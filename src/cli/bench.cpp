@@ -16,7 +16,7 @@
 namespace {
 
 struct BenchArgs {
-  std::string model, device, dtype = "float32";
+  std::string model, device, dtype;
   int64_t prompt_tokens = 512, gen_tokens = 128;
   int runs = 3;
 };
@@ -34,7 +34,7 @@ std::function<int()> setup_bench(CLI::App& app) {
   app.add_option("--gen-tokens", a->gen_tokens, "Tokens to generate (default 128)");
   app.add_option("--runs", a->runs, "Timed runs after one warmup (default 3)");
   app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
-  app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default float32)");
+  app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's torch_dtype on cuda, float32 on cpu)");
   return [a] {
     HEARTH_CHECK(a->prompt_tokens > 0 && a->gen_tokens > 0 && a->runs > 0,
                  "bench: --prompt-tokens, --gen-tokens and --runs must be positive");
@@ -53,7 +53,7 @@ std::function<int()> setup_bench(CLI::App& app) {
       break;
     }
     c10::NoGradGuard no_grad;
-    const hearth::nn::LoadOptions where = hearth::nn::resolve_placement(a->device, a->dtype);
+    const hearth::nn::LoadOptions where = hearth::nn::resolve_placement(a->device, a->dtype, a->model);
     auto model = hearth::models::load_model(a->model, where);
     at::manual_seed(0);
     at::Tensor ids = at::randint(model->vocab_size(), {a->prompt_tokens}, at::TensorOptions().dtype(at::kLong));
@@ -71,7 +71,8 @@ std::function<int()> setup_bench(CLI::App& app) {
       peak = std::max(peak, res.stats.peak_memory_bytes);
     }
     std::printf("model: %s (%s, %lld layers) on %s %s\n", a->model.c_str(), model->model_type().c_str(),
-                static_cast<long long>(model->num_layers()), where.device.str().c_str(), a->dtype.c_str());
+                static_cast<long long>(model->num_layers()), where.device.str().c_str(),
+                where.dtype == at::kBFloat16 ? "bfloat16" : where.dtype == at::kHalf ? "float16" : "float32");
     std::printf("prompt %lld tokens, generate %lld tokens, median of %d runs\n",
                 static_cast<long long>(a->prompt_tokens), static_cast<long long>(a->gen_tokens), a->runs);
     std::printf("prefill: %.1f tok/s\ndecode: %.1f tok/s\nTTFT: %.1f ms\npeak memory: %.3f GB\n", median(prefill),

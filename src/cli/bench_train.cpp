@@ -87,12 +87,12 @@ std::function<int()> setup_bench_train(CLI::App& app) {
   app.add_option("--lora-rank", a->lora_rank, "LoRA rank on q,k,v,o,gate,up,down (default 8)");
   app.add_option("--loss-chunk", a->loss_chunk, "Positions per loss-head chunk (default 1024)");
   app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
-  app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default: bf16 on cuda, fp32 on cpu)");
+  app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's torch_dtype on cuda, float32 on cpu)");
   return [a] {
     HEARTH_CHECK(a->steps >= 1, "--steps must be >= 1, got ", a->steps);
     for (int64_t t : a->seq_lens) HEARTH_CHECK(t >= 2, "--seq-lens: each length must be >= 2, got ", t);
     for (int64_t s : a->segment_sizes) HEARTH_CHECK(s >= 0, "--segment-sizes: each must be >= 0, got ", s);
-    auto model = hearth::models::load_model(a->model, hearth::nn::resolve_placement(a->device, a->dtype));
+    auto model = hearth::models::load_model(a->model, hearth::nn::resolve_placement(a->device, a->dtype, a->model));
     std::cout << "model: " << a->model << " (" << model->num_layers() << " layers) on "
               << model->placement().device << " " << model->placement().dtype << ", LoRA rank " << a->lora_rank
               << ", " << a->steps << " timed steps per cell\n";

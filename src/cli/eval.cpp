@@ -119,7 +119,7 @@ std::function<int()> setup_eval(CLI::App& app) {
   chunk->add_option("--max-tokens", a->max_tokens, "Generation limit per example (default 1024)");
   chunk->add_option("--out", a->out, "Write per-example results (jsonl)");
   chunk->add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
-  chunk->add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default: bf16 on cuda, fp32 on cpu)");
+  chunk->add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's torch_dtype on cuda, float32 on cpu)");
   chunk->add_flag("--quiet", a->quiet, "No per-example progress on stderr");
   return [a] { return run_eval_chunk(*a); };
 }

@@ -13,7 +13,7 @@
 namespace {
 
 struct GenerateArgs {
-  std::string model, prompt, system, device, dtype = "float32", adapter_path;
+  std::string model, prompt, system, device, dtype, adapter_path;
   bool ignore_chat_template = false;
   int64_t max_tokens = 256;
   hearth::generate::SamplingParams sampling;
@@ -35,7 +35,7 @@ std::function<int()> setup_generate(CLI::App& app) {
   app.add_option("--frequency-penalty", a->sampling.frequency_penalty, "Subtract per occurrence in the last 20 (off)");
   app.add_option("--seed", a->sampling.seed, "Sampling seed (default 0)");
   app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
-  app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default float32)");
+  app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's torch_dtype on cuda, float32 on cpu)");
   app.add_option("--adapter-path,--adapter", a->adapter_path, "LoRA adapter (mlx-lm or PEFT layout) or full fine-tune folder to apply");
   return [a] {
     using namespace hearth;

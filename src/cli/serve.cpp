@@ -121,7 +121,7 @@ std::function<int()> setup_serve(CLI::App& app) {
   app.add_option("--max-tokens", a->server.default_max_tokens,
                  "Default generated-token limit for chat requests that set none (0 = context length)");
   app.add_option("--device", a->engine.device, "cpu | cuda (default: cuda when available)");
-  app.add_option("--dtype", a->engine.dtype, "float32 | bfloat16 | float16 (default: bf16 on cuda, fp32 on cpu)");
+  app.add_option("--dtype", a->engine.dtype, "float32 | bfloat16 | float16 (default: the checkpoint's torch_dtype on cuda, float32 on cpu)");
   app.add_option("--context-length", a->engine.context_length, "Prompt + output token cap (default: the model's)");
   app.add_option("--adapter", a->adapters, "Mount a LoRA adapter at start: NAME=PATH (repeatable)");
   app.add_option("--adapter-dir", a->adapter_dirs,

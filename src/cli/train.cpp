@@ -51,7 +51,7 @@ std::function<int()> setup_train(CLI::App& app) {
   app.add_option("--data", a->data, "Folder with train.jsonl (and optionally valid.jsonl)")->required();
   app.add_option("--adapter-path", a->adapter_path, "Output folder (adapter, checkpoint, metrics.jsonl)");
   app.add_option("--fine-tune-type", c.fine_tune_type, "lora | full (default lora)");
-  app.add_option("--num-layers", c.num_layers, "Train the last N blocks; -1 = all (default 16)");
+  app.add_option("--num-layers", c.num_layers, "Train the last N blocks; -1 = all (default -1)");
   app.add_option("--lora-rank", c.lora_rank, "LoRA rank (default 8)");
   app.add_option("--lora-scale", c.lora_scale, "LoRA scale (default 20)");
   app.add_option("--lora-dropout", c.lora_dropout, "LoRA input dropout (default 0)");
@@ -90,12 +90,16 @@ std::function<int()> setup_train(CLI::App& app) {
       c.segment_size = 1;
     }
     hearth::train::check_config(c);  // bad flags fail before the model loads
-    const hearth::nn::LoadOptions where = hearth::nn::resolve_placement(a->device, a->dtype);
+    const hearth::nn::LoadOptions where = hearth::nn::resolve_placement(a->device, a->dtype, a->model);
     auto tok = hearth::tokenizer::Tokenizer::from_dir(a->model);
     auto model = hearth::models::load_model(a->model, where);
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
     c.stop = &g_stop;
+    c.on_note = [](const std::string& note) {
+      std::printf("%s\n", note.c_str());
+      std::fflush(stdout);
+    };
     std::printf("training %s (%s, %lld layers) on %s, %s fine-tune, %lld steps\n", a->model.c_str(),
                 model->model_type().c_str(), static_cast<long long>(model->num_layers()), where.device.str().c_str(),
                 c.fine_tune_type.c_str(), static_cast<long long>(c.iters));

@@ -1,5 +1,6 @@
 // Sampler chain: repetition → presence → frequency penalty → top-p → min-p → top-k → categorical at temperature,
-// in the order and with the comparisons of mlx-lm's sample_utils.py.
+// in the order and with the comparisons of mlx-lm's sample_utils.py, plus two guards mlx-lm lacks: every
+// filter keeps the most likely token, and penalties/temperatures at their extremes stay finite (greedy at worst).
 #include "generate/sampler.h"
 
 #include <cmath>
@@ -14,6 +15,23 @@ namespace hearth::generate {
 namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// The largest finite value of a floating dtype: penalties at their extremes (1e-300, 1e308) clamp
+// here instead of becoming ±inf (an inf logit turns the log-softmax into NaN).
+double finite_max(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return std::numeric_limits<double>::max();
+    case at::kHalf: return 65504.0;
+    case at::kBFloat16: return 3.3895313892515355e38;
+    default: return std::numeric_limits<float>::max();
+  }
+}
+
+// x computed in double, clamped to `like`'s finite range and cast back to its dtype.
+at::Tensor clamp_to(const at::Tensor& x, const at::Tensor& like) {
+  const double m = finite_max(like.scalar_type());
+  return x.clamp(-m, m).to(like.scalar_type());
+}
+
 // The last `size` tokens (all when size is 0 or larger than the history).
 std::vector<int64_t> window(const std::vector<int64_t>& tokens, int64_t size) {
   const size_t n = size <= 0 ? tokens.size() : std::min<size_t>(tokens.size(), static_cast<size_t>(size));
@@ -25,22 +43,22 @@ at::Tensor subtract_counts(const at::Tensor& logits, const std::vector<int64_t>&
                            bool per_occurrence) {
   at::Tensor out = logits.clone();
   std::vector<int64_t> ids;
-  std::vector<float> amount;
+  std::vector<double> amount;
   std::unordered_map<int64_t, size_t> pos;
   for (int64_t id : context) {
     if (id < 0 || id >= logits.size(-1)) continue;
     auto [it, fresh] = pos.emplace(id, ids.size());
     if (fresh) {
       ids.push_back(id);
-      amount.push_back(static_cast<float>(penalty));
+      amount.push_back(penalty);
     } else if (per_occurrence) {
-      amount[it->second] += static_cast<float>(penalty);
+      amount[it->second] += penalty;
     }
   }
   if (ids.empty()) return out;
   at::Tensor idx = at::tensor(ids, at::TensorOptions().dtype(at::kLong)).to(logits.device());
-  at::Tensor sub = at::tensor(amount, at::TensorOptions().dtype(at::kFloat)).to(logits.device(), logits.scalar_type());
-  out.index_copy_(-1, idx, out.index_select(-1, idx) - sub);
+  at::Tensor sub = at::tensor(amount, at::TensorOptions().dtype(at::kDouble)).to(logits.device());
+  out.index_copy_(-1, idx, clamp_to(out.index_select(-1, idx).to(at::kDouble) - sub, out));
   return out;
 }
 }  // namespace
@@ -55,15 +73,17 @@ at::Tensor apply_frequency_penalty(const at::Tensor& logits, const std::vector<i
 
 at::Tensor apply_repetition_penalty(const at::Tensor& logits, const std::vector<int64_t>& context, double penalty) {
   at::Tensor out = logits.clone();
-  if (context.empty()) return out;
+  if (context.empty() || penalty == 0 || penalty == 1) return out;  // 0 = off, 1 = no change
   std::vector<int64_t> ids;
   std::unordered_set<int64_t> seen;
   for (int64_t id : context)
     if (id >= 0 && id < logits.size(-1) && seen.insert(id).second) ids.push_back(id);
   at::Tensor idx = at::tensor(ids, at::TensorOptions().dtype(at::kLong)).to(logits.device());
-  at::Tensor sel = out.index_select(-1, idx);
+  // In double, then clamped: a penalty of 1e-300 must not turn a positive logit into +inf (nor 0/0
+  // into NaN in float32, where 1e-300 is 0).
+  at::Tensor sel = out.index_select(-1, idx).to(at::kDouble);
   sel = at::where(sel < 0, sel * penalty, sel / penalty);
-  out.index_copy_(-1, idx, sel);
+  out.index_copy_(-1, idx, clamp_to(sel, out));
   return out;
 }
 
@@ -72,7 +92,11 @@ at::Tensor apply_top_p(const at::Tensor& logprobs, double top_p) {
   at::Tensor sorted_idx = at::argsort(logprobs, -1, /*descending=*/false);
   at::Tensor cumulative = probs.index_select(-1, sorted_idx).cumsum(-1);
   at::Tensor cum_orig = at::empty_like(cumulative).index_copy_(-1, sorted_idx, cumulative);
-  return at::where(cum_orig > (1 - top_p), logprobs, at::full({}, kNegInf, logprobs.options()));
+  at::Tensor keep = cum_orig > (1 - top_p);
+  // The most likely token always survives: for a tiny top_p, 1 - top_p rounds to 1 and the float
+  // cumulative sum may end just below it, which would keep nothing.
+  keep.index_fill_(-1, logprobs.argmax(-1).reshape({1}), true);
+  return at::where(keep, logprobs, at::full({}, kNegInf, logprobs.options()));
 }
 
 at::Tensor apply_min_p(const at::Tensor& logprobs, double min_p, int64_t min_keep) {
@@ -80,13 +104,14 @@ at::Tensor apply_min_p(const at::Tensor& logprobs, double min_p, int64_t min_kee
   at::Tensor sorted = logprobs.index_select(-1, sorted_idx);
   at::Tensor threshold = sorted.narrow(-1, 0, 1) + std::log(min_p);
   at::Tensor remove = sorted < threshold;
-  if (min_keep > 0) remove.narrow(-1, 0, std::min<int64_t>(min_keep, remove.size(-1))).fill_(false);
+  // At least the best token (even with min_keep 0), so min_p 1.0 keeps the maximum.
+  remove.narrow(-1, 0, std::min<int64_t>(std::max<int64_t>(min_keep, 1), remove.size(-1))).fill_(false);
   at::Tensor kept = at::where(remove, at::full({}, kNegInf, sorted.options()), sorted);
   return at::empty_like(kept).index_copy_(-1, sorted_idx, kept);
 }
 
 at::Tensor apply_top_k(const at::Tensor& logprobs, int64_t top_k) {
-  if (top_k >= logprobs.size(-1)) return logprobs;
+  if (top_k <= 0 || top_k >= logprobs.size(-1)) return logprobs;  // 0 = off
   at::Tensor top_idx = std::get<1>(at::topk(logprobs, top_k, -1));
   at::Tensor out = at::full_like(logprobs, kNegInf);
   out.index_copy_(-1, top_idx, logprobs.index_select(-1, top_idx));
@@ -94,12 +119,13 @@ at::Tensor apply_top_k(const at::Tensor& logprobs, int64_t top_k) {
 }
 
 Sampler::Sampler(SamplingParams params) : params_(params), rng_(params.seed) {
-  HEARTH_CHECK(params_.temperature >= 0, "sampling: temperature must be >= 0, got ", params_.temperature);
+  HEARTH_CHECK(params_.temperature >= 0 && std::isfinite(params_.temperature),
+               "sampling: temperature must be finite and >= 0, got ", params_.temperature);
   HEARTH_CHECK(params_.top_p >= 0 && params_.top_p <= 1, "sampling: top_p must be in [0, 1], got ", params_.top_p);
   HEARTH_CHECK(params_.min_p >= 0 && params_.min_p <= 1, "sampling: min_p must be in [0, 1], got ", params_.min_p);
   HEARTH_CHECK(params_.top_k >= 0, "sampling: top_k must be >= 0, got ", params_.top_k);
-  HEARTH_CHECK(params_.repetition_penalty >= 0, "sampling: repetition_penalty must be >= 0, got ",
-               params_.repetition_penalty);
+  HEARTH_CHECK(params_.repetition_penalty >= 0 && std::isfinite(params_.repetition_penalty),
+               "sampling: repetition_penalty must be finite and >= 0, got ", params_.repetition_penalty);
   HEARTH_CHECK(params_.repetition_context_size >= 0, "sampling: repetition_context_size must be >= 0");
   HEARTH_CHECK(std::isfinite(params_.presence_penalty) && std::isfinite(params_.frequency_penalty),
                "sampling: presence/frequency penalties must be finite");
@@ -150,8 +176,13 @@ int64_t Sampler::sample_processed(const at::Tensor& logits) {
   if (p.min_p != 0) lp = apply_min_p(lp, p.min_p, p.min_tokens_to_keep);
   if (p.top_k > 0) lp = apply_top_k(lp, p.top_k);
 
-  // Categorical over softmax(lp / temp), by inverse CDF with our own generator.
-  at::Tensor probs = at::softmax(lp * (1.0 / p.temperature), -1, at::kDouble).contiguous();
+  // Categorical over softmax(lp / temp), by inverse CDF with our own generator. In double, with the
+  // maximum subtracted before dividing: the kept maximum is exactly 0 at any temperature, so a
+  // temperature near zero (1e-30, or subnormal, whose reciprocal is inf) is greedy, never inf/NaN.
+  at::Tensor x = lp.to(at::kDouble);
+  const double top = x.max().item<double>();
+  if (!std::isfinite(top)) return logits.argmax(-1).item<int64_t>();  // nothing finite left: greedy
+  at::Tensor probs = at::softmax((x - top) / p.temperature, -1).contiguous();
   const double* pr = probs.data_ptr<double>();
   const int64_t V = probs.size(0);
   const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);

@@ -4,12 +4,15 @@
 
 #include <fcntl.h>
 #include <ftw.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <sstream>
+#include <vector>
 
 #include "core/error.h"
 
@@ -47,7 +50,36 @@ void finish(const fs::path& tmp, const fs::path& path) {
   fsync_path(parent.empty() ? fs::path(".") : parent, false);
 }
 
+// The pid of a temp_path_for name ("<name>.tmp.<digits>"), or -1.
+long long temp_owner(const std::string& name) {
+  const auto pos = name.rfind(".tmp.");
+  if (pos == std::string::npos || pos == 0) return -1;
+  const std::string digits = name.substr(pos + 5);
+  if (digits.empty() || digits.size() > 9) return -1;  // pids fit in 9 digits (pid_max <= 2^22)
+  for (char c : digits)
+    if (c < '0' || c > '9') return -1;
+  return std::stoll(digits);
+}
+
 }  // namespace
+
+int64_t remove_stale_temporaries(const fs::path& dir) noexcept {
+  int64_t removed = 0;
+  try {
+    std::error_code ec;
+    std::vector<fs::path> stale;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const long long pid = temp_owner(e.path().filename().string());
+      if (pid <= 0 || pid == ::getpid()) continue;
+      if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // running (or not ours to probe)
+      stale.push_back(e.path());
+    }
+    for (const auto& p : stale)
+      if (remove_tree(p) > 0) ++removed;
+  } catch (...) {
+  }
+  return removed;
+}
 
 void write_file_atomic(const fs::path& path, const std::function<void(std::ostream&)>& fill) {
   const fs::path tmp = temp_path_for(path);

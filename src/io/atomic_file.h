@@ -15,6 +15,12 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view bytes
 /// temp file and rethrows.
 void write_file_atomic(const std::filesystem::path& path, const std::function<void(std::ostream&)>& fill);
 
+/// Removes the temporaries "<name>.tmp.<pid>" (files or folders, directly in `dir`) that a
+/// process which no longer runs left behind (a kill between writing and renaming); those of this
+/// process and of running ones stay. Returns the number removed (0 when `dir` is missing);
+/// errors are not thrown (cleanup).
+int64_t remove_stale_temporaries(const std::filesystem::path& dir) noexcept;
+
 /// Reads a whole file; throws hearth::Error "<path>: cannot read (...)" when missing/unreadable.
 std::string read_file(const std::filesystem::path& path);
 

@@ -1,10 +1,13 @@
 // ParamSource implementations: over io::WeightStore (model folders) and over in-memory maps.
 #include "nn/param_source.h"
 
+#include <nlohmann/json.hpp>
+
 #include <sstream>
 
 #include "core/error.h"
 #include "core/torch_compat.h"
+#include "io/hf_config.h"
 #include "io/weights.h"
 
 namespace hearth::nn {
@@ -87,7 +90,37 @@ bool cpu_half_matmul_works() {
 }
 }  // namespace
 
-LoadOptions resolve_placement(const std::string& device, const std::string& dtype) {
+std::optional<at::ScalarType> checkpoint_dtype(const std::filesystem::path& model_dir) {
+  std::error_code ec;
+  const std::filesystem::path path = model_dir / "config.json";
+  if (!std::filesystem::is_regular_file(path, ec)) return std::nullopt;
+  nlohmann::json cfg;
+  try {
+    cfg = io::read_json(path);
+  } catch (const std::exception&) {
+    return std::nullopt;  // load_model names the problem
+  }
+  for (const nlohmann::json* c : {&cfg, cfg.is_object() && cfg.contains("text_config") ? &cfg["text_config"] : nullptr}) {
+    if (!c || !c->is_object()) continue;
+    for (const char* key : {"torch_dtype", "dtype"}) {
+      auto it = c->find(key);
+      if (it == c->end() || !it->is_string()) continue;
+      const std::string v = it->get<std::string>();
+      if (v == "bfloat16") return at::kBFloat16;
+      if (v == "float16") return at::kHalf;
+      if (v == "float32") return at::kFloat;
+    }
+  }
+  return std::nullopt;
+}
+
+at::ScalarType default_dtype(const at::Device& device, const std::filesystem::path& model_dir) {
+  if (!device.is_cuda() || model_dir.empty()) return at::kFloat;
+  return checkpoint_dtype(model_dir).value_or(at::kFloat);
+}
+
+LoadOptions resolve_placement(const std::string& device, const std::string& dtype,
+                              const std::filesystem::path& model_dir) {
   LoadOptions where;
   if (device.empty()) {
     where.device = compat::cuda_available() ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
@@ -99,7 +132,7 @@ LoadOptions resolve_placement(const std::string& device, const std::string& dtyp
   } else {
     throw InvalidArgument(cat("--device: '", device, "' is not cpu or cuda"));
   }
-  if (dtype.empty()) where.dtype = where.device.is_cuda() ? at::kBFloat16 : at::kFloat;
+  if (dtype.empty()) where.dtype = default_dtype(where.device, model_dir);
   else if (dtype == "float32") where.dtype = at::kFloat;
   else if (dtype == "bfloat16") where.dtype = at::kBFloat16;
   else if (dtype == "float16") where.dtype = at::kHalf;

@@ -3,7 +3,9 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,10 +64,22 @@ std::string shape_str(at::IntArrayRef shape);
 /// always contiguous and owning (never a view over an mmap once on CPU in another dtype).
 at::Tensor place(const at::Tensor& t, const LoadOptions& opts);
 
-/// Resolves the CLI's --device/--dtype flags: device "" → cuda when available, else cpu; dtype
-/// "" → bf16 on cuda, fp32 on cpu; names "cpu" | "cuda", "float32" | "bfloat16" | "float16".
+/// The float dtype a model folder's config.json declares: "torch_dtype" (transformers 4.x) or
+/// "dtype" (5.x), at the top level, else in "text_config"; nullopt when config.json is missing or
+/// unreadable (the loader reports that) or the value is not "float32" | "bfloat16" | "float16".
+std::optional<at::ScalarType> checkpoint_dtype(const std::filesystem::path& model_dir);
+
+/// The dtype when --dtype is not given, as transformers' torch_dtype="auto": on CUDA the
+/// checkpoint's declared bfloat16/float16 (float32 when it declares float32 or nothing); on the
+/// CPU float32. `model_dir` "" = no checkpoint (float32).
+at::ScalarType default_dtype(const at::Device& device, const std::filesystem::path& model_dir);
+
+/// Resolves the CLI's --device/--dtype flags for loading `model_dir` (the one place every verb
+/// resolves them): device "" → cuda when available, else cpu; dtype "" → default_dtype(device,
+/// model_dir); names "cpu" | "cuda", "float32" | "bfloat16" | "float16".
 /// Throws hearth::InvalidArgument naming the flag on an unknown name, cuda without a device, or
 /// float16 on the CPU when this libtorch cannot multiply float16 matrices there (1.13; probed).
-LoadOptions resolve_placement(const std::string& device, const std::string& dtype);
+LoadOptions resolve_placement(const std::string& device, const std::string& dtype,
+                              const std::filesystem::path& model_dir);
 
 }  // namespace hearth::nn

@@ -137,7 +137,7 @@ ModelEngine::ModelEngine(ModelEngineOptions opts)
   c10::NoGradGuard no_grad;
   const fs::path dir = fs::weakly_canonical(opts_.model_dir);
   model_id_ = dir.filename().string();
-  const nn::LoadOptions placement = nn::resolve_placement(opts_.device, opts_.dtype);
+  const nn::LoadOptions placement = nn::resolve_placement(opts_.device, opts_.dtype, dir);
   model_ = opts_.full_finetune.empty() ? models::load_model(dir, placement)
                                        : adapters::load_model_with_full_finetune(dir, opts_.full_finetune, placement);
   gen_config_ = io::GenerationConfig::load(dir);

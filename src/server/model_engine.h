@@ -34,7 +34,7 @@ struct SamplingDefaults {
 struct ModelEngineOptions {
   std::filesystem::path model_dir;
   std::string device;         ///< "cpu" | "cuda" | "" (cuda when available)
-  std::string dtype;          ///< "float32" | "bfloat16" | "float16" | "" (bf16 on cuda, fp32 on cpu)
+  std::string dtype;          ///< "float32" | "bfloat16" | "float16" | "" (nn::default_dtype: the checkpoint's torch_dtype on cuda, fp32 on cpu)
   int64_t context_length = 0; ///< 0: config.json max_position_embeddings
   SamplingDefaults defaults;
   /// Folders under which POST /v1/adapters may load adapters; the model's "adapters/" subfolder is

@@ -217,6 +217,16 @@ Dataset load_jsonl(const std::filesystem::path& path, const tokenizer::Tokenizer
         ex.tokens.resize(opts.max_seq_length);
         if (!ex.loss_mask.empty()) ex.loss_mask.resize(opts.max_seq_length);
       }
+      // Targets are tokens[j] for max(prompt_len, 1) <= j < size (tokens[0] is never predicted),
+      // or with generation blocks the masked j >= 1: a row whose kept tokens have none (a prompt
+      // that fills them, blocks cut off) would teach nothing.
+      const bool has_target =
+          ex.loss_mask.empty() ? std::max<int64_t>(ex.prompt_len, 1) < static_cast<int64_t>(ex.tokens.size())
+                               : std::find(ex.loss_mask.begin() + 1, ex.loss_mask.end(), uint8_t{1}) != ex.loss_mask.end();
+      if (!has_target) {
+        ++ds.skipped_no_target;
+        continue;
+      }
       ex.prompt_len = std::min<int64_t>(ex.prompt_len, static_cast<int64_t>(ex.tokens.size()) - 1);
       ds.examples.push_back(std::move(ex));
     } catch (const Error& e) {
@@ -224,6 +234,9 @@ Dataset load_jsonl(const std::filesystem::path& path, const tokenizer::Tokenizer
     }
   }
   HEARTH_CHECK(!first, path.string(), ": no rows");
+  HEARTH_CHECK(!ds.examples.empty() || ds.skipped_no_target == 0 || !stream.empty(), path.string(),
+               ": no row has a token to train on: the prompts of all ", ds.skipped_no_target,
+               " rows fill max_seq_length (--max-seq-length) ", opts.max_seq_length);
   for (size_t s = 0; s + 1 < stream.size(); s += opts.max_seq_length) {
     const size_t e = std::min(stream.size(), s + opts.max_seq_length);
     if (e - s < 2) break;

@@ -37,6 +37,9 @@ struct DataOptions {
 struct Dataset {
   DataFormat format = DataFormat::kText;
   std::vector<Example> examples;
+  /// Rows left out because no token of theirs is a target: the prompt alone fills
+  /// max_seq_length (after truncation nothing of the answer is left).
+  int64_t skipped_no_target = 0;
 };
 
 /// Tokenizes one jsonl file, following mlx-lm's tuner/datasets.py:
@@ -54,9 +57,11 @@ struct Dataset {
 ///   special tokens, EOS appended when missing, prompt_len = common prefix with encode(prompt).
 /// - {"text"}: encode(text, with specials) + EOS when missing; prompt_len 0.
 /// The mask is always applied to messages / prompt-completion rows (the trainer's choice, see
-/// TrainConfig). Throws hearth::Error "<file>:<line>: <problem>" on malformed JSON, missing or
-/// mistyped keys, a conversation without an assistant message, a row nested deeper than
-/// kMaxNesting, or an empty file.
+/// TrainConfig). A row whose kept tokens have no target (its prompt reaches max_seq_length, or its
+/// generation blocks were cut off) is skipped and counted in Dataset::skipped_no_target. Throws
+/// hearth::Error "<file>:<line>: <problem>" on malformed JSON, missing or mistyped keys, a
+/// conversation without an assistant message, a row nested deeper than kMaxNesting; "<file>: ..."
+/// for an empty file or one where no row has a target token.
 Dataset load_jsonl(const std::filesystem::path& path, const tokenizer::Tokenizer& tok, const DataOptions& opts);
 
 /// One padded batch. input_ids [B, T] int64 (pad id 0), labels [B, T] int64 with kIgnoreIndex on

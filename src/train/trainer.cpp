@@ -5,10 +5,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <map>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/torch_compat.h"
@@ -109,37 +112,132 @@ void save_weights(const TrainConfig& cfg, const std::vector<TrainableParam>& par
   io::write_file_atomic(cfg.adapter_path / "adapter_config.json", ac.dump(2) + "\n");
 }
 
+// The optimizer file of the checkpoint at `step`: a new name per step, so writing it never
+// touches the file the current checkpoint.json names.
+std::string optimizer_file(int64_t step) { return "optimizer." + std::to_string(step) + ".safetensors"; }
+
+// Whether `name` is an optimizer file a checkpoint may name ("optimizer.safetensors" from before
+// per-step names, or "optimizer.<step>.safetensors").
+bool is_optimizer_file(const std::string& name) {
+  static const std::string kPre = "optimizer.", kSuf = ".safetensors";
+  if (name == "optimizer.safetensors") return true;
+  if (name.size() <= kPre.size() + kSuf.size() || name.rfind(kPre, 0) != 0 ||
+      name.compare(name.size() - kSuf.size(), kSuf.size(), kSuf) != 0)
+    return false;
+  const std::string mid = name.substr(kPre.size(), name.size() - kPre.size() - kSuf.size());
+  return std::all_of(mid.begin(), mid.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// Writes a checkpoint so that a crash at any point leaves the last complete one loadable: the
+// optimizer file under a new name beside the old, then checkpoint.json (atomic rename; it names
+// its optimizer file, so it is the switch), then the files no checkpoint names any more.
 void save_checkpoint(const TrainConfig& cfg, int64_t step, const Batcher& batcher, const NamedAdamW& opt,
                      const std::vector<TrainableParam>& params, LoraRun* lora) {
-  save_weights(cfg, params, lora);
+  const auto hook = [&](const char* stage) {
+    if (cfg.checkpoint_hook) cfg.checkpoint_hook(stage);
+  };
+  save_weights(cfg, params, lora);  // the adapter output; the checkpoint keeps its own copy below
+  hook("weights");
   std::map<std::string, at::Tensor> st = opt.state_tensors();
   for (const auto& p : params) st["param." + p.name] = p.tensor.detach();
-  io::save_safetensors(cfg.adapter_path / "optimizer.safetensors", st, {{"step", std::to_string(step)}});
-  // checkpoint.json last: it is the record that the files above belong to `step`.
+  const std::string opt_name = optimizer_file(step);
+  io::save_safetensors(cfg.adapter_path / opt_name, st, {{"step", std::to_string(step)}});
+  hook("optimizer");
   nlohmann::json ck = {{"step", step},
                        {"epoch", batcher.epoch()},
                        {"batch_index", batcher.index()},
                        {"seed", cfg.seed},
                        {"fine_tune_type", cfg.fine_tune_type},
                        {"batch_size", cfg.batch_size},
-                       {"grad_accumulation_steps", cfg.grad_accumulation_steps}};
+                       {"grad_accumulation_steps", cfg.grad_accumulation_steps},
+                       {"optimizer", opt_name}};
   io::write_file_atomic(cfg.adapter_path / "checkpoint.json", ck.dump(2) + "\n");
+  hook("manifest");
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(cfg.adapter_path, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name != opt_name && is_optimizer_file(name)) std::filesystem::remove(e.path(), ec);
+  }
+  hook("cleanup");
+}
+
+// checkpoint.json, read with a one-line error naming the file and the field for anything missing
+// or of the wrong JSON type.
+struct CheckpointRecord {
+  int64_t step = 0, epoch = 0, batch_index = 0, batch_size = 0, grad_accumulation_steps = 0;
+  uint64_t seed = 0;
+  std::string fine_tune_type, optimizer;
+};
+
+std::string describe(const nlohmann::json& v) {
+  if (v.is_string()) return "a string";
+  if (v.is_object()) return "an object";
+  if (v.is_array()) return "an array";
+  std::string d = v.dump();
+  return d.size() > 40 ? d.substr(0, 40) + "..." : d;
+}
+
+const nlohmann::json& need_field(const nlohmann::json& ck, const char* key, const std::string& origin) {
+  auto it = ck.find(key);
+  HEARTH_CHECK(it != ck.end(), origin, ": missing \"", key, "\"");
+  return *it;
+}
+
+uint64_t count_field(const nlohmann::json& ck, const char* key, const std::string& origin) {
+  const nlohmann::json& v = need_field(ck, key, origin);
+  HEARTH_CHECK(v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0), origin, ": \"", key,
+               "\" must be a non-negative integer, got ", describe(v));
+  return v.get<uint64_t>();
+}
+
+int64_t index_field(const nlohmann::json& ck, const char* key, const std::string& origin) {
+  const uint64_t v = count_field(ck, key, origin);
+  HEARTH_CHECK(v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), origin, ": \"", key, "\" is too large: ", v);
+  return static_cast<int64_t>(v);
+}
+
+std::string string_field(const nlohmann::json& ck, const char* key, const std::string& origin) {
+  const nlohmann::json& v = need_field(ck, key, origin);
+  HEARTH_CHECK(v.is_string(), origin, ": \"", key, "\" must be a string, got ", describe(v));
+  return v.get<std::string>();
+}
+
+CheckpointRecord read_checkpoint(const std::filesystem::path& dir) {
+  const std::string origin = (dir / "checkpoint.json").string();
+  const nlohmann::json ck = io::read_json(dir / "checkpoint.json");
+  HEARTH_CHECK(ck.is_object(), origin, ": must be a JSON object, got ", describe(ck));
+  CheckpointRecord r;
+  r.step = index_field(ck, "step", origin);
+  r.epoch = index_field(ck, "epoch", origin);
+  r.batch_index = index_field(ck, "batch_index", origin);
+  r.batch_size = index_field(ck, "batch_size", origin);
+  r.grad_accumulation_steps = index_field(ck, "grad_accumulation_steps", origin);
+  r.seed = count_field(ck, "seed", origin);
+  r.fine_tune_type = string_field(ck, "fine_tune_type", origin);
+  // checkpoints from before per-step optimizer files name none: theirs is optimizer.safetensors
+  r.optimizer = ck.contains("optimizer") ? string_field(ck, "optimizer", origin) : "optimizer.safetensors";
+  HEARTH_CHECK(is_optimizer_file(r.optimizer), origin, ": \"optimizer\" must name an optimizer file in the folder "
+               "(optimizer.<step>.safetensors), got '", r.optimizer.substr(0, 80), "'");
+  return r;
 }
 
 // Restores parameters, optimizer state and data position; returns the checkpoint's step.
 int64_t load_checkpoint(const TrainConfig& cfg, Batcher& batcher, NamedAdamW& opt,
                         const std::vector<TrainableParam>& params) {
   const auto dir = cfg.resume;
-  nlohmann::json ck = io::read_json(dir / "checkpoint.json");
+  const CheckpointRecord ck = read_checkpoint(dir);
   const std::string origin = (dir / "checkpoint.json").string();
-  for (const char* k : {"step", "epoch", "batch_index", "seed", "fine_tune_type", "batch_size"})
-    HEARTH_CHECK(ck.contains(k), origin, ": missing \"", k, "\"");
-  const int64_t step = ck["step"].get<int64_t>();
-  HEARTH_CHECK(ck["fine_tune_type"] == cfg.fine_tune_type, origin, ": the checkpoint is a ",
-               ck["fine_tune_type"].get<std::string>(), " fine-tune, this run is ", cfg.fine_tune_type);
-  HEARTH_CHECK(ck["seed"].get<uint64_t>() == cfg.seed && ck["batch_size"].get<int64_t>() == cfg.batch_size, origin,
-               ": --seed and --batch-size must match the checkpoint's (", ck["seed"], ", ", ck["batch_size"], ")");
-  auto f = io::SafetensorsFile::open(dir / "optimizer.safetensors");
+  const int64_t step = ck.step;
+  HEARTH_CHECK(ck.fine_tune_type == cfg.fine_tune_type, origin, ": the checkpoint is a ", ck.fine_tune_type,
+               " fine-tune, this run is ", cfg.fine_tune_type);
+  HEARTH_CHECK(ck.seed == cfg.seed, origin, ": --seed ", cfg.seed, " differs from the checkpoint's ", ck.seed,
+               " (resume with the checkpoint's value)");
+  HEARTH_CHECK(ck.batch_size == cfg.batch_size, origin, ": --batch-size ", cfg.batch_size,
+               " differs from the checkpoint's ", ck.batch_size, " (resume with the checkpoint's value)");
+  HEARTH_CHECK(ck.grad_accumulation_steps == cfg.grad_accumulation_steps, origin, ": --grad-accumulation-steps ",
+               cfg.grad_accumulation_steps, " differs from the checkpoint's ", ck.grad_accumulation_steps,
+               " (resume with the checkpoint's value)");
+  auto f = io::SafetensorsFile::open(dir / ck.optimizer);
   auto it = f->metadata().find("step");
   HEARTH_CHECK(it != f->metadata().end() && it->second == std::to_string(step), f->path().string(),
                ": written for another step than checkpoint.json's ", step);
@@ -156,8 +254,23 @@ int64_t load_checkpoint(const TrainConfig& cfg, Batcher& batcher, NamedAdamW& op
     }
   }
   opt.load_state_tensors(st, step, f->path().string());
-  batcher.seek(ck["epoch"].get<int64_t>(), ck["batch_index"].get<int64_t>());
+  batcher.seek(ck.epoch, ck.batch_index);
   return step;
+}
+
+// Keeps the metrics.jsonl lines of steps <= `step` (atomically): a resumed run logs the steps after
+// its checkpoint again, and a line torn by a kill is dropped.
+void truncate_metrics(const std::filesystem::path& path, int64_t step) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return;
+  std::istringstream in(io::read_file(path));
+  std::string kept;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
+    if (j["step"].get<int64_t>() <= step) kept += line + "\n";
+  }
+  io::write_file_atomic(path, kept);
 }
 
 void append_metrics(const std::filesystem::path& path, const Report& r) {
@@ -223,12 +336,7 @@ LayerStack make_layer_stack(models::Model& model, const std::vector<TrainablePar
   return s;
 }
 
-int64_t checkpoint_step(const std::filesystem::path& dir) {
-  nlohmann::json ck = io::read_json(dir / "checkpoint.json");
-  HEARTH_CHECK(ck.contains("step") && ck["step"].is_number_integer(), (dir / "checkpoint.json").string(),
-               ": missing integer \"step\"");
-  return ck["step"].get<int64_t>();
-}
+int64_t checkpoint_step(const std::filesystem::path& dir) { return read_checkpoint(dir).step; }
 
 TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tokenizer::Tokenizer& tok,
                          const std::function<void(const Report&)>& on_report) {
@@ -239,9 +347,21 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
   DataOptions dopt;
   dopt.max_seq_length = cfg.max_seq_length;
   dopt.pack_text = full;
+  const auto note = [&](const std::string& s) {
+    if (cfg.on_note) cfg.on_note(s);
+  };
+  const auto note_skipped = [&](const Dataset& d, const char* file) {
+    if (d.skipped_no_target > 0)
+      note(cat(file, ": skipped ", d.skipped_no_target, " row(s) whose prompt alone fills --max-seq-length ",
+               cfg.max_seq_length, " (no target token to train on)"));
+  };
   const Dataset train = load_jsonl(cfg.data_dir / "train.jsonl", tok, dopt);
+  note_skipped(train, "train.jsonl");
   std::optional<Dataset> valid;
-  if (std::filesystem::exists(cfg.data_dir / "valid.jsonl")) valid = load_jsonl(cfg.data_dir / "valid.jsonl", tok, dopt);
+  if (std::filesystem::exists(cfg.data_dir / "valid.jsonl")) {
+    valid = load_jsonl(cfg.data_dir / "valid.jsonl", tok, dopt);
+    note_skipped(*valid, "valid.jsonl");
+  }
   if (valid && valid->examples.size() < static_cast<size_t>(cfg.batch_size)) valid.reset();
 
   std::unique_ptr<LoraRun> lora;
@@ -275,7 +395,10 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
   if (!cfg.resume.empty()) start = load_checkpoint(cfg, batcher, opt, params);
   res.steps_done = start;
   std::filesystem::create_directories(cfg.adapter_path);
+  if (const int64_t n = io::remove_stale_temporaries(cfg.adapter_path); n > 0)
+    note(cat(cfg.adapter_path.string(), ": removed ", n, " temporary file(s) left by a killed run"));
   const auto metrics = cfg.adapter_path / "metrics.jsonl";
+  truncate_metrics(metrics, start);  // the killed run's lines after its checkpoint (all of them on a fresh run)
   if (lora) lora->set_training(true);
   const at::Device device = model.placement().device;
 

@@ -25,7 +25,7 @@ struct TrainConfig {
   std::filesystem::path adapter_path;  // output folder: adapter, checkpoint, metrics.jsonl
   std::filesystem::path resume;        // a checkpoint folder to continue from ("" = fresh)
   std::string fine_tune_type = "lora"; // lora | full
-  int64_t num_layers = 16;             // train the last N blocks; -1 = all (full: + embed/head)
+  int64_t num_layers = -1;             // train the last N blocks; -1 = all (full: + embed/head); mlx-bun's default
   int64_t lora_rank = 8;
   double lora_scale = 20.0;
   double lora_dropout = 0.0;
@@ -49,6 +49,12 @@ struct TrainConfig {
   std::string adapter_format = "mlx";  // mlx | peft
   /// Checked between optimizer steps: when set, a last checkpoint is written and run() returns.
   const std::atomic<bool>* stop = nullptr;
+  /// One-line notes for the person running (e.g. data rows skipped); the CLI prints them. May be empty.
+  std::function<void(const std::string&)> on_note;
+  /// Test hook: called between the steps of writing a checkpoint with the step just done
+  /// ("weights", "optimizer", "manifest", "cleanup"); throwing there leaves the folder as a crash
+  /// at that point would. Empty in normal runs.
+  std::function<void(const std::string&)> checkpoint_hook;
 };
 
 /// One progress report (also a metrics.jsonl line).
@@ -92,6 +98,12 @@ LayerStack make_layer_stack(models::Model& model, const std::vector<TrainablePar
 void check_config(const TrainConfig& cfg);
 
 /// Runs the loop. `model` and `tok` are loaded by the caller (on the device and dtype wanted).
+/// Checkpoints (<adapter_path>/checkpoint.json + the optimizer file it names) are complete or
+/// absent: each is written as a new optimizer.<step>.safetensors beside the previous one, then
+/// checkpoint.json (atomic rename) switches to it, then older optimizer files are removed. On start
+/// it removes stale "*.tmp.<pid>" files of dead processes in adapter_path, and truncates
+/// metrics.jsonl to the lines of steps <= the resumed step (0 for a fresh run). Data rows with no
+/// target token (prompt >= max_seq_length) are skipped with a note through cfg.on_note.
 /// Gradient accumulation follows mlx-lm: each micro-batch's loss is its own token mean and the
 /// step's gradient is the average over micro-batches (Σ_m ∇mean_m / N). Reports go to
 /// `on_report` (may be empty) and to <adapter_path>/metrics.jsonl. Throws hearth::Error on bad
@@ -99,7 +111,8 @@ void check_config(const TrainConfig& cfg);
 TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tokenizer::Tokenizer& tok,
                          const std::function<void(const Report&)>& on_report = {});
 
-/// The step recorded in <dir>/checkpoint.json; throws hearth::Error when absent or malformed.
+/// The step recorded in <dir>/checkpoint.json; throws hearth::Error when absent or malformed
+/// (one line naming the file and the field).
 int64_t checkpoint_step(const std::filesystem::path& dir);
 
 }  // namespace hearth::train

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <set>
 
 using namespace hearth::generate;
@@ -173,4 +174,76 @@ TEST(Sampler, ProcessChainsPenaltiesOverTheirWindows) {
   Sampler greedy(g);
   EXPECT_EQ(greedy.sample(at::tensor({0.f, 0.f, 0.f, 2.f, 3.f}), {}), 4);
   EXPECT_EQ(greedy.sample(at::tensor({0.f, 0.f, 0.f, 2.f, 3.f}), {4}), 3);
+}
+
+// Issue 16 item 13: at the legal extremes of every parameter the most likely token still comes out.
+TEST(Sampler, TinyTopPKeepsTheTopToken) {
+  // 1 - 1e-30 rounds to 1, and the float cumulative sum of many distributions ends just below 1:
+  // without the guard, top-p kept nothing for those (about half of these).
+  at::manual_seed(3);
+  for (int i = 0; i < 64; ++i) {
+    at::Tensor lp = at::log_softmax(at::randn({37}) * 3, -1);
+    const int64_t top = lp.argmax().item<int64_t>();
+    for (double top_p : {1e-30, 1e-12, std::numeric_limits<double>::denorm_min()}) {
+      at::Tensor out = apply_top_p(lp, top_p);
+      EXPECT_TRUE(std::isfinite(out[top].item<float>())) << "case " << i << " top_p " << top_p;
+    }
+  }
+  // min_p 1.0 with min_tokens_to_keep 0 still keeps the maximum; top_k 0 is off, not "keep none"
+  at::Tensor lp = logprobs_of({0.1, 0.6, 0.3});
+  EXPECT_EQ(kept(apply_min_p(lp, 1.0, 0)), (std::set<int64_t>{1}));
+  EXPECT_EQ(kept(apply_top_k(lp, 0)), (std::set<int64_t>{0, 1, 2}));
+}
+
+TEST(Sampler, ExtremeFilterCombinationsAndTinyTemperaturesAreGreedy) {
+  at::manual_seed(5);
+  const double denorm = std::numeric_limits<double>::denorm_min();
+  for (int i = 0; i < 8; ++i) {
+    const at::Tensor l = at::randn({41}) * 4;
+    const int64_t top = l.argmax().item<int64_t>();
+    for (double temp : {1e-30, 1e-45, 1e-310, denorm, 1e-5})
+      for (double top_p : {0.0, 1e-30, denorm})
+        for (double min_p : {0.0, 1.0})
+          for (int64_t top_k : {0, 1}) {
+            SamplingParams p;
+            p.temperature = temp;
+            p.top_p = top_p;
+            p.min_p = min_p;
+            p.min_tokens_to_keep = 0;
+            p.top_k = top_k;
+            p.seed = static_cast<uint64_t>(i);
+            Sampler s(p);
+            for (int draw = 0; draw < 3; ++draw)
+              ASSERT_EQ(s.sample(l, {}), top) << "temp " << temp << " top_p " << top_p << " min_p " << min_p
+                                              << " top_k " << top_k;
+          }
+  }
+  // a non-finite temperature is refused, not sampled with
+  SamplingParams bad;
+  bad.temperature = std::numeric_limits<double>::infinity();
+  EXPECT_THROW(Sampler{bad}, hearth::Error);
+}
+
+TEST(Sampler, RepetitionPenaltyExtremesStayFiniteAndKeepTheTopToken) {
+  const at::Tensor l = at::tensor({2.0f, 0.0f, -1.0f, 1.5f});
+  // 1e-300 is 0 in float32: 2/0 was +inf and 0/0 NaN (which argmax picks)
+  at::Tensor tiny = apply_repetition_penalty(l, {0, 1, 2}, 1e-300);
+  EXPECT_TRUE(at::isfinite(tiny).all().item<bool>()) << tiny;
+  EXPECT_EQ(tiny[0].item<float>(), std::numeric_limits<float>::max());  // 2 / 1e-300, clamped
+  EXPECT_EQ(tiny[1].item<float>(), 0.0f);
+  EXPECT_EQ(tiny[3].item<float>(), 1.5f);
+  at::Tensor denorm = apply_repetition_penalty(l, {0, 1, 2}, std::numeric_limits<double>::denorm_min());
+  EXPECT_TRUE(at::isfinite(denorm).all().item<bool>()) << denorm;
+  EXPECT_EQ(apply_repetition_penalty(l, {0, 1, 2}, 1e300)[2].item<float>(), -std::numeric_limits<float>::max());
+  for (double penalty : {1e-300, std::numeric_limits<double>::denorm_min(), 1e-30, 100.0, 1e300})
+    for (double temp : {0.0, 1e-310, 1.0}) {
+      SamplingParams p;
+      p.repetition_penalty = penalty;
+      p.temperature = temp;
+      p.top_p = 1e-30;
+      Sampler s(p);
+      // the top token of the penalized logits: 0 when penalties < 1 boost it, 3 when > 1 sink 0
+      const int64_t want = penalty < 1 ? 0 : 3;
+      EXPECT_EQ(s.sample(l, {0, 1, 2}), want) << "penalty " << penalty << " temp " << temp;
+    }
 }

@@ -244,3 +244,40 @@ TEST(Dataset, ToolCallTurnsWithNullContentRender) {
                           tok, {});
   EXPECT_EQ(decode_from(tok, ds.examples.at(0), 0), "user:hi\nassistant:\ntool:1\nassistant:ok\n");
 }
+
+// Issue 16 item 23: a row whose prompt alone fills max_seq_length has no target token once cut;
+// it used to be trained on its last prompt token. Skipped and counted; all such rows: an error.
+TEST(Dataset, RowsWhosePromptFillsTheLengthAreSkipped) {
+  TempDir d("prompt_fills");
+  auto tok = tiny();
+  const std::string long_prompt = "one two three four five six seven eight nine ten";
+  ASSERT_GT(tok.encode(long_prompt, true).size(), 6u);
+  const std::string body = "{\"prompt\": \"" + long_prompt + "\", \"completion\": \" yes\"}\n"
+                           "{\"prompt\": \"a\", \"completion\": \" b\"}\n"
+                           "{\"prompt\": \"" + long_prompt + " again\", \"completion\": \" no\"}\n";
+  DataOptions o;
+  o.max_seq_length = 6;
+  Dataset ds = load_jsonl(d.write("train.jsonl", body), tok, o);
+  EXPECT_EQ(ds.skipped_no_target, 2);
+  ASSERT_EQ(ds.examples.size(), 1u);
+  EXPECT_EQ(decode_from(tok, ds.examples[0], ds.examples[0].prompt_len), " b<|endoftext|>");
+  // every example left has a target in its kept tokens
+  Batch b = make_batch({&ds.examples[0]});
+  EXPECT_GT(shift_labels(b.labels).ne(kIgnoreIndex).sum().item<int64_t>(), 0);
+  // a file of only such rows: one clear error naming it, not a run that trains on prompts
+  const std::string only = "{\"prompt\": \"" + long_prompt + "\", \"completion\": \" yes\"}\n";
+  try {
+    load_jsonl(d.write("valid.jsonl", only), tok, o);
+    ADD_FAILURE() << "no error";
+  } catch (const hearth::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("valid.jsonl: no row has a token to train on"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--max-seq-length) 6"), std::string::npos) << e.what();
+  }
+  // a prompt one token shorter than the limit keeps exactly one target
+  const int64_t plen = static_cast<int64_t>(tok.encode("a", true).size());
+  o.max_seq_length = plen + 1;
+  Dataset one = load_jsonl(d.write("t2.jsonl", "{\"prompt\": \"a\", \"completion\": \" b c d\"}\n"), tok, o);
+  ASSERT_EQ(one.examples.size(), 1u);
+  EXPECT_EQ(one.skipped_no_target, 0);
+  EXPECT_EQ(static_cast<int64_t>(one.examples[0].tokens.size()) - one.examples[0].prompt_len, 1);
+}

@@ -9,11 +9,13 @@
 
 #include <atomic>
 #include <cstdio>
+#include <stdexcept>
 #include <fstream>
 #include <thread>
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/hf_config.h"
 #include "adapters/adapter.h"
 #include "io/safetensors.h"
 #include "train/optimizer.h"
@@ -236,6 +238,176 @@ TEST(Trainer, BadConfigAndCheckpointErrors) {
   EXPECT_THROW(run_training(c, *m, tok), hearth::Error);
 }
 
+
+namespace {
+
+// steps of metrics.jsonl, in file order
+std::vector<int64_t> metric_steps(const fs::path& file) {
+  std::vector<int64_t> steps;
+  std::ifstream m(file);
+  for (std::string l; std::getline(m, l);) steps.push_back(nlohmann::json::parse(l)["step"].get<int64_t>());
+  return steps;
+}
+
+int count_optimizer_files(const fs::path& dir) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) n += e.path().filename().string().rfind("optimizer", 0) == 0;
+  return n;
+}
+
+}  // namespace
+
+// Issue 16 items 11-12: a crash at any point of writing a checkpoint leaves the last complete one,
+// --resume reproduces the loss trajectory from it, and metrics.jsonl has each step once.
+TEST(Trainer, CrashWhileCheckpointingResumesFromTheLastCompleteOne) {
+  TempDir d("crash_ckpt");
+  write_data(d.path);
+  auto tok = tiny_tok();
+  TrainConfig c = base_config(d.path, d.path / "straight");
+  c.save_every = 2;  // checkpoints at 2 and 4, the crash comes while writing the one at 4
+  TrainResult straight;
+  {
+    auto m = tiny_model();
+    straight = run_training(c, *m, tok);
+  }
+  ASSERT_EQ(straight.step_losses.size(), 6u);
+  for (const std::string stage : {"weights", "optimizer", "manifest", "cleanup"}) {
+    SCOPED_TRACE("crash after " + stage);
+    TrainConfig k = c;
+    k.adapter_path = d.path / stage;
+    int seen = 0;
+    k.checkpoint_hook = [&](const std::string& s) {
+      if (s == stage && ++seen == 2) throw std::runtime_error("simulated kill -9");
+    };
+    {
+      auto m = tiny_model();
+      EXPECT_THROW(run_training(k, *m, tok), std::runtime_error);
+    }
+    // before checkpoint.json switches, the one at step 2 is intact; after, the one at 4 is complete
+    const int64_t want = stage == "weights" || stage == "optimizer" ? 2 : 4;
+    ASSERT_EQ(checkpoint_step(k.adapter_path), want);
+    k.checkpoint_hook = nullptr;
+    k.resume = k.adapter_path;
+    TrainResult r;
+    {
+      auto m = tiny_model();
+      r = run_training(k, *m, tok);
+    }
+    ASSERT_EQ(r.step_losses.size(), static_cast<size_t>(6 - want));
+    for (size_t i = 0; i < r.step_losses.size(); ++i)
+      EXPECT_EQ(r.step_losses[i], straight.step_losses[want + i]) << "step " << want + 1 + i;
+    // the killed run logged steps 1-4; the lines after the checkpoint are not repeated
+    EXPECT_EQ(metric_steps(k.adapter_path / "metrics.jsonl"), (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+    EXPECT_EQ(count_optimizer_files(k.adapter_path), 1);  // only the last checkpoint's
+  }
+  // a checkpoint of the layout before optimizer files were named per step still resumes
+  TrainConfig old = c;
+  old.adapter_path = d.path / "old_layout";
+  old.save_every = 0;
+  std::atomic<bool> stop{false};
+  old.stop = &stop;
+  {
+    auto m = tiny_model();
+    run_training(old, *m, tok, [&](const Report& r) {
+      if (r.step == 4) stop = true;
+    });
+  }
+  old.stop = nullptr;
+  ASSERT_EQ(checkpoint_step(old.adapter_path), 4);
+  nlohmann::json ck = hearth::io::read_json(old.adapter_path / "checkpoint.json");
+  fs::rename(old.adapter_path / ck["optimizer"].get<std::string>(), old.adapter_path / "optimizer.safetensors");
+  ck.erase("optimizer");
+  hearth::io::write_file_atomic(old.adapter_path / "checkpoint.json", ck.dump());
+  old.resume = old.adapter_path;
+  auto m = tiny_model();
+  TrainResult r = run_training(old, *m, tok);
+  ASSERT_EQ(r.step_losses.size(), 2u);
+  EXPECT_EQ(r.step_losses[0], straight.step_losses[4]);
+}
+
+TEST(Trainer, ResumeChecksCheckpointFieldsAndRemovesStaleTemporaries) {
+  TempDir d("resume_checks");
+  write_data(d.path);
+  auto tok = tiny_tok();
+  TrainConfig c = base_config(d.path, d.path / "out");
+  c.iters = 2;
+  {
+    auto m = tiny_model();
+    run_training(c, *m, tok);
+  }
+  auto error_of = [&](TrainConfig k) -> std::string {
+    try {
+      auto m = tiny_model();
+      run_training(k, *m, tok);
+    } catch (const hearth::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::string ck_file = (c.adapter_path / "checkpoint.json").string();
+  TrainConfig k = c;
+  k.iters = 3;
+  k.resume = c.adapter_path;
+  k.grad_accumulation_steps = 3;
+  EXPECT_EQ(error_of(k), ck_file + ": --grad-accumulation-steps 3 differs from the checkpoint's 2 (resume with the "
+                                   "checkpoint's value)");
+  // wrong-typed fields: one line naming the file and the field, not the JSON library's message
+  const nlohmann::json good = hearth::io::read_json(c.adapter_path / "checkpoint.json");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"("step": "2")", "\"step\" must be a non-negative integer, got a string"},
+      {R"("seed": -1)", "\"seed\" must be a non-negative integer, got -1"},
+      {R"("batch_index": 1.5)", "\"batch_index\" must be a non-negative integer, got 1.5"},
+      {R"("fine_tune_type": ["full"])", "\"fine_tune_type\" must be a string, got an array"},
+      {R"("optimizer": "../../etc/passwd")", "\"optimizer\" must name an optimizer file"},
+      {R"("epoch": null)", "\"epoch\" must be a non-negative integer, got null"}};
+  for (const auto& [field, want] : cases) {
+    nlohmann::json bad = good;
+    nlohmann::json patch = nlohmann::json::parse("{" + field + "}");
+    bad.update(patch);
+    hearth::io::write_file_atomic(c.adapter_path / "checkpoint.json", bad.dump());
+    k.grad_accumulation_steps = 2;
+    const std::string e = error_of(k);
+    EXPECT_EQ(e.rfind(ck_file + ": " + want, 0), 0u) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
+  hearth::io::write_file_atomic(c.adapter_path / "checkpoint.json", good.dump());
+  // temporaries of a dead writer go; those of a running process stay
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_GT(child, 0);
+  waitpid(child, nullptr, 0);
+  const fs::path stale = c.adapter_path / ("adapters.safetensors.tmp." + std::to_string(child));
+  const fs::path live = c.adapter_path / ("checkpoint.json.tmp." + std::to_string(getppid()));
+  const fs::path other = c.adapter_path / "notes.tmp.txt";
+  for (const fs::path& p : {stale, live, other}) hearth::io::write_file_atomic(p, "x");
+  std::vector<std::string> notes;
+  k.on_note = [&](const std::string& n) { notes.push_back(n); };
+  EXPECT_EQ(error_of(k), "");
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_TRUE(fs::exists(other));
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("removed 1 temporary file(s)"), std::string::npos) << notes[0];
+  EXPECT_EQ(checkpoint_step(c.adapter_path), 3);
+}
+
+// Issue 16 item 26: the default trains every layer (mlx-bun's num_layers -1), so models with fewer
+// than 16 layers train without flags; a larger explicit value stays an error.
+TEST(Trainer, DefaultNumLayersIsAll) {
+  EXPECT_EQ(TrainConfig{}.num_layers, -1);
+  TempDir d("num_layers");
+  write_data(d.path);
+  auto tok = tiny_tok();
+  TrainConfig c = base_config(d.path, d.path / "out");
+  c.num_layers = TrainConfig{}.num_layers;
+  c.fine_tune_type = "lora";
+  c.iters = 1;
+  auto m = tiny_model();
+  EXPECT_NO_THROW(run_training(c, *m, tok));
+  c.num_layers = m->num_layers() + 1;
+  EXPECT_THROW(run_training(c, *m, tok), hearth::Error);
+}
+
 #ifdef HEARTH_BINARY
 namespace {
 
@@ -301,6 +473,29 @@ TEST(TrainCli, SigintWritesALoadableCheckpointAndExitsZero) {
   TrainResult r = run_training(c, *m, tok);
   EXPECT_EQ(r.steps_done, step + 1);
   EXPECT_EQ(r.step_losses.size(), 1u);
+}
+
+// Items 23 and 26 through the CLI: no --num-layers on a 2-layer model trains (the default used to
+// be 16), and rows whose prompt fills --max-seq-length are skipped with a count in the log.
+TEST(TrainCli, DefaultsTrainASmallModelAndSkippedRowsAreLogged) {
+  TempDir d("cli_defaults");
+  std::string rows;
+  for (const char* r : kRows) rows += std::string("{\"prompt\": \"") + r + "\", \"completion\": \" yes\"}\n";
+  std::string long_prompt;
+  for (int i = 0; i < 6; ++i) long_prompt += "one two three four five six seven eight nine ten ";
+  rows += "{\"prompt\": \"" + long_prompt + "\", \"completion\": \" no\"}\n";
+  hearth::io::write_file_atomic(d.path / "train.jsonl", rows);
+  const fs::path out = d.path / "out";
+  const std::string cmd = std::string(HEARTH_BINARY) + " train --model " + golden("models/llama_mha").string() +
+                          " --data " + d.path.string() + " --adapter-path " + out.string() +
+                          " --iters 2 --batch-size 2 --max-seq-length 40 --device cpu > " +
+                          (d.path / "log.txt").string() + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  const std::string log = hearth::io::read_file(d.path / "log.txt");
+  ASSERT_EQ(rc, 0) << log;
+  EXPECT_NE(log.find("train.jsonl: skipped 1 row(s) whose prompt alone fills --max-seq-length 40"), std::string::npos)
+      << log;
+  EXPECT_EQ(checkpoint_step(out), 2);
 }
 
 TEST(TrainCli, EndToEndLossFalls) {
