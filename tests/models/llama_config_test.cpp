@@ -134,8 +134,9 @@ TEST(LlamaConfig, WrongTypedModelTypeSaysItMustBeAString) {
             "m/config.json: model_type must be a string (e.g. \"llama\"), got number 5");
   nlohmann::json no_type = tiny_llama_config();
   no_type.erase("model_type");
-  EXPECT_EQ(error_of([&] { hearth::models::check_config(no_type, "m/config.json"); }),
-            "m/config.json: missing model_type (supported: llama, mistral, qwen2, qwen3)");
+  const std::string missing = error_of([&] { hearth::models::check_config(no_type, "m/config.json"); });
+  EXPECT_EQ(missing.rfind("m/config.json: missing model_type (supported: ", 0), 0u) << missing;
+  EXPECT_NE(missing.find("llama, mistral"), std::string::npos) << missing;
 }
 
 TEST(LlamaConfig, UnsupportedModelTypeListsSupported) {

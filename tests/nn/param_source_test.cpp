@@ -7,6 +7,7 @@
 
 #include "../io/io_test_util.h"
 #include "io/atomic_file.h"
+#include "core/error.h"
 #include "nn/param_source.h"
 
 namespace {
