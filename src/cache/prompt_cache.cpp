@@ -1,4 +1,6 @@
 // PromptCache: longest-common-prefix lookup per namespace, exact trim or miss, LRU by bytes.
+// Entries holding an untrimmable (recurrent) layer are snapshots: usable only when all their tokens
+// are a prefix of the prompt, handed out as clone()s while they stay cached (hybrid models).
 #include "cache/prompt_cache.h"
 
 #include <algorithm>
@@ -11,6 +13,15 @@ PromptCache::PromptCache(int64_t max_bytes) : max_bytes_(max_bytes) {
   HEARTH_CHECK(max_bytes > 0, "prompt cache: max_bytes must be positive, got ", max_bytes);
 }
 
+namespace {
+// Whether some layer keeps a state that cannot forget tokens (trim only by 0).
+bool has_untrimmable(const Caches& caches) {
+  for (const auto& c : caches)
+    if (c && c->kind() == "recurrent") return true;
+  return false;
+}
+}  // namespace
+
 PromptCacheHit PromptCache::take(const std::string& ns, const std::vector<int64_t>& prompt) {
   const int64_t cap = static_cast<int64_t>(prompt.size()) - 1;
   auto best = entries_.end();
@@ -18,8 +29,9 @@ PromptCacheHit PromptCache::take(const std::string& ns, const std::vector<int64_
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     if (it->ns != ns) continue;
     const size_t n = std::min(it->tokens.size(), prompt.size());
-    const int64_t p = std::min<int64_t>(
+    int64_t p = std::min<int64_t>(
         cap, std::mismatch(it->tokens.begin(), it->tokens.begin() + n, prompt.begin()).first - it->tokens.begin());
+    if (has_untrimmable(it->caches) && p != static_cast<int64_t>(it->tokens.size())) p = 0;  // a snapshot: whole only
     if (p > best_p) {
       best_p = p;
       best = it;
@@ -28,6 +40,13 @@ PromptCacheHit PromptCache::take(const std::string& ns, const std::vector<int64_
   PromptCacheHit hit;
   if (best == entries_.end()) {
     ++misses_;
+    return hit;
+  }
+  if (has_untrimmable(best->caches)) {  // a snapshot: hand out a copy; it stays, now most recently used
+    entries_.splice(entries_.begin(), entries_, best);
+    ++hits_;
+    hit.caches = clone(entries_.front().caches);
+    hit.cached = best_p;
     return hit;
   }
   Entry e = std::move(*best);
@@ -50,6 +69,12 @@ void PromptCache::put(const std::string& ns, std::vector<int64_t> tokens, Caches
   Entry e{ns, std::move(tokens), std::move(caches), 0};
   e.bytes = total_bytes(e.caches);
   if (e.bytes > max_bytes_ || e.tokens.empty()) return;
+  for (auto it = entries_.begin(); it != entries_.end(); ++it)  // same tokens: replaced, not duplicated
+    if (it->ns == e.ns && it->tokens == e.tokens) {
+      bytes_ -= it->bytes;
+      entries_.erase(it);
+      break;
+    }
   bytes_ += e.bytes;
   entries_.push_front(std::move(e));
   while (bytes_ > max_bytes_ && entries_.size() > 1) {

@@ -37,11 +37,16 @@ class PromptCache {
   /// cache that cannot trim exactly that far (a sliding-window cache that already dropped the
   /// tokens the new position needs, see RotatingKVCache::trim) makes it a miss, and the entry is
   /// discarded (it is no longer consistent). Entries of other namespaces are never used.
+  /// Entries holding a layer of kind "recurrent" (hybrid models; such a state cannot trim) are
+  /// snapshots: usable only when all their tokens are a prefix of `prompt` (p = their length), the
+  /// longest usable entry wins, and a snapshot is handed out as a clone() while it stays cached
+  /// (most recently used), so later requests sharing it resume from it too.
   PromptCacheHit take(const std::string& ns, const std::vector<int64_t>& prompt);
 
   /// Stores `caches` holding exactly `tokens` (caches[i]->offset() == tokens.size(); throws
-  /// hearth::Error otherwise) as the most recent entry of `ns`, then evicts least recently used
-  /// entries while over max_bytes. An entry alone larger than max_bytes is not stored.
+  /// hearth::Error otherwise) as the most recent entry of `ns` (replacing an entry of `ns` holding
+  /// the same tokens), then evicts least recently used entries while over max_bytes. An entry alone
+  /// larger than max_bytes is not stored.
   void put(const std::string& ns, std::vector<int64_t> tokens, Caches caches);
 
   /// Drops every entry whose namespace `pred` accepts (e.g. those selecting an unmounted adapter).

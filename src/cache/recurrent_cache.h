@@ -12,9 +12,8 @@
 
 namespace hearth::cache {
 
-/// conv_state [B, convDim, W] (the last W inputs of the depthwise causal conv, W = K or K-1 as the
-/// family keeps it, in the
-/// model's dtype, oldest first, like transformers' Qwen3_5DynamicCache.conv_states) and
+/// conv_state [B, convDim, W] (the last W inputs of the depthwise causal conv, oldest first, in the
+/// model's dtype; W = K-1 for Qwen3.5, as mlx-lm keeps it) and
 /// recurrent_state [B, Hv, Dk, Dv] float32 (transformers' recurrent_states). Both undefined
 /// until the first update. offset() counts tokens seen.
 class RecurrentCache : public LayerCache {

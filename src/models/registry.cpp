@@ -9,6 +9,7 @@
 #include "io/weights.h"
 #include "models/gemma4/gemma4.h"
 #include "models/llama/llama.h"
+#include "models/qwen3_5/qwen3_5.h"
 
 namespace hearth::models {
 
@@ -27,6 +28,7 @@ const std::map<std::string, Family>& families() {
       {"mistral", {llama::create, llama::check_config}},
       {"qwen2", {llama::create, llama::check_config}},
       {"qwen3", {llama::create, llama::check_config}},
+      {"qwen3_5", {qwen3_5::create, qwen3_5::check_config}}, {"qwen3_5_text", {qwen3_5::create, qwen3_5::check_config}}, {"qwen3_next", {qwen3_5::create, qwen3_5::check_config}},
   };
   return table;
 }

@@ -1,0 +1,185 @@
+// The Qwen3.5 forward pass, module for module as transformers' modeling_qwen3_5.py
+// (Qwen3_5RMSNorm, Qwen3_5RMSNormGated, Qwen3_5Attention, Qwen3_5GatedDeltaNet,
+// Qwen3_5DecoderLayer, Qwen3_5TextModel, Qwen3_5ForCausalLM); qwen3_next's fused projections as
+// its fix_query_key_value_ordering. Loading and parameter lists are in load.cpp.
+#include "models/qwen3_5/qwen3_5.h"
+
+#include <algorithm>
+#include <tuple>
+
+#include "core/error.h"
+#include "nn/gated_delta.h"
+
+namespace hearth::models::qwen3_5 {
+
+at::Tensor ZeroCenteredRMSNorm::forward(const at::Tensor& x) const {
+  at::Tensor h = x.to(at::kFloat);
+  h = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  at::Tensor w = weight.to(at::kFloat);
+  if (offset != 0.0) w = w + offset;  // transformers: output * (1.0 + self.weight.float())
+  return (h * w).to(x.scalar_type());
+}
+
+at::Tensor RMSNormGated::forward(const at::Tensor& hidden, const at::Tensor& gate) const {
+  const auto input_dtype = hidden.scalar_type();
+  at::Tensor h = hidden.to(at::kFloat);
+  at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
+  h = h * at::rsqrt(variance + eps);  // norm before gate
+  h = weight * h.to(input_dtype);
+  h = h * at::silu(gate.to(at::kFloat));
+  return h.to(input_dtype);
+}
+
+at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
+                              cache::KVCacheBase* cache) const {
+  const int64_t B = x.size(0), T = x.size(1), D = head_dim;
+  // q_proj → [B, T, H, 2D], split per head into queries [.., :D] and the output gate [.., D:].
+  at::Tensor qg = q_proj.forward(x).view({B, T, -1, 2 * D});
+  at::Tensor q = qg.narrow(-1, 0, D);
+  at::Tensor gate = qg.narrow(-1, D, D).reshape({B, T, -1});  // [B, T, H·D]
+  q = q_norm.forward(q).transpose(1, 2);                                       // [B, H, T, D]
+  at::Tensor k = k_norm.forward(k_proj.forward(x).view({B, T, -1, D})).transpose(1, 2);  // [B, Hkv, T, D]
+  at::Tensor v = v_proj.forward(x).view({B, T, -1, D}).transpose(1, 2);
+  q = nn::apply_rotary(q, cos, sin);
+  k = nn::apply_rotary(k, cos, sin);
+  cache::KVView kv{k, v, offset};
+  if (cache) kv = cache->update(k, v);
+  nn::AttentionParams p;
+  p.scale = scaling;
+  p.q_pos0 = offset;
+  p.k_pos0 = kv.pos0;
+  p.backend = backend;
+  at::Tensor out = nn::attention(q, kv.keys, kv.values, p);  // [B, H, T, D]
+  out = out.transpose(1, 2).contiguous().reshape({B, T, -1});
+  out = out * at::sigmoid(gate);
+  return o_proj.forward(out);
+}
+
+at::Tensor GatedDeltaNet::forward(const at::Tensor& x, cache::RecurrentCache* cache) const {
+  const int64_t B = x.size(0), T = x.size(1);
+  const int64_t Dk = head_k_dim, Dv = head_v_dim, kd = key_dim(), vd = value_dim();
+  const bool has_state = cache && cache->conv_state().defined();
+
+  at::Tensor mixed_qkv, z, b, a;  // [B, T, convDim], [B, T, Hv, Dv], [B, T, Hv], [B, T, Hv]
+  if (!fused) {
+    mixed_qkv = in_proj_qkv.forward(x);
+    z = in_proj_z.forward(x).reshape({B, T, -1, Dv});
+    b = in_proj_b.forward(x);
+    a = in_proj_a.forward(x);
+  } else {
+    // qwen3_next: per key head [q (Dk), k (Dk), v (r·Dv), z (r·Dv)] and [b (r), a (r)], r = Hv/Hk.
+    const int64_t r = num_v_heads / num_k_heads;
+    at::Tensor qkvz = in_proj_qkvz.forward(x).view({B, T, num_k_heads, 2 * Dk + 2 * r * Dv});
+    at::Tensor ba = in_proj_ba.forward(x).view({B, T, num_k_heads, 2 * r});
+    at::Tensor q = qkvz.narrow(3, 0, Dk), k = qkvz.narrow(3, Dk, Dk);
+    at::Tensor v = qkvz.narrow(3, 2 * Dk, r * Dv).reshape({B, T, -1, Dv});
+    z = qkvz.narrow(3, 2 * Dk + r * Dv, r * Dv).reshape({B, T, -1, Dv});
+    b = ba.narrow(3, 0, r).reshape({B, T, num_v_heads});
+    a = ba.narrow(3, r, r).reshape({B, T, num_v_heads});
+    mixed_qkv = at::cat({q.reshape({B, T, -1}), k.reshape({B, T, -1}), v.reshape({B, T, -1})}, -1);
+  }
+
+  // Causal conv1d over time with the cached window: [B, convDim, T] in, same out.
+  auto [conv_out, new_conv_state] =
+      nn::causal_conv1d(mixed_qkv.transpose(1, 2), conv1d_weight.squeeze(1), has_state ? cache->conv_state() : at::Tensor());
+  mixed_qkv = conv_out.transpose(1, 2);  // [B, T, convDim]
+  at::Tensor query = mixed_qkv.narrow(-1, 0, kd).reshape({B, T, -1, Dk});
+  at::Tensor key = mixed_qkv.narrow(-1, kd, kd).reshape({B, T, -1, Dk});
+  at::Tensor value = mixed_qkv.narrow(-1, 2 * kd, vd).reshape({B, T, -1, Dv});
+
+  at::Tensor beta = b.sigmoid();
+  // g = -exp(A_log) · softplus(a + dt_bias), in float32 (log decay per token and value head).
+  at::Tensor g = -A_log.to(at::kFloat).exp() * at::softplus(a.to(at::kFloat) + dt_bias);
+
+  nn::GatedDeltaOut r = (has_state && T == 1)
+                            ? nn::recurrent_gated_delta_rule(query, key, value, g, beta, cache->recurrent_state())
+                            : nn::chunk_gated_delta_rule(query, key, value, g, beta,
+                                                         has_state ? cache->recurrent_state() : at::Tensor());
+  if (cache) cache->update(new_conv_state, r.state, T);
+
+  at::Tensor core = r.out.reshape({-1, Dv});
+  core = norm.forward(core, z.reshape({-1, Dv}));
+  core = core.reshape({B, T, -1});
+  return out_proj.forward(core);
+}
+
+Boundary Qwen3_5Model::embed(const at::Tensor& input_ids) {
+  HEARTH_CHECK(input_ids.dim() == 2, model_type(), ": input_ids must be [B, T], got ", input_ids.sizes());
+  return Boundary(embed_tokens_.forward(input_ids.to(placement_.device, at::kLong)));
+}
+
+Boundary Qwen3_5Model::forward_layers(const Boundary& in, int64_t begin, int64_t end, const Positions& pos,
+                                      cache::Caches* caches) {
+  const at::Tensor& hidden = in.hidden;
+  const std::string& who = model_type();
+  HEARTH_CHECK(pos.batch() == hidden.size(0), who, ": ", pos.batch(), " positions for a batch of ", hidden.size(0));
+  const int64_t offset = pos.common(who.c_str());
+  HEARTH_CHECK(0 <= begin && begin <= end && end <= num_layers(), who, ": layer range [", begin, ", ", end,
+               ") outside [0, ", num_layers(), ")");
+  HEARTH_CHECK(!caches || static_cast<int64_t>(caches->size()) == num_layers(), who, ": got ",
+               caches ? caches->size() : 0, " caches for ", num_layers(), " layers");
+  const int64_t T = hidden.size(1);
+  at::Tensor cos, sin;
+  const auto first = config_.layer_types.begin() + begin, last = config_.layer_types.begin() + end;
+  if (std::find(first, last, LayerKind::kFull) != last)  // RoPE tables only where a full layer runs
+    std::tie(cos, sin) = rotary_emb_.cos_sin(offset, T, hidden.scalar_type());
+  at::Tensor h = hidden;
+  for (int64_t i = begin; i < end; ++i) {
+    DecoderLayer& l = layers_[i];
+    cache::LayerCache* c = caches ? (*caches)[i].get() : nullptr;
+    if (caches) {
+      HEARTH_CHECK(c, who, ": layer ", i, " has no cache");
+      HEARTH_CHECK(c->offset() == offset, who, ": layer ", i, " cache offset ", c->offset(), " != forward offset ",
+                   offset);
+    }
+    at::Tensor residual = h;
+    at::Tensor x = l.input_layernorm.forward(h);
+    if (l.kind == LayerKind::kLinear) {
+      auto* rc = dynamic_cast<cache::RecurrentCache*>(c);
+      HEARTH_CHECK(!c || rc, who, ": layer ", i, " (linear attention) needs a recurrent cache, got ", c->kind());
+      x = l.linear_attn->forward(x, rc);
+    } else {
+      auto* kv = dynamic_cast<cache::KVCacheBase*>(c);
+      HEARTH_CHECK(!c || kv, who, ": layer ", i, " (full attention) needs a KV cache, got ", c->kind());
+      x = l.self_attn->forward(x, cos, sin, offset, kv);
+    }
+    h = residual + x;
+    residual = h;
+    x = l.post_attention_layernorm.forward(h);
+    x = l.mlp.forward(x);
+    h = residual + x;
+  }
+  return Boundary(h);
+}
+
+at::Tensor Qwen3_5Model::head(const at::Tensor& hidden) { return lm_head_.forward(norm_.forward(hidden)); }
+
+cache::Caches Qwen3_5Model::make_cache() const {
+  cache::Caches caches;
+  for (LayerKind k : config_.layer_types) {
+    if (k == LayerKind::kFull) caches.push_back(std::make_unique<cache::KVCache>());
+    else caches.push_back(std::make_unique<cache::RecurrentCache>());
+  }
+  return caches;
+}
+
+std::vector<int64_t> Qwen3_5Model::isolated_layers() const {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < num_layers(); ++i)
+    if (config_.layer_types[i] == LayerKind::kFull) out.push_back(i);
+  return out;
+}
+
+void Qwen3_5Model::set_attention_backend(nn::AttentionBackend backend) {
+  for (auto& l : layers_)
+    if (l.self_attn) l.self_attn->backend = backend;
+}
+
+void check_config(const nlohmann::json& config, const std::string& origin) { Qwen3_5Config::from_json(config, origin); }
+
+std::unique_ptr<Model> create(const BuildArgs& args) {
+  return std::make_unique<Qwen3_5Model>(Qwen3_5Config::from_json(args.config, args.origin), args.weights,
+                                        args.quantization, args.placement, args.origin);
+}
+
+}  // namespace hearth::models::qwen3_5
