@@ -126,7 +126,7 @@ TEST(LlamaConfig, OutOfRangeValuesAreOneLineNamingTheField) {
   }
   EXPECT_EQ(error_of([] { hearth::models::check_config(tiny_llama_config(), "m/config.json"); }), "");
   EXPECT_EQ(error_of([] { hearth::models::check_config(tiny_llama_config({{"model_type", "gpt2"}}), "m/config.json"); }),
-            "m/config.json: unsupported model_type 'gpt2' (supported: gemma4, gemma4_text, llama, mistral, qwen2, qwen3)");
+            "m/config.json: unsupported model_type 'gpt2' (supported: gemma4, gemma4_text, llama, mistral, qwen2, qwen3, qwen3_5, qwen3_5_text, qwen3_next)");
 }
 
 TEST(LlamaConfig, WrongTypedModelTypeSaysItMustBeAString) {
@@ -143,7 +143,7 @@ TEST(LlamaConfig, UnsupportedModelTypeListsSupported) {
   nlohmann::json j = tiny_llama_config({{"model_type", "gpt2"}});
   hearth::nn::TensorMapSource src({});
   auto msg = error_of([&] { hearth::models::build_model({j, "x/config.json", src, std::nullopt, {}}); });
-  EXPECT_EQ(msg, "x/config.json: unsupported model_type 'gpt2' (supported: gemma4, gemma4_text, llama, mistral, qwen2, qwen3)");
+  EXPECT_EQ(msg, "x/config.json: unsupported model_type 'gpt2' (supported: gemma4, gemma4_text, llama, mistral, qwen2, qwen3, qwen3_5, qwen3_5_text, qwen3_next)");
 }
 
 TEST(LlamaModel, WrongWeightShapeIsOneLine) {
