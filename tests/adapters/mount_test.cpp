@@ -197,7 +197,7 @@ TEST(Mount, RejectsBadAdaptersAndLeavesModelUnchanged) {
   {
     auto ad = good;
     ad.id = "a+b";
-    expect_mount_error(*model, ad, "no '+' or ','");
+    expect_mount_error(*model, ad, "contain no '+', ','");
   }
   // Mounting the same id twice is refused (and the first mount stays intact).
   adapters::mount(*model, good);

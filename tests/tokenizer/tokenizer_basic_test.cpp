@@ -68,7 +68,11 @@ TEST(TokenizerBasic, LongInputsAreFast) {
       std::cout << "[speed] " << name << " " << label << ": " << text.size() << " bytes -> " << ids.size()
                 << " ids in " << s * 1000 << " ms\n";
       EXPECT_LT(s, 1.0) << name << " " << label;
-      EXPECT_EQ(t.decode(ids, false), text) << name << " " << label;
+      const std::string back = t.decode(ids, false);
+      // LlamaTokenizer as transformers 5 rebuilds it (tokenizer_class.h) strips one leading space when
+      // decoding (its Strip decoder step), so text that starts with a space comes back without it.
+      if (std::string(name) == "llama2" && !text.empty() && text[0] == ' ') EXPECT_EQ(" " + back, text) << name << " " << label;
+      else EXPECT_EQ(back, text) << name << " " << label;
     }
   }
 }

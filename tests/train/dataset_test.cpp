@@ -209,12 +209,18 @@ TEST(Dataset, GenerationBlocksAreExactlyTheLossMask) {
   Batch b = make_batch({&e});
   for (size_t j = 0; j < e.tokens.size(); ++j)
     EXPECT_EQ(b.labels[0][static_cast<int64_t>(j)].item<int64_t>(), e.loss_mask[j] ? e.tokens[j] : kIgnoreIndex) << j;
-  // Truncation keeps tokens and mask aligned.
+  // Truncation keeps tokens and mask aligned (cut two tokens into the first block).
+  size_t first = 0;
+  while (!e.loss_mask[first]) ++first;
   DataOptions o;
-  o.max_seq_length = 12;
+  o.max_seq_length = static_cast<int64_t>(first) + 2;
   Dataset cut = load_jsonl(d.path / "train.jsonl", tok, o);
-  EXPECT_EQ(cut.examples.at(0).tokens.size(), 12u);
-  EXPECT_EQ(cut.examples.at(0).loss_mask.size(), 12u);
+  EXPECT_EQ(cut.examples.at(0).tokens.size(), first + 2);
+  EXPECT_EQ(cut.examples.at(0).loss_mask.size(), first + 2);
+  // Cut before the first block: no target left, the row is skipped (and a file of only such rows
+  // is an error naming it).
+  o.max_seq_length = static_cast<int64_t>(first);
+  EXPECT_THROW(load_jsonl(d.path / "train.jsonl", tok, o), hearth::Error);
 }
 
 TEST(Dataset, DeeplyNestedRowIsAOneLineError) {
