@@ -29,13 +29,18 @@ size_t prepare_slots(size_t asked) {
 
 // Bytes of request text that any prompt built from it contains (message contents, tool-call
 // names and arguments; the raw prompt for completions): a lower bound on the rendered prompt.
+// Every byte of request text a chat template may render: message contents, names, ids, thoughts
+// and tool calls, the tools and the template kwargs (as JSON text; their depth is already bounded).
 uint64_t text_bytes(const CompletionRequest& req) {
   if (!req.chat) return req.prompt.size();
   uint64_t n = 0;
   for (const auto& m : req.messages) {
     n += m.content ? m.content->size() : 0;
+    n += m.name.size() + m.tool_call_id.size() + (m.reasoning_content ? m.reasoning_content->size() : 0);
     for (const auto& tc : m.tool_calls) n += tc.name.size() + tc.arguments_json.size();
   }
+  if (!req.tools.empty()) n += req.tools.dump().size();
+  if (!req.chat_template_kwargs.empty()) n += req.chat_template_kwargs.dump().size();
   return n;
 }
 
@@ -80,7 +85,7 @@ bool EngineLoop::prepare(Job& job) {
     const uint64_t most = static_cast<uint64_t>(ctx) * static_cast<uint64_t>(per_token);
     if (bytes > most) {
       job.events.push(error_event(400, cat("This model's maximum context length is ", ctx, " tokens. However, your ", what,
-                                           " hold ", bytes, " bytes of text, more than ", ctx, " tokens can cover (one token is at most ",
+                                           req.chat ? " hold " : " holds ", bytes, " bytes of text, more than ", ctx, " tokens can cover (one token is at most ",
                                            per_token, " bytes). Please reduce the length of the ", what, "."),
                                   what, "context_length_exceeded"));
       return false;

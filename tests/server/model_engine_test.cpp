@@ -423,6 +423,17 @@ TEST_F(ModelServerTest, APromptFarBeyondTheContextIsRefusedBeforeTokenizing) {
     EXPECT_EQ(e["param"], chat ? "messages" : "prompt");
     EXPECT_NE(e["message"].get<std::string>().find("bytes of text"), std::string::npos) << e;  // the early check
   }
+  // Text the template may pull in from elsewhere counts too: a tool description, a name, a kwarg.
+  const std::string big(most + 1, 'b');
+  const J user = J::array({{{"role", "user"}, {"content", "hi"}}});
+  for (const J& body : {J{{"messages", user}, {"tools", J::array({{{"type", "function"}, {"function", {{"name", "f"}, {"description", big}, {"parameters", {{"type", "object"}}}}}}})}},
+                        J{{"messages", J::array({{{"role", "user"}, {"content", "hi"}, {"name", big}}})}},
+                        J{{"messages", user}, {"chat_template_kwargs", {{"x", big}}}}}) {
+    auto r = post("/v1/chat/completions", body);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body.substr(0, 300);
+    EXPECT_NE(r->body.find("bytes of text"), std::string::npos) << r->body.substr(0, 300);
+  }
   EXPECT_EQ(post_ok("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}})["usage"]["completion_tokens"], 2);
 }
 
