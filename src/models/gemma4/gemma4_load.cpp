@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "models/gemma4/gemma4.h"
+#include "models/dense_params.h"
 
 namespace hearth::models::gemma4 {
 
@@ -155,11 +156,7 @@ std::vector<std::pair<std::string, nn::Linear*>> Gemma4Model::linear_modules() {
 
 std::vector<std::pair<std::string, at::Tensor>> Gemma4Model::named_parameters() {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  auto dense = [&](const std::string& path, const nn::Linear& lin) {
-    HEARTH_CHECK(!lin.quantized(), path, ": quantized weights cannot be fully fine-tuned (use LoRA)");
-    out.emplace_back(path + ".weight", lin.weight());
-    if (lin.bias()) out.emplace_back(path + ".bias", *lin.bias());
-  };
+  auto dense = [&](const std::string& path, const nn::Linear& lin) { append_dense(out, path, lin); };
   auto norm = [&](const std::string& path, const Gemma4RMSNorm& n) {
     if (n.weight) out.emplace_back(path + ".weight", *n.weight);
   };

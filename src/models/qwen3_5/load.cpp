@@ -3,6 +3,7 @@
 // Not the forward pass (qwen3_5.cpp).
 #include "core/error.h"
 #include "models/qwen3_5/qwen3_5.h"
+#include "models/dense_params.h"
 
 #include <cmath>
 
@@ -196,11 +197,7 @@ std::vector<std::pair<std::string, nn::Linear*>> Qwen3_5Model::linear_modules() 
 
 std::vector<std::pair<std::string, at::Tensor>> Qwen3_5Model::named_parameters() {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  auto dense = [&](const std::string& path, const nn::Linear& lin) {
-    HEARTH_CHECK(!lin.quantized(), path, ": quantized weights cannot be fully fine-tuned (use LoRA)");
-    out.emplace_back(path + ".weight", lin.weight());
-    if (lin.bias()) out.emplace_back(path + ".bias", *lin.bias());
-  };
+  auto dense = [&](const std::string& path, const nn::Linear& lin) { append_dense(out, path, lin); };
   dense("model.embed_tokens", embed_tokens_.as_linear());
   for (size_t i = 0; i < layers_.size(); ++i) {
     const std::string p = cat("model.layers.", i, ".");
