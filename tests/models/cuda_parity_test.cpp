@@ -78,3 +78,39 @@ TEST(CudaParity, GreedyAndLogitsMatchTransformersBf16) {
       check_model(e.path(), "golden_sdpa.json", hearth::nn::AttentionBackend::kSdpa);
   }
 }
+
+// Diagnosis aid (GPU machine): where a family's bf16 forward departs from transformers'. Runs only
+// where HEARTH_CUDA_LAYERS names a folder made by tools/cuda_layer_diff.py (dump), one subfolder per
+// model with layers.json and transformers' hidden states h<i>.bin (float32 of the bf16 values; h0 =
+// embeddings, h<i+1> = after layer i). Prints, per layer, max |Δ| of Hearth's own chain and of layer i
+// alone fed transformers' input (isolated), so the first op that differs shows where it starts.
+TEST(CudaParityLayers, PrintPerLayerDifferences) {
+  const char* dir = std::getenv("HEARTH_CUDA_LAYERS");
+  if (!dir || !hearth::compat::cuda_available()) GTEST_SKIP() << "needs CUDA and HEARTH_CUDA_LAYERS (GPU machine)";
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (!fs::exists(e.path() / "layers.json")) continue;
+    auto meta = hearth::io::read_json(e.path() / "layers.json");
+    auto model = hearth::models::load_model(meta["model"].get<std::string>(), {at::kCUDA, at::kBFloat16});
+    auto ids = meta["ids"].get<std::vector<int64_t>>();
+    const int64_t T = static_cast<int64_t>(ids.size()), L = model->num_layers();
+    auto tf = [&](int64_t i) {
+      return read_f32(e.path() / hearth::cat("h", i, ".bin")).view({1, T, -1}).to(at::kCUDA).to(at::kBFloat16);
+    };
+    auto diff = [](const at::Tensor& a, const at::Tensor& b) {
+      return (a.to(at::kFloat) - b.to(at::kFloat)).abs().max().item<double>();
+    };
+    const int64_t recorded = meta["num"].get<int64_t>();
+    hearth::models::Boundary own = model->embed(at::tensor(ids, at::kLong).view({1, T}).to(at::kCUDA));
+    std::cout << "[layers] " << e.path().filename().string() << " embed " << diff(own.hidden, tf(0)) << "\n";
+    auto positions = hearth::models::Positions::uniform(0, 1);
+    for (int64_t i = 0; i < L && i + 1 < recorded; ++i) {
+      hearth::models::Boundary fed = own;
+      fed.hidden = tf(i);
+      at::Tensor iso = model->forward_layers(fed, i, i + 1, positions, nullptr).hidden;
+      own = model->forward_layers(own, i, i + 1, positions, nullptr);
+      std::cout << "[layers] " << e.path().filename().string() << " layer " << i << " chain "
+                << diff(own.hidden, tf(i + 1)) << " isolated " << diff(iso, tf(i + 1)) << " |h| "
+                << tf(i + 1).to(at::kFloat).abs().max().item<double>() << "\n";
+    }
+  }
+}
