@@ -1,6 +1,8 @@
 // KVCache (chunk-grown buffers) and RotatingKVCache (sliding window, compacting buffers).
 #include "cache/kv_cache.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace hearth::cache {
@@ -147,6 +149,34 @@ bool trim_all(Caches& caches, int64_t n) {
   for (auto& c : caches)
     if (c && c->trim(n) != n) exact = false;
   return exact;
+}
+
+int64_t RowsCache::offset() const {
+  throw Error("RowsCache: a ragged batch has no single offset (each row's cache has its own)");
+}
+int64_t RowsCache::trim(int64_t) { throw Error("RowsCache: trim each row's own cache"); }
+std::unique_ptr<LayerCache> RowsCache::clone() const { throw Error("RowsCache: clone each row's own cache"); }
+int64_t RowsCache::nbytes() const {
+  int64_t n = 0;
+  for (const LayerCache* r : rows_) n += r ? r->nbytes() : 0;
+  return n;
+}
+
+Caches rows_view(const std::vector<Caches*>& seqs) {
+  HEARTH_CHECK(!seqs.empty(), "rows_view: no sequences");
+  const size_t L = seqs.front()->size();
+  Caches out(L);
+  for (size_t i = 0; i < L; ++i) {
+    std::vector<LayerCache*> rows;
+    for (Caches* c : seqs) {
+      HEARTH_CHECK(c->size() == L, "rows_view: sequences with ", L, " and ", c->size(), " layers of caches");
+      rows.push_back((*c)[i].get());
+    }
+    const size_t nulls = std::count(rows.begin(), rows.end(), nullptr);
+    HEARTH_CHECK(nulls == 0 || nulls == rows.size(), "rows_view: layer ", i, " has a cache in some rows only");
+    if (nulls == 0) out[i] = std::make_unique<RowsCache>(std::move(rows));
+  }
+  return out;
 }
 
 }  // namespace hearth::cache

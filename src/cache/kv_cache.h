@@ -56,6 +56,10 @@ class KVCache : public KVCacheBase {
   std::string kind() const override { return "kv"; }
   std::unique_ptr<LayerCache> clone() const override;
   int64_t capacity() const { return keys_.defined() ? keys_.size(2) : 0; }
+  /// The buffers [B, Hkv, capacity(), D] (undefined before the first update); tokens past
+  /// offset() are stale.
+  const at::Tensor& keys_buffer() const { return keys_; }
+  const at::Tensor& values_buffer() const { return values_; }
 
  private:
   int64_t step_;
@@ -92,6 +96,24 @@ class RotatingKVCache : public KVCacheBase {
 /// keeps no state of its own (Gemma 4's KV-sharing layers read an earlier layer's cache).
 using Caches = std::vector<std::unique_ptr<LayerCache>>;
 
+/// One layer's caches in a ragged batch (sequences decoding together in one step, each at its own
+/// position with its own caches): rows[b] is row b's cache of this layer, not owned. A model that
+/// takes ragged batches (Model::ragged_batches) updates each row's cache itself; it is never a
+/// sequence's own state, so offset(), trim() and clone() throw hearth::Error.
+class RowsCache : public LayerCache {
+ public:
+  explicit RowsCache(std::vector<LayerCache*> rows) : rows_(std::move(rows)) {}
+  int64_t offset() const override;
+  int64_t trim(int64_t n) override;
+  int64_t nbytes() const override;
+  std::string kind() const override { return "rows"; }
+  std::unique_ptr<LayerCache> clone() const override;
+  const std::vector<LayerCache*>& rows() const { return rows_; }
+
+ private:
+  std::vector<LayerCache*> rows_;
+};
+
 /// Sum of nbytes() over the layers.
 int64_t total_bytes(const Caches& caches);
 
@@ -106,5 +128,10 @@ Caches clone(const Caches& caches);
 /// `n` (a recurrent state, a sliding window that already dropped what is needed); the caches are
 /// then inconsistent and must be discarded.
 bool trim_all(Caches& caches, int64_t n);
+
+/// The per-layer view of a ragged batch: entry i is a RowsCache over seqs[b]'s layer i (null when
+/// every row's entry i is null). Every sequence must come from the same model's make_cache().
+/// Throws hearth::Error when the sequences' layer counts differ or a layer is null in some rows only.
+Caches rows_view(const std::vector<Caches*>& seqs);
 
 }  // namespace hearth::cache

@@ -36,6 +36,22 @@ struct Positions {
   }
 };
 
+/// Rows [begin, begin + count) of a batch that share a position (`offset`) and a cache: how a family
+/// that takes ragged batches walks one (see row_groups).
+struct RowGroup {
+  int64_t begin = 0, count = 0, offset = 0;
+};
+
+/// The row groups of a forward: one group of all rows at pos.common() unless `caches` is a ragged view
+/// (cache::rows_view: entries are cache::RowsCache), then one group per row at its own position.
+/// Throws hearth::Error when rows differ in position without a ragged view, or the view's row count
+/// is not the batch.
+std::vector<RowGroup> row_groups(const Positions& pos, const cache::Caches* caches, const char* who);
+
+/// The cache a row group reads and appends to in layer entry `c`: its row's cache when `c` is a
+/// cache::RowsCache, else `c` itself (may be null).
+cache::LayerCache* group_cache(cache::LayerCache* c, const RowGroup& g);
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -70,6 +86,11 @@ class Model {
   /// Fresh per-layer caches, one entry per layer typed by the layer's kind (KV, rotating KV,
   /// recurrent state; null for a layer without state of its own).
   virtual cache::Caches make_cache() const = 0;
+
+  /// Whether forward_layers takes ragged batches: rows at different positions, each with its own
+  /// caches (a cache::rows_view), as continuous batching decodes them together. Default: no (the
+  /// caller then runs such rows one forward each).
+  virtual bool ragged_batches() const { return false; }
 
   /// Layers a segmented backward should give a segment of their own (e.g. a hybrid's full-attention
   /// layers, whose activations dominate). Default: none.

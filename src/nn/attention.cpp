@@ -23,6 +23,16 @@ bool needs_mask(int64_t T, int64_t S, const AttentionParams& p) {
 }
 }  // namespace
 
+double mask_min(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return std::numeric_limits<float>::lowest();
+    case at::kDouble: return std::numeric_limits<double>::lowest();
+    case at::kHalf: return -65504.0;
+    case at::kBFloat16: return -3.3895313892515355e38;
+    default: throw Error(cat("attention_mask: unsupported dtype ", c10::toString(dtype)));
+  }
+}
+
 at::Tensor attention_mask(int64_t T, int64_t S, const AttentionParams& p, at::ScalarType dtype, at::Device device) {
   if (!needs_mask(T, S, p)) return {};
   auto lopt = at::TensorOptions().dtype(at::kLong).device(device);
@@ -30,14 +40,7 @@ at::Tensor attention_mask(int64_t T, int64_t S, const AttentionParams& p, at::Sc
   at::Tensor kp = at::arange(p.k_pos0, p.k_pos0 + S, lopt).unsqueeze(0);
   at::Tensor allowed = kp <= qp;
   if (p.sliding_window) allowed = allowed.logical_and(kp > qp - *p.sliding_window);
-  double min = 0;
-  switch (dtype) {
-    case at::kFloat: min = std::numeric_limits<float>::lowest(); break;
-    case at::kDouble: min = std::numeric_limits<double>::lowest(); break;
-    case at::kHalf: min = -65504.0; break;
-    case at::kBFloat16: min = -3.3895313892515355e38; break;
-    default: throw Error(cat("attention_mask: unsupported dtype ", c10::toString(dtype)));
-  }
+  const double min = mask_min(dtype);
   at::Tensor zero = at::zeros({}, at::TensorOptions().dtype(dtype).device(device));
   return at::where(allowed, zero, at::full({}, min, zero.options()));
 }
@@ -56,16 +59,18 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   if (use_sdpa) {
     // Like transformers' sdpa_attention_forward: is_causal when no explicit mask is needed beyond
     // square causality; otherwise an explicit mask.
-    const bool plain_causal = T > 1 && T == S && p.q_pos0 == p.k_pos0 && !p.sliding_window;
+    const bool plain_causal = !p.mask.defined() && T > 1 && T == S && p.q_pos0 == p.k_pos0 && !p.sliding_window;
     c10::optional<at::Tensor> mask;
-    if (!plain_causal) {
+    if (p.mask.defined()) {
+      mask = p.mask.to(q.scalar_type());
+    } else if (!plain_causal) {
       at::Tensor m = attention_mask(T, S, p, q.scalar_type(), q.device());
       if (m.defined()) mask = m;
     }
     return compat::sdpa(q, keys, values, mask, plain_causal, p.scale);
   }
   at::Tensor weights = at::matmul(q, keys.transpose(2, 3)) * p.scale;
-  at::Tensor mask = attention_mask(T, S, p, q.scalar_type(), q.device());
+  at::Tensor mask = p.mask.defined() ? p.mask.to(q.scalar_type()) : attention_mask(T, S, p, q.scalar_type(), q.device());
   if (mask.defined()) weights = weights + mask;
   weights = at::softmax(weights, -1, at::kFloat).to(q.scalar_type());
   return at::matmul(weights, values);

@@ -16,10 +16,17 @@ struct AttentionParams {
   int64_t k_pos0 = 0;                     // absolute position of k[:, :, 0]
   std::optional<int64_t> sliding_window;  // key j visible to query i iff i - W < j <= i
   AttentionBackend backend = AttentionBackend::kAuto;  // kAuto: SDPA when compat::kHasSdpa
+  // When defined: the additive mask [B or 1, 1, T, S] (0 = attend, a large negative = masked) used
+  // instead of one built from the positions above (a static decode step: positions on the device).
+  at::Tensor mask;
 };
 
 /// transformers' repeat_kv: [B, Hkv, S, D] → [B, Hkv·n_rep, S, D] (head h uses kv head h / n_rep).
 at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep);
+
+/// The "masked" value of additive masks in `dtype`: torch.finfo(dtype).min as transformers uses.
+/// Throws hearth::Error for a non-floating dtype.
+double mask_min(at::ScalarType dtype);
 
 /// Additive mask [T, S] in `dtype` (0 = attend, finfo(dtype).min = masked) for queries at
 /// q_pos0.. and keys at k_pos0..; undefined tensor when every key is visible to every query.

@@ -12,6 +12,8 @@ namespace hearth::nn {
 
 namespace {
 thread_local std::vector<std::string> t_active;
+thread_local std::vector<std::vector<std::string>> t_rows;  // RowAdapters: a selection per batch row
+thread_local bool t_rows_on = false;
 
 struct DropoutState {
   bool on = false;
@@ -34,6 +36,15 @@ ActiveAdapters::ActiveAdapters(std::vector<std::string> ids) : saved_(std::move(
 }
 ActiveAdapters::~ActiveAdapters() { t_active = std::move(saved_); }
 const std::vector<std::string>& ActiveAdapters::current() { return t_active; }
+
+RowAdapters::RowAdapters(std::vector<std::vector<std::string>> rows) : saved_(std::move(t_rows)), saved_on_(t_rows_on) {
+  t_rows = std::move(rows);
+  t_rows_on = true;
+}
+RowAdapters::~RowAdapters() {
+  t_rows = std::move(saved_);
+  t_rows_on = saved_on_;
+}
 
 std::vector<std::string> parse_adapter_spec(const std::string& spec) {
   std::vector<std::string> ids;
@@ -103,13 +114,43 @@ at::Tensor Linear::forward(const at::Tensor& x) const {
     y = bias_ ? at::linear(x, weight_, *bias_) : at::linear(x, weight_);
   }
   if (adapters_.empty()) return y;
+  auto delta = [&](const LoraAdapter& ad, const at::Tensor& in) {
+    at::Tensor xin = lora_dropout(in, ad.dropout);
+    if (xin.scalar_type() != ad.a.scalar_type()) xin = xin.to(ad.a.scalar_type());
+    at::Tensor z = at::linear(at::linear(xin, ad.a), ad.b) * ad.scale;
+    return z.scalar_type() == y.scalar_type() ? z : z.to(y.scalar_type());
+  };
+  if (t_rows_on) return add_row_adapters(x, y, delta);
   for (const std::string& id : t_active) {
     const LoraAdapter* ad = find_adapter(id);
     if (!ad) continue;
-    at::Tensor xin = lora_dropout(x, ad->dropout);
-    if (xin.scalar_type() != ad->a.scalar_type()) xin = xin.to(ad->a.scalar_type());
-    at::Tensor z = at::linear(at::linear(xin, ad->a), ad->b) * ad->scale;
-    y = y + (z.scalar_type() == y.scalar_type() ? z : z.to(y.scalar_type()));
+    y = y + delta(*ad, x);
+  }
+  return y;
+}
+
+at::Tensor Linear::add_row_adapters(const at::Tensor& x, at::Tensor y,
+                                    const std::function<at::Tensor(const LoraAdapter&, const at::Tensor&)>& delta) const {
+  const int64_t B = x.size(0);
+  HEARTH_CHECK(static_cast<int64_t>(t_rows.size()) == B, "Linear: RowAdapters names ", t_rows.size(),
+               " rows for a batch of ", B);
+  // Depth d = the d-th adapter of a row's selection, so each row adds its adapters in its own order.
+  size_t depth = 0;
+  for (const auto& r : t_rows) depth = std::max(depth, r.size());
+  for (size_t d = 0; d < depth; ++d) {
+    for (const auto& [id, ad] : adapters_) {
+      std::vector<int64_t> rows;
+      for (int64_t b = 0; b < B; ++b)
+        if (t_rows[b].size() > d && t_rows[b][d] == id) rows.push_back(b);
+      if (rows.empty()) continue;
+      if (static_cast<int64_t>(rows.size()) == B) {
+        y = y + delta(ad, x);
+        continue;
+      }
+      at::Tensor idx = at::tensor(rows, at::kLong).to(x.device());
+      at::Tensor part = y.index_select(0, idx) + delta(ad, x.index_select(0, idx));
+      y = y.index_copy(0, idx, part);
+    }
   }
   return y;
 }

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -48,6 +49,24 @@ class ActiveAdapters {
   std::vector<std::string> saved_;
 };
 
+/// RAII: a different adapter selection per batch row (continuous batching of requests that use
+/// different adapters, as S-LoRA / punica): while the scope lives, Linear::forward on x [B, ..., in]
+/// computes the base product for all B rows at once and adds each adapter's delta only to the rows
+/// whose selection lists it (rows[b], in that order), ignoring ActiveAdapters. rows.size() must equal
+/// the batch of every forward inside the scope (Linear::forward throws hearth::Error otherwise).
+/// Thread-local; scopes nest (the previous one is restored on exit).
+class RowAdapters {
+ public:
+  explicit RowAdapters(std::vector<std::vector<std::string>> rows);
+  ~RowAdapters();
+  RowAdapters(const RowAdapters&) = delete;
+  RowAdapters& operator=(const RowAdapters&) = delete;
+
+ private:
+  std::vector<std::vector<std::string>> saved_;
+  bool saved_on_ = false;
+};
+
 /// Parses an adapter selection: "a+b" or "a,b" → {"a", "b"} (stacked, applied in order), "" or
 /// "none" → {} (base model). Throws hearth::InvalidArgument on an empty id ("a++b").
 std::vector<std::string> parse_adapter_spec(const std::string& spec);
@@ -85,7 +104,8 @@ class Linear {
 
   /// y [..., out] = x [..., in] · Wᵀ + b, then each adapter active on this thread (ActiveAdapters)
   /// that this Linear holds adds scale · (dropout(x) Aᵀ) Bᵀ, computed in the adapter's dtype and
-  /// cast to y's. A Linear without adapters does no adapter work at all.
+  /// cast to y's. Inside a RowAdapters scope each row gets its own selection's adapters instead.
+  /// A Linear without adapters does no adapter work at all.
   at::Tensor forward(const at::Tensor& x) const;
 
   bool quantized() const { return qweight_.has_value(); }
@@ -116,6 +136,10 @@ class Linear {
   int64_t nbytes() const;
 
  private:
+  // The RowAdapters path of forward(): y plus each row's adapters' deltas (delta(adapter, x_rows)).
+  at::Tensor add_row_adapters(const at::Tensor& x, at::Tensor y,
+                              const std::function<at::Tensor(const LoraAdapter&, const at::Tensor&)>& delta) const;
+
   at::Tensor weight_;
   std::optional<QuantizedWeight> qweight_;
   std::optional<at::Tensor> bias_;

@@ -10,34 +10,41 @@
 
 namespace hearth::models::llama {
 
-at::Tensor LlamaAttention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
-                                   cache::KVCacheBase* cache) const {
+at::Tensor LlamaAttention::forward(const at::Tensor& x, const std::vector<AttentionRows>& groups) const {
   const int64_t B = x.size(0), T = x.size(1);
   at::Tensor q = q_proj.forward(x).view({B, T, -1, head_dim});
   at::Tensor k = k_proj.forward(x).view({B, T, -1, head_dim});
   at::Tensor v = v_proj.forward(x).view({B, T, -1, head_dim}).transpose(1, 2);
   if (q_norm) q = q_norm->forward(q);
   if (k_norm) k = k_norm->forward(k);
-  q = nn::apply_rotary(q.transpose(1, 2), cos, sin);  // [B, H, T, D]
-  k = nn::apply_rotary(k.transpose(1, 2), cos, sin);  // [B, Hkv, T, D]
-  cache::KVView kv{k, v, offset};
-  if (cache) kv = cache->update(k, v);
-  nn::AttentionParams p;
-  p.scale = scaling;
-  p.q_pos0 = offset;
-  p.k_pos0 = kv.pos0;
-  p.sliding_window = sliding_window;
-  p.backend = backend;
-  at::Tensor out = nn::attention(q, kv.keys, kv.values, p);  // [B, H, T, D]
+  q = q.transpose(1, 2);  // [B, H, T, D]
+  k = k.transpose(1, 2);  // [B, Hkv, T, D]
+  std::vector<at::Tensor> outs;
+  for (const AttentionRows& g : groups) {
+    const bool all = g.rows.count == B;
+    at::Tensor qg = nn::apply_rotary(all ? q : q.narrow(0, g.rows.begin, g.rows.count), g.cos, g.sin);
+    at::Tensor kg = nn::apply_rotary(all ? k : k.narrow(0, g.rows.begin, g.rows.count), g.cos, g.sin);
+    at::Tensor vg = all ? v : v.narrow(0, g.rows.begin, g.rows.count);
+    cache::KVView kv{kg, vg, g.rows.offset};
+    if (g.cache) kv = g.cache->update(kg, vg);
+    nn::AttentionParams p;
+    p.scale = scaling;
+    p.q_pos0 = g.rows.offset;
+    p.k_pos0 = kv.pos0;
+    p.sliding_window = sliding_window;
+    p.backend = backend;
+    if (g.mask_full.defined()) p.mask = sliding_window ? g.mask_window : g.mask_full;
+    outs.push_back(nn::attention(qg, kv.keys, kv.values, p));  // [b, H, T, D]
+  }
+  at::Tensor out = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
   out = out.transpose(1, 2).contiguous().reshape({B, T, -1});
   return o_proj.forward(out);
 }
 
-at::Tensor LlamaDecoderLayer::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
-                                      cache::KVCacheBase* cache) const {
+at::Tensor LlamaDecoderLayer::forward(const at::Tensor& x, const std::vector<AttentionRows>& groups) const {
   at::Tensor residual = x;
   at::Tensor h = input_layernorm.forward(x);
-  h = self_attn.forward(h, cos, sin, offset, cache);
+  h = self_attn.forward(h, groups);
   h = residual + h;
   residual = h;
   h = post_attention_layernorm.forward(h);
@@ -103,23 +110,72 @@ Boundary LlamaModel::forward_layers(const Boundary& in, int64_t begin, int64_t e
   const at::Tensor& hidden = in.hidden;
   HEARTH_CHECK(pos.batch() == hidden.size(0), "LlamaModel: ", pos.batch(), " positions for a batch of ",
                hidden.size(0));
-  const int64_t offset = pos.common("LlamaModel");
   HEARTH_CHECK(0 <= begin && begin <= end && end <= num_layers(), "LlamaModel: layer range [", begin, ", ", end,
                ") outside [0, ", num_layers(), ")");
   HEARTH_CHECK(!caches || static_cast<int64_t>(caches->size()) == num_layers(), "LlamaModel: got ",
                caches ? caches->size() : 0, " caches for ", num_layers(), " layers");
+  if (caches && begin < end)
+    if (auto* sc = dynamic_cast<cache::StaticKVCache*>((*caches)[begin].get()))
+      return forward_static(in, begin, end, *sc->state(), *caches);
+  const std::vector<RowGroup> rows = row_groups(pos, caches, "LlamaModel");
   const int64_t T = hidden.size(1);
-  auto [cos, sin] = rotary_emb_.cos_sin(offset, T, hidden.scalar_type());
+  std::vector<AttentionRows> groups;
+  for (const RowGroup& g : rows) {
+    auto [cos, sin] = rotary_emb_.cos_sin(g.offset, T, hidden.scalar_type());
+    groups.push_back(AttentionRows{g, cos, sin, nullptr});
+  }
   at::Tensor h = hidden;
   for (int64_t i = begin; i < end; ++i) {
-    cache::KVCacheBase* kv = nullptr;
-    if (caches) {
-      kv = dynamic_cast<cache::KVCacheBase*>((*caches)[i].get());
-      HEARTH_CHECK(kv, "LlamaModel: layer ", i, " cache is not a KV cache");
-      HEARTH_CHECK(kv->offset() == offset, "LlamaModel: layer ", i, " cache offset ", kv->offset(),
-                   " != forward offset ", offset);
+    for (AttentionRows& g : groups) {
+      if (!caches) break;
+      cache::LayerCache* c = group_cache((*caches)[i].get(), g.rows);
+      g.cache = dynamic_cast<cache::KVCacheBase*>(c);
+      HEARTH_CHECK(g.cache, "LlamaModel: layer ", i, " cache is not a KV cache");
+      HEARTH_CHECK(g.cache->offset() == g.rows.offset, "LlamaModel: layer ", i, " cache offset ", g.cache->offset(),
+                   " != forward offset ", g.rows.offset);
     }
-    h = layers_[i].forward(h, cos, sin, offset, kv);
+    h = layers_[i].forward(h, groups);
+  }
+  return Boundary(h);
+}
+
+Boundary LlamaModel::forward_static(const Boundary& in, int64_t begin, int64_t end, cache::StaticState& st,
+                                    cache::Caches& caches) {
+  const at::Tensor& hidden = in.hidden;
+  const int64_t B = hidden.size(0), S = st.capacity;
+  HEARTH_CHECK(hidden.size(1) == 1, "LlamaModel: a static step takes one token per row, got ", hidden.size(1));
+  HEARTH_CHECK(st.positions.defined() && st.positions.numel() == B, "LlamaModel: static positions for ",
+               st.positions.defined() ? st.positions.numel() : 0, " rows, batch ", B);
+  const auto dtype = hidden.scalar_type();
+  if (!st.cos_table.defined()) std::tie(st.cos_table, st.sin_table) = rotary_emb_.cos_sin(0, S, dtype);
+  st.family_ran_static = true;
+  AttentionRows g;
+  g.rows = RowGroup{0, B, 0};
+  g.cos = st.cos_table.index_select(0, st.positions).view({B, 1, 1, -1});
+  g.sin = st.sin_table.index_select(0, st.positions).view({B, 1, 1, -1});
+  at::Tensor kp = at::arange(S, st.positions.options()).view({1, S});
+  at::Tensor qp = st.positions.view({B, 1});
+  at::Tensor allowed = kp <= qp;
+  const double lowest = nn::mask_min(dtype);
+  at::Tensor zero = at::zeros({}, hidden.options());
+  at::Tensor low = at::full({}, lowest, hidden.options());
+  g.mask_full = at::where(allowed, zero, low).view({B, 1, 1, S});
+  std::optional<int64_t> window;
+  for (const auto& w : config_.layer_windows) {
+    if (!w) continue;
+    HEARTH_CHECK(!window || *window == *w, "LlamaModel: a static step takes one sliding-window width, got ", *window,
+                 " and ", *w);
+    window = w;
+  }
+  if (window) {
+    at::Tensor w = allowed.logical_and(kp > qp - *window);
+    g.mask_window = at::where(w, zero, low).view({B, 1, 1, S});
+  }
+  at::Tensor h = hidden;
+  for (int64_t i = begin; i < end; ++i) {
+    g.cache = dynamic_cast<cache::StaticKVCache*>(caches[i].get());
+    HEARTH_CHECK(g.cache, "LlamaModel: layer ", i, " is not a static cache in a static step");
+    h = layers_[i].forward(h, {g});
   }
   return Boundary(h);
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "models/llama/config.h"
+#include "cache/static_kv_cache.h"
 #include "models/model.h"
 #include "models/registry.h"
 #include "nn/attention.h"
@@ -20,6 +21,17 @@
 
 namespace hearth::models::llama {
 
+/// One row group of a forward (models::row_groups) with what its attention needs: its RoPE tables
+/// cos/sin [T, D] at `offset` and its KV cache (may be null).
+struct AttentionRows {
+  RowGroup rows;
+  at::Tensor cos, sin;
+  cache::KVCacheBase* cache = nullptr;
+  /// A static decode step (cache::StaticKVCache): additive masks [B, 1, 1, S] from the device
+  /// positions, for full and sliding-window layers (undefined otherwise).
+  at::Tensor mask_full, mask_window;
+};
+
 /// LlamaAttention: q/k/v projections, optional per-head q/k RMSNorm (qwen3), RoPE, cache, GQA
 /// attention, o_proj.
 struct LlamaAttention {
@@ -30,17 +42,16 @@ struct LlamaAttention {
   std::optional<int64_t> sliding_window;
   nn::AttentionBackend backend = nn::AttentionBackend::kAuto;
 
-  /// x [B, T, C], cos/sin [T, D] → [B, T, C]; `cache` may be null.
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
-                     cache::KVCacheBase* cache) const;
+  /// x [B, T, C] → [B, T, C]. The projections run on all B rows at once; RoPE, the cache and the
+  /// attention per row group (one group = the whole batch at one position).
+  at::Tensor forward(const at::Tensor& x, const std::vector<AttentionRows>& groups) const;
 };
 
 struct LlamaDecoderLayer {
   nn::RMSNorm input_layernorm, post_attention_layernorm;
   LlamaAttention self_attn;
   nn::GatedMLP mlp;
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
-                     cache::KVCacheBase* cache) const;
+  at::Tensor forward(const at::Tensor& x, const std::vector<AttentionRows>& groups) const;
 };
 
 class LlamaModel : public Model {
@@ -51,11 +62,12 @@ class LlamaModel : public Model {
              const nn::LoadOptions& placement);
 
   Boundary embed(const at::Tensor& input_ids) override;
-  /// Rows must share one position (pos.common): ragged batches are not taken yet.
+  /// Takes ragged batches (rows at their own positions through a cache::rows_view).
   Boundary forward_layers(const Boundary& in, int64_t begin, int64_t end, const Positions& pos,
                           cache::Caches* caches) override;
   at::Tensor head(const at::Tensor& hidden) override;
   cache::Caches make_cache() const override;
+  bool ragged_batches() const override { return true; }
 
   const std::string& model_type() const override { return config_.model_type; }
   int64_t num_layers() const override { return config_.num_hidden_layers; }
@@ -72,6 +84,11 @@ class LlamaModel : public Model {
   void set_attention_backend(nn::AttentionBackend backend);
 
  private:
+  // The one-token step over static caches (cache/static_kv_cache.h): positions, RoPE rows and
+  // masks come from device tensors only, so the step can be captured in a CUDA graph.
+  Boundary forward_static(const Boundary& in, int64_t begin, int64_t end, cache::StaticState& st,
+                          cache::Caches& caches);
+
   LlamaConfig config_;
   nn::LoadOptions placement_;
   nn::Embedding embed_tokens_;

@@ -1,0 +1,56 @@
+// Static caches for a captured (CUDA-graph) decode step: preallocated key/value buffers of a fixed
+// capacity whose addresses never change, written at positions held in a device tensor, so the
+// whole one-token step can be recorded once and replayed (gpt-fast / vLLM style). Not the growing
+// caches of kv_cache.h (prefill, the eager path), from which these are filled.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "cache/kv_cache.h"
+
+namespace hearth::cache {
+
+/// What every layer of a static step shares: the rows' positions as a device tensor (the only
+/// per-step input besides the token ids) and what a family derives from them once per step.
+struct StaticState {
+  at::Tensor positions;  ///< [B] int64 on the model's device: the position of each row's new token
+  int64_t capacity = 0;  ///< tokens each row's buffers hold (positions must stay below it)
+  int64_t host_offset = 0;  ///< the runner's host-side mirror of positions (uniform rows), for offset()
+  /// Set by the family at the start of each step (graph-safe device ops on `positions`): RoPE
+  /// rows and additive masks [B, 1, 1, capacity] for full and sliding-window layers.
+  at::Tensor cos, sin, mask_full;
+  std::optional<at::Tensor> mask_window;
+  at::Tensor cos_table, sin_table;  ///< [capacity, D] RoPE tables, computed once by the family
+  /// Set by a family that ran its static path: a runner checks it after its first (eager) step and
+  /// falls back to the eager loop when a family treated the static caches as ordinary ones.
+  bool family_ran_static = false;
+};
+
+/// One layer's keys/values in fixed buffers [B, Hkv, capacity, D]. update() takes one token per row
+/// (k/v [B, Hkv, 1, D]) and writes it at state.positions[b] with device indexing only (no host
+/// sync, no allocation that depends on the data), returning the whole buffers (pos0 = 0; the
+/// family masks positions past each row's own with StaticState's masks).
+class StaticKVCache : public KVCacheBase {
+ public:
+  /// Copies `from` (a filled KVCache of B rows holding state.host_offset tokens) into new buffers
+  /// of state.capacity tokens. Throws hearth::Error when the tokens do not fit.
+  StaticKVCache(std::shared_ptr<StaticState> state, const KVCache& from);
+  KVView update(const at::Tensor& k, const at::Tensor& v) override;
+  int64_t offset() const override { return state_->host_offset; }
+  int64_t trim(int64_t n) override;  ///< 0: positions live on the device (the runner rewinds them)
+  int64_t nbytes() const override { return keys_.nbytes() + values_.nbytes(); }
+  std::string kind() const override { return "static_kv"; }
+  std::unique_ptr<LayerCache> clone() const override;
+  /// The buffers' first `n` tokens as an ordinary growing cache (back to the eager path).
+  std::unique_ptr<KVCache> to_kv_cache(int64_t n) const;
+  const std::shared_ptr<StaticState>& state() const { return state_; }
+
+ private:
+  std::shared_ptr<StaticState> state_;
+  at::Tensor keys_, values_;  // [B, Hkv, capacity, D]
+};
+
+}  // namespace hearth::cache
