@@ -1,7 +1,7 @@
 // The generation loop: prefill the prompt in chunks through the KV cache, then decode one token
 // at a time with a Sampler until an EOS id or max_tokens; a callback per token for streaming,
 // and timing/memory stats like mlx_lm.generate prints. Not detokenization (the caller's
-// StreamDecoder) and not batching (a later scheduler).
+// StreamDecoder) and not batching (batch.h, which this loop runs with one sequence).
 #pragma once
 #include <ATen/ATen.h>
 
@@ -31,6 +31,10 @@ struct GenerationStats {
   double ttft_s = 0;                 // time to first token (prefill + first sample)
   int64_t peak_memory_bytes = 0;     // compat::peak_memory_bytes(device)
   bool stopped_by_eos = false;
+  /// The decode after the first token ran on the static path (batch.h Sequence::run_static): a CUDA
+  /// graph per token on CUDA.
+  bool static_decode = false;
+  bool cuda_graph = false;  ///< ... and that step was a captured CUDA graph
 };
 
 struct GenerationResult {

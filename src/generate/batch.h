@@ -1,0 +1,84 @@
+// Continuous batching at the level of tokens: a Sequence is one generation in progress (its caches,
+// sampler, adapters and progress), and step() advances a set of them by one scheduler iteration —
+// prompt chunks for the ones still prefilling, then one token for every decoding one in a single
+// batched forward (rows at their own positions, each with its own caches and adapters). The
+// single-sequence loop of generate.h is this with one sequence. Not the server's queue or
+// admission (src/server/engine_loop.h) and not detokenization.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "generate/generate.h"
+
+namespace hearth::generate {
+
+/// One generation in progress. Created with its prompt and options; advanced only by step().
+/// Follows generate()'s semantics exactly: prefill in chunks of opts.prefill_step_size, sample, call
+/// on_step per token (not for an EOS), stop at an EOS id, after opts.max_tokens tokens, or when
+/// on_step returns false.
+class Sequence {
+ public:
+  /// `caches`: empty → fresh from the model at the first step; else caches holding a prefix of
+  /// `prompt` (a prompt-cache hit, fewer tokens than the prompt). `adapters`: the LoRA selection
+  /// active for this sequence's rows (nn::ActiveAdapters / nn::RowAdapters). Throws hearth::Error on
+  /// an empty prompt or a non-positive prefill_step_size.
+  Sequence(std::vector<int64_t> prompt, GenerateOptions opts, cache::Caches caches,
+           std::vector<std::string> adapters, StepCallback on_step);
+
+  /// True once the sequence has ended (EOS, limit, or the callback said stop).
+  bool done() const { return done_; }
+  /// True while prompt tokens remain to be prefilled.
+  bool prefilling() const { return !done_ && offset_ < static_cast<int64_t>(prompt_.size()); }
+  /// Tokens generated so far and the stats (complete once done()).
+  const GenerationResult& result() const { return result_; }
+  /// The caches: every token whose keys/values were computed (see generate()).
+  cache::Caches& caches() { return caches_; }
+  const std::vector<int64_t>& prompt() const { return prompt_; }
+  const std::vector<std::string>& adapters() const { return adapters_; }
+
+  /// Runs the rest of this sequence (it must have its first token: !prefilling()) on the static
+  /// fast path of graph_decode.cpp when it applies — greedy without logits processors, every layer
+  /// an ordinary KV cache, a family with a static step, the model on CUDA (or HEARTH_STATIC_DECODE=1)
+  /// and HEARTH_CUDA_GRAPHS not "0" — with a CUDA graph replayed per token on CUDA. Returns false,
+  /// changing nothing, when it does not apply. Same tokens as the eager loop (up to the rounding
+  /// of attention over the padded static length).
+  bool run_static(models::Model& model);
+
+ private:
+  friend void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t prefill_budget);
+  void check_prompt(const models::Model& model);
+  void prefill_chunk(models::Model& model);
+  void sample_and_emit(const at::Tensor& last_logits);  // last_logits [V]
+  void emit(int64_t next, const at::Tensor& logprobs);  // a sampled token: EOS, callback, limit
+  void finish_stats(const models::Model& model);
+
+  std::vector<int64_t> prompt_;
+  GenerateOptions opts_;
+  cache::Caches caches_;
+  std::vector<std::string> adapters_;
+  StepCallback on_step_;
+  Sampler sampler_;
+  std::vector<int64_t> tokens_;  // prompt + generated: the penalties' context
+  GenerationResult result_;
+  int64_t offset_ = 0;   // tokens in the caches
+  int64_t pending_ = -1; // sampled and emitted, not yet fed back
+  bool started_ = false, done_ = false;
+  std::chrono::steady_clock::time_point t0_, t1_, t_last_;
+};
+
+/// One scheduler iteration over `seqs` (sequences already done are skipped): prefills prompt chunks
+/// of the prefilling sequences in order while their total stays within `prefill_budget` tokens (at
+/// least one chunk when any sequence prefills; a sequence whose prefill completes samples its first
+/// token), then feeds every decoding sequence's last token in ONE forward when the model takes
+/// ragged batches (Model::ragged_batches: rows at their own positions via cache::rows_view, each
+/// with its own adapters via nn::RowAdapters), else one forward per sequence, and samples each
+/// row's next token with its own sampler. The results equal running each sequence alone up to
+/// floating-point summation order of the batched matmuls. Throws hearth::Error / c10::Error from
+/// the model (the sequences are then in an undefined state and must be dropped).
+void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t prefill_budget);
+
+}  // namespace hearth::generate

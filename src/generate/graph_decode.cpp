@@ -1,0 +1,104 @@
+// Sequence::run_static: greedy decode through static caches and a recorded step (a CUDA graph on
+// the GPU: one launch per token instead of hundreds). Not the eager loop (batch.cpp), which stays
+// the reference and the fallback.
+#include <c10/core/GradMode.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <typeinfo>
+
+#include "cache/static_kv_cache.h"
+#include "core/cuda_graph.h"
+#include "core/error.h"
+#include "generate/batch.h"
+#include "nn/linear.h"
+
+namespace hearth::generate {
+
+namespace {
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v && std::strcmp(v, value) == 0;
+}
+
+bool greedy_without_processors(const SamplingParams& s) {
+  return s.temperature == 0.0 && (s.repetition_penalty == 0.0 || s.repetition_penalty == 1.0) &&
+         s.presence_penalty == 0.0 && s.frequency_penalty == 0.0 && s.logit_bias.empty();
+}
+
+int64_t round_up(int64_t n, int64_t step) { return (n + step - 1) / step * step; }
+}  // namespace
+
+bool Sequence::run_static(models::Model& model) {
+  if (done_ || prefilling() || pending_ < 0) return false;
+  const at::Device device = model.placement().device;
+  if (env_is("HEARTH_CUDA_GRAPHS", "0")) return false;
+  if (!device.is_cuda() && !env_is("HEARTH_STATIC_DECODE", "1")) return false;
+  if (!greedy_without_processors(opts_.sampling)) return false;
+  for (const auto& c : caches_)
+    if (!c || typeid(*c) != typeid(cache::KVCache)) return false;
+  c10::NoGradGuard no_grad;
+  nn::ActiveAdapters adapters(adapters_);
+  const auto lopt = at::TensorOptions().dtype(at::kLong).device(device);
+  at::Tensor ids = at::full({1, 1}, pending_, lopt);  // the token fed by the next step
+  bool first_round = true;
+  while (!done_) {
+    // Static buffers for the next stretch: at least twice what is held (the attention reads the
+    // whole capacity each step, so it grows with the sequence instead of being the context).
+    const int64_t remaining = opts_.max_tokens - static_cast<int64_t>(result_.tokens.size());
+    const int64_t capacity = round_up(std::min(offset_ + remaining + 1, std::max<int64_t>(2 * offset_, offset_ + 256)), 64);
+    auto st = std::make_shared<cache::StaticState>();
+    st->capacity = capacity;
+    st->host_offset = offset_;
+    st->positions = at::full({1}, offset_, lopt);
+    cache::Caches stat;
+    for (const auto& c : caches_)
+      stat.push_back(std::make_unique<cache::StaticKVCache>(st, static_cast<const cache::KVCache&>(*c)));
+    at::Tensor logits, next;
+    auto fn = [&] {
+      at::Tensor lg = model.forward(ids, st->host_offset, &stat)[0][-1].to(at::kFloat);
+      if (!logits.defined()) {
+        logits = at::empty_like(lg);
+        next = at::empty({1, 1}, lopt);
+      }
+      logits.copy_(lg);
+      next.copy_(lg.argmax().view({1, 1}));
+    };
+    fn();  // eager: allocates the outputs, builds the RoPE tables, and proves the family's static path
+    if (first_round && !st->family_ran_static) return false;
+    first_round = false;
+    // HEARTH_CUDA_GRAPHS=nocapture: the same static step, replayed eagerly (tests compare the two).
+    std::unique_ptr<compat::RecordedStep> recorded;
+    if (!env_is("HEARTH_CUDA_GRAPHS", "nocapture")) {
+      try {
+        recorded = std::make_unique<compat::RecordedStep>(fn, device, /*warmup=*/1);
+      } catch (const Error&) {
+        recorded.reset();  // a capture the backend refused: the same step, eagerly
+      }
+    }
+    if (!recorded) recorded = std::make_unique<compat::RecordedStep>(fn, at::Device(at::kCPU), 0);
+    result_.stats.static_decode = true;
+    result_.stats.cuda_graph = recorded->captured();
+    bool fresh = true;  // logits/next hold the step for `ids` already
+    while (!done_ && offset_ + 1 < capacity) {
+      if (!fresh) recorded->replay();
+      fresh = false;
+      offset_ += 1;
+      st->host_offset = offset_;
+      at::Tensor lp;
+      if (opts_.logprobs) lp = at::log_softmax(logits, -1);
+      emit(next.item<int64_t>(), lp);
+      if (done_) break;
+      ids.copy_(next);
+      st->positions.add_(1);
+    }
+    // Back to growing caches: the eager loop, the prompt cache and the next stretch read them.
+    for (size_t i = 0; i < caches_.size(); ++i)
+      caches_[i] = static_cast<const cache::StaticKVCache&>(*stat[i]).to_kv_cache(offset_);
+  }
+  finish_stats(model);
+  return true;
+}
+
+}  // namespace hearth::generate
