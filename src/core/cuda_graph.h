@@ -1,0 +1,35 @@
+// A recorded GPU step: on a CUDA build with a CUDA device, a CUDA graph (at::cuda::CUDAGraph)
+// captured from a function once and replayed; elsewhere (CPU, CPU-only libtorch) the function
+// itself, called again on each replay — the same results, so the code around it is tested on CPU.
+// Not the decode logic that uses it (generate/graph_decode.h).
+#pragma once
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <memory>
+
+namespace hearth::compat {
+
+class RecordedStep {
+ public:
+  /// Records `fn` for `device`: on CUDA, `warmup` eager calls on a side stream (cuBLAS and the
+  /// caching allocator settle) then one capture; `fn` must then only touch tensors whose storage
+  /// outlives this object, do no host synchronisation and allocate the same way every call. On CPU,
+  /// nothing runs until replay(). Throws hearth::Error when the capture fails (e.g. a host sync).
+  RecordedStep(std::function<void()> fn, const at::Device& device, int warmup = 2);
+  ~RecordedStep();
+  RecordedStep(const RecordedStep&) = delete;
+  RecordedStep& operator=(const RecordedStep&) = delete;
+
+  /// Runs the step again (graph replay on CUDA: queued on the current stream, returns at once).
+  void replay();
+  /// True when replay() is a CUDA graph (false: the function is called eagerly).
+  bool captured() const;
+
+ private:
+  struct Impl;
+  std::function<void()> fn_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace hearth::compat
