@@ -116,6 +116,9 @@ std::function<int()> setup_serve(CLI::App& app) {
       ->check(CLI::Range(1, 4096));
   app.add_option("--max-queue", a->server.max_queue, "Requests that may wait for the engine before 429")
       ->check(CLI::Range(1, 100000));
+  app.add_option("--max-num-seqs", a->server.max_num_seqs,
+                 "Requests generated together, decoded in one batched step (continuous batching; 1 = one at a time)")
+      ->check(CLI::Range(1, 4096));
   app.add_option("--max-body-bytes", a->server.max_body_bytes, "Largest accepted request body (413 above)")
       ->check(CLI::Range(1024, 1 << 30));
   app.add_option("--max-tokens", a->server.default_max_tokens,

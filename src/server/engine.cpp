@@ -4,6 +4,7 @@
 
 #include "chat/reasoning.h"
 #include "chat/tool_calls.h"
+#include "core/error.h"
 #include "server/api_error.h"
 
 namespace hearth::server {
@@ -22,6 +23,16 @@ std::unique_ptr<chat::ReasoningSplitter> Engine::reasoning_splitter(const Comple
 
 AdapterInfo Engine::mount_adapter(const std::string&, const std::string&) {
   throw ApiError(501, "This engine does not support LoRA adapters.");
+}
+
+std::unique_ptr<ActiveSequence> Engine::start_sequence(const Prompt&, const CompletionRequest&, TokenCallback) {
+  throw Error("this engine does not batch requests (supports_batching() is false)");
+}
+void Engine::step(const std::vector<ActiveSequence*>&) {
+  throw Error("this engine does not batch requests (supports_batching() is false)");
+}
+Finish Engine::finish_sequence(ActiveSequence&) {
+  throw Error("this engine does not batch requests (supports_batching() is false)");
 }
 
 ParsedToolCalls to_server(chat::ParsedToolCalls parsed) {

@@ -146,6 +146,15 @@ ParsedToolCalls to_server(chat::ParsedToolCalls parsed);
 /// went away, a stop string matched, or the server is shutting down).
 using TokenCallback = std::function<bool(const TokenEvent&)>;
 
+/// One request being generated inside a continuous batch (Engine::start_sequence): the engine's
+/// per-request state (caches, sampler, detokenizer). Advanced only by Engine::step.
+class ActiveSequence {
+ public:
+  virtual ~ActiveSequence() = default;
+  /// True once it has ended (EOS, limit, or its on_token returned false).
+  virtual bool done() const = 0;
+};
+
 /// A loaded model as the server sees it. The server calls generate(), check_request() and the
 /// adapter hooks from ONE engine thread only (src/server/engine_loop.h), so implementations need
 /// no locking for them. prepare() runs on the HTTP threads, several at once, beside generate():
@@ -181,6 +190,23 @@ class Engine {
   /// internal failures (HTTP 500 / a mid-stream error event).
   virtual Finish generate(const Prompt& prompt, const CompletionRequest& req,
                           const TokenCallback& on_token) = 0;
+
+  // --- continuous batching (optional) ------------------------------------------------------
+  /// Whether start_sequence/step/finish_sequence are implemented (EngineLoop then runs up to
+  /// max_num_seqs requests together; otherwise one generate() at a time).
+  virtual bool supports_batching() const { return false; }
+  /// Starts generating for one request like generate() would (same sampling, adapters, prompt
+  /// cache, callback semantics), computing nothing yet. Engine thread only. Throws like generate().
+  virtual std::unique_ptr<ActiveSequence> start_sequence(const Prompt& prompt, const CompletionRequest& req,
+                                                         TokenCallback on_token);
+  /// One scheduler iteration over `seqs` (all from start_sequence, not finished): prompt chunks for
+  /// the prefilling ones, then one token for every decoding one, batched. Calls their on_token.
+  /// Engine thread only. Throws only on internal failures (every sequence in `seqs` must then be
+  /// finished with an error).
+  virtual void step(const std::vector<ActiveSequence*>& seqs);
+  /// Ends a done() sequence, or one being dropped: flushes its held-back text through its on_token
+  /// (unless it stopped), keeps its caches for the prompt cache, and says how it ended.
+  virtual Finish finish_sequence(ActiveSequence& seq);
 
   /// Streaming tool-call routing: the byte offset in `text` (all content generated so far) from
   /// which output must be held back because a tool call is, or may be, starting there;

@@ -1,10 +1,12 @@
-// EngineLoop: bounded FIFO + one worker thread that owns every call into the Engine.
-// Not a batching scheduler (one request at a time); that comes with src/generate/ batching.
+// EngineLoop: bounded FIFO + one worker thread that owns every call into the Engine, and the
+// continuous-batching scheduler (admit into free slots, step all, free finished) over it.
+// Not the batched forward itself (generate/batch.h) and not HTTP.
 #include "server/engine_loop.h"
 
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <list>
 
 #include "core/error.h"
 #include "server/api_error.h"
@@ -156,6 +158,11 @@ size_t EngineLoop::queued() const {
   return queue_.size();
 }
 
+size_t EngineLoop::running() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return running_ && !running_->task ? 1 : batch_.size();
+}
+
 void EngineLoop::shutdown() {
   std::deque<std::shared_ptr<Job>> dropped;
   {
@@ -163,6 +170,7 @@ void EngineLoop::shutdown() {
     stopping_ = true;
     dropped.swap(queue_);
     if (running_) running_->cancelled = true;
+    for (auto& j : batch_) j->cancelled = true;
   }
   cv_.notify_all();
   for (auto& job : dropped) job->events.push(error_event(503, "The server is shutting down."));
@@ -171,6 +179,7 @@ void EngineLoop::shutdown() {
 }
 
 void EngineLoop::run() {
+  if (engine_.supports_batching() && opts_.max_num_seqs > 1) return run_batched();
   for (;;) {
     std::shared_ptr<Job> job;
     {
@@ -243,6 +252,145 @@ void EngineLoop::run_job(Job& job) {
     job.events.push(error_event(500, std::string("Generation failed: ") + e.what_without_backtrace()));
   } catch (const std::exception& e) {
     job.events.push(error_event(500, std::string("Generation failed: ") + e.what()));
+  }
+}
+
+// A running generation of the batched path.
+struct EngineLoop::Slot {
+  std::shared_ptr<Job> job;
+  std::unique_ptr<OutputStream> out;
+  std::unique_ptr<ActiveSequence> seq;
+  int64_t n_prompt = 0;
+  bool cut = false;  // its on_token refused a token because the job was cancelled
+};
+
+bool EngineLoop::admit(Slot& slot) {
+  Job& job = *slot.job;
+  if (job.cancelled) {
+    job.events.push(error_event(499, "The client closed the request."));
+    return false;
+  }
+  try {
+    engine_.check_request(job.request);  // what may have changed since prepare() (adapter ids)
+  } catch (const ApiError& e) {
+    job.events.push(error_event(e.status(), e.what(), e.param(), e.code()));
+    return false;
+  } catch (const std::exception& e) {
+    job.events.push(error_event(400, e.what()));
+    return false;
+  }
+  slot.n_prompt = static_cast<int64_t>(job.prompt.ids.size());
+  StreamEvent started;
+  started.kind = StreamEvent::Kind::kStarted;
+  started.prompt_tokens = slot.n_prompt;
+  job.events.push(std::move(started));
+  slot.out = std::make_unique<OutputStream>(job.request, job.prompt, engine_, job.events);
+  Slot* self = &slot;
+  try {
+    slot.seq = engine_.start_sequence(job.prompt, job.request, [self](const TokenEvent& ev) {
+      if (self->job->cancelled.load(std::memory_order_relaxed)) {
+        self->cut = true;
+        return false;
+      }
+      return self->out->on_token(ev);
+    });
+  } catch (const ApiError& e) {
+    job.events.push(error_event(e.status(), e.what(), e.param(), e.code()));
+    return false;
+  } catch (const InvalidArgument& e) {
+    job.events.push(error_event(400, e.what()));
+    return false;
+  } catch (const c10::Error& e) {
+    job.events.push(error_event(500, std::string("Generation failed: ") + e.what_without_backtrace()));
+    return false;
+  } catch (const std::exception& e) {
+    job.events.push(error_event(500, std::string("Generation failed: ") + e.what()));
+    return false;
+  }
+  return true;
+}
+
+void EngineLoop::step_all(std::list<Slot>& slots) {
+  std::vector<ActiveSequence*> seqs;
+  for (Slot& s : slots) seqs.push_back(s.seq.get());
+  std::string failure;
+  try {
+    engine_.step(seqs);
+  } catch (const c10::Error& e) {
+    failure = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  if (!failure.empty()) {
+    // An internal failure leaves every sequence of the step undefined: each request gets the error.
+    for (Slot& s : slots) s.job->events.push(error_event(500, "Generation failed: " + failure));
+    slots.clear();
+    return;
+  }
+  for (auto it = slots.begin(); it != slots.end();) {
+    if (!it->seq->done()) {
+      ++it;
+      continue;
+    }
+    try {
+      Finish f = engine_.finish_sequence(*it->seq);
+      if (it->cut && f.reason == Finish::Reason::kStopped) f.reason = Finish::Reason::kAborted;
+      it->out->finish(f, it->n_prompt);
+    } catch (const std::exception& e) {
+      it->job->events.push(error_event(500, std::string("Generation failed: ") + e.what()));
+    }
+    it = slots.erase(it);
+  }
+}
+
+void EngineLoop::run_batched() {
+  std::list<Slot> slots;  // a list: each Slot's address is captured by its sequence's callback
+  for (;;) {
+    std::shared_ptr<Job> task;
+    std::vector<std::shared_ptr<Job>> admitted;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (slots.empty()) cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) {
+        lock.unlock();
+        for (Slot& s : slots) s.job->cancelled = true;
+        while (!slots.empty()) step_all(slots);  // each ends at its next token with "abort"
+        return;
+      }
+      while (!queue_.empty() && slots.size() + admitted.size() < opts_.max_num_seqs) {
+        if (queue_.front()->task) {
+          // Adapter mount/unmount must not race a forward or change a running request's adapters.
+          if (slots.empty() && admitted.empty()) {
+            task = queue_.front();
+            queue_.pop_front();
+            running_ = task;
+          }
+          break;
+        }
+        admitted.push_back(queue_.front());
+        queue_.pop_front();
+      }
+    }
+    if (task) {
+      run_job(*task);
+      std::lock_guard<std::mutex> lock(mu_);
+      running_.reset();
+      continue;
+    }
+    for (auto& job : admitted) {
+      slots.emplace_back();
+      slots.back().job = job;
+      if (!admit(slots.back())) slots.pop_back();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      batch_.clear();
+      for (Slot& s : slots) batch_.push_back(s.job);
+    }
+    if (!slots.empty()) step_all(slots);
+    std::lock_guard<std::mutex> lock(mu_);
+    batch_.clear();
+    for (Slot& s : slots) batch_.push_back(s.job);
   }
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 #include <condition_variable>
 #include <deque>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <semaphore>
@@ -21,10 +22,17 @@ struct EngineLoopOptions {
   /// Prompts built (templated + tokenized) at once on submitting threads; more wait their turn.
   /// 0 = the number of cores, at most 8.
   size_t max_concurrent_prepares = 0;
+  /// Requests generated together when the engine batches (Engine::supports_batching; vLLM's
+  /// --max-num-seqs). 1 = one at a time.
+  size_t max_num_seqs = 32;
 };
 
-/// Runs Jobs one at a time on its own thread: tasks, or generate() through an OutputStream
-/// (kStarted, kDelta..., kDone). The prompt is built before that, by submit() on the submitting
+/// Runs Jobs on its own thread: tasks, or generations through an OutputStream (kStarted,
+/// kDelta..., kDone). With an engine that batches, up to opts.max_num_seqs generations run together
+/// (continuous batching: each iteration admits queued requests into free slots, runs one
+/// Engine::step over all running ones, and frees a finished or cancelled one at once); a task
+/// (adapter mount/unmount) waits until no generation runs and runs alone. Otherwise one generate()
+/// at a time. The prompt is built before that, by submit() on the submitting
 /// (HTTP) thread, so that a huge prompt never stalls other requests: first a cheap size check
 /// (the request's text bytes against context_length() * Engine::max_token_bytes(): more cannot
 /// fit, whatever the tokenizer does), then Engine::prepare() (errors -> kError 400/500), then the
@@ -56,12 +64,18 @@ class EngineLoop {
   /// aborted requests), fails queued ones with 503, and joins the thread. Idempotent.
   void shutdown();
 
-  /// Jobs waiting to run (excluding the running one).
+  /// Jobs waiting to run (excluding the running ones).
   size_t queued() const;
+  /// Generations running now (0 or 1 without batching).
+  size_t running() const;
 
  private:
+  struct Slot;
   void run();
+  void run_batched();
   void run_job(Job& job);
+  bool admit(Slot& slot);                 // check + start a generation; false (error pushed) when it cannot run
+  void step_all(std::list<Slot>& slots);  // one Engine::step, then finish what is done
   bool prepare(Job& job);  // fills job.prompt, or pushes the kError event and returns false
   std::shared_ptr<Job> enqueue(std::shared_ptr<Job> job);
 
@@ -71,7 +85,8 @@ class EngineLoop {
   std::mutex join_mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;
-  std::shared_ptr<Job> running_;
+  std::shared_ptr<Job> running_;                 // the running job (one-at-a-time path)
+  std::vector<std::shared_ptr<Job>> batch_;      // the running generations (batched path)
   bool stopping_ = false;
   std::counting_semaphore<> prepare_slots_;
   std::thread thread_;

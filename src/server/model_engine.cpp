@@ -19,6 +19,7 @@
 #include "io/hf_config.h"
 #include "models/registry.h"
 #include "server/api_error.h"
+#include "generate/batch.h"
 #include "server/marker_decoder.h"
 #include "tokenizer/unicode.h"
 
@@ -179,6 +180,7 @@ ModelEngine::ModelEngine(ModelEngineOptions opts)
   }
   int64_t pc_bytes = opts_.prompt_cache_bytes;
   if (pc_bytes < 0) pc_bytes = model_->placement().device.is_cuda() ? (int64_t{2} << 30) : (int64_t{512} << 20);
+  batching_ = !uses_dynamic_rope(config);
   if (pc_bytes > 0 && !uses_dynamic_rope(config))
     prompt_cache_ = std::make_unique<cache::PromptCache>(pc_bytes);
   if (!opts_.default_adapter.empty()) {
@@ -269,82 +271,124 @@ generate::SamplingParams ModelEngine::resolve_sampling(const CompletionRequest& 
   return sp;
 }
 
-Finish ModelEngine::generate(const Prompt& prompt, const CompletionRequest& req, const TokenCallback& on_token) {
-  c10::NoGradGuard no_grad;
+// One request in a continuous batch: the generate::Sequence plus what turns its tokens into
+// TokenEvents (the detokenizer against the prompt's tail, logprobs) and the prompt-cache key.
+struct ModelEngine::Running : ActiveSequence {
+  static constexpr size_t kContext = 4;  // ids a token is decoded against
+  std::unique_ptr<generate::Sequence> seq;
+  TokenCallback on_token;
+  std::unique_ptr<MarkerStreamDecoder> decoder;
+  std::vector<int32_t> context;  // the last kContext ids before the next token
+  std::string ns;                // the prompt cache namespace: the adapter selection
+  bool logprobs = false;
+  int top_logprobs = 0;
+  bool stopped = false;          // on_token returned false
+  bool done() const override { return seq->done(); }
+};
+
+std::unique_ptr<ActiveSequence> ModelEngine::start_sequence(const Prompt& prompt, const CompletionRequest& req,
+                                                            TokenCallback on_token) {
   generate::GenerateOptions o;
   const int64_t room = context_length_ - static_cast<int64_t>(prompt.ids.size());
   o.max_tokens = std::min(req.max_tokens.value_or(room), room);
   o.sampling = resolve_sampling(req);
   o.eos_ids = eos_ids_;
   o.logprobs = req.logprobs;
-  // The adapters selected now stay active for this whole generation; unmounts are queued behind
-  // it on this same thread.
+  // The selection made now stays this sequence's for its whole generation; unmounts wait until no
+  // sequence runs (EngineLoop).
   const std::vector<std::string> selection = selected_adapters(req);
-  nn::ActiveAdapters scope(selection);
-  const std::string ns = selection_key(selection);
+  auto r = std::make_unique<Running>();
+  r->ns = selection_key(selection);
+  r->on_token = std::move(on_token);
+  r->logprobs = req.logprobs;
+  r->top_logprobs = req.top_logprobs;
   cache::Caches caches;
-  if (prompt_cache_) caches = prompt_cache_->take(ns, prompt.ids).caches;
+  if (prompt_cache_) caches = prompt_cache_->take(r->ns, prompt.ids).caches;
   // Generated text continues the prompt: each token is decoded against the ids before it
   // (decode(context + id) minus decode(context), as vLLM), so a SentencePiece "▁a" right after
   // the prompt keeps its space and logprob tokens/bytes add up to the text.
-  constexpr size_t kContext = 4;
-  std::vector<int32_t> context(prompt.ids.end() - static_cast<std::ptrdiff_t>(std::min(kContext, prompt.ids.size())),
-                               prompt.ids.end());
-  MarkerStreamDecoder decoder(tokenizer_, req.chat ? visible_markers_ : std::vector<int32_t>{}, context);
-  bool stopped = false;
-  auto fill = [&](int64_t id, std::string& token, std::string& bytes) {
-    bytes = tokenizer_.continuation_bytes(context, static_cast<int32_t>(id));
+  r->context.assign(prompt.ids.end() - static_cast<std::ptrdiff_t>(std::min(Running::kContext, prompt.ids.size())),
+                    prompt.ids.end());
+  r->decoder = std::make_unique<MarkerStreamDecoder>(tokenizer_, req.chat ? visible_markers_ : std::vector<int32_t>{},
+                                                     r->context);
+  Running* self = r.get();
+  r->seq = std::make_unique<generate::Sequence>(prompt.ids, std::move(o), std::move(caches), selection,
+                                                [this, self](int64_t id, const at::Tensor& lp) { return on_step(*self, id, lp); });
+  return r;
+}
+
+bool ModelEngine::on_step(Running& r, int64_t id, const at::Tensor& logprobs) {
+  auto fill = [&](int64_t tok, std::string& token, std::string& bytes) {
+    bytes = tokenizer_.continuation_bytes(r.context, static_cast<int32_t>(tok));
     token = tokenizer::unicode::to_valid_utf8(bytes);
   };
-  auto result = generate::generate(*model_, prompt.ids, o, caches, [&](int64_t id, const at::Tensor& logprobs) {
-    TokenEvent ev;
-    ev.id = id;
-    ev.text = decoder.push(static_cast<int32_t>(id));
-    if (req.logprobs && logprobs.defined()) {
-      at::Tensor lp = logprobs.to(at::kCPU, at::kFloat).contiguous();
-      fill(id, ev.token, ev.bytes);
-      ev.logprob = lp[id].item<float>();
-      if (req.top_logprobs > 0) {
-        auto [vals, idx] = at::topk(lp, std::min<int64_t>(req.top_logprobs, lp.size(0)));
-        for (int64_t i = 0; i < vals.size(0); ++i) {
-          TopLogprob alt;
-          alt.id = idx[i].item<int64_t>();
-          fill(alt.id, alt.token, alt.bytes);
-          alt.logprob = vals[i].item<float>();
-          ev.top_logprobs.push_back(std::move(alt));
-        }
+  TokenEvent ev;
+  ev.id = id;
+  ev.text = r.decoder->push(static_cast<int32_t>(id));
+  if (r.logprobs && logprobs.defined()) {
+    at::Tensor lp = logprobs.to(at::kCPU, at::kFloat).contiguous();
+    fill(id, ev.token, ev.bytes);
+    ev.logprob = lp[id].item<float>();
+    if (r.top_logprobs > 0) {
+      auto [vals, idx] = at::topk(lp, std::min<int64_t>(r.top_logprobs, lp.size(0)));
+      for (int64_t i = 0; i < vals.size(0); ++i) {
+        TopLogprob alt;
+        alt.id = idx[i].item<int64_t>();
+        fill(alt.id, alt.token, alt.bytes);
+        alt.logprob = vals[i].item<float>();
+        ev.top_logprobs.push_back(std::move(alt));
       }
     }
-    context.push_back(static_cast<int32_t>(id));
-    if (context.size() > kContext) context.erase(context.begin());
-    if (!on_token(ev)) {
-      stopped = true;
-      return false;
-    }
-    return true;
-  });
-  if (std::string rest = decoder.flush(); !rest.empty() && !stopped) {
+  }
+  r.context.push_back(static_cast<int32_t>(id));
+  if (r.context.size() > Running::kContext) r.context.erase(r.context.begin());
+  if (!r.on_token(ev)) {
+    r.stopped = true;
+    return false;
+  }
+  return true;
+}
+
+void ModelEngine::step(const std::vector<ActiveSequence*>& seqs) {
+  std::vector<generate::Sequence*> v;
+  for (ActiveSequence* a : seqs) v.push_back(static_cast<Running*>(a)->seq.get());
+  generate::step(*model_, v, generate::GenerateOptions{}.prefill_step_size);
+}
+
+Finish ModelEngine::finish_sequence(ActiveSequence& a) {
+  Running& r = static_cast<Running&>(a);
+  if (std::string rest = r.decoder->flush(); !rest.empty() && !r.stopped) {
     TokenEvent ev;
     ev.text_only = true;
     ev.text = std::move(rest);
-    on_token(ev);
+    r.on_token(ev);
   }
+  const generate::GenerationResult& result = r.seq->result();
   last_stats_ = result.stats;
+  cache::Caches& caches = r.seq->caches();
   if (prompt_cache_ && !caches.empty()) {
     // The caches hold the prompt and every generated token that was fed back (not a final EOS,
     // nor the last token when the limit or the callback stopped it).
-    std::vector<int64_t> history = prompt.ids;
+    std::vector<int64_t> history = r.seq->prompt();
     history.insert(history.end(), result.tokens.begin(), result.tokens.end());
     history.resize(static_cast<size_t>(std::min<int64_t>(cache::offset_of(caches), history.size())));
-    prompt_cache_->put(ns, std::move(history), std::move(caches));
+    prompt_cache_->put(r.ns, std::move(history), std::move(caches));
   }
   Finish f;
   f.cached_tokens = result.stats.cached_tokens;
   f.completion_tokens = static_cast<int64_t>(result.tokens.size()) + (result.stats.stopped_by_eos ? 1 : 0);
-  f.reason = stopped ? Finish::Reason::kStopped
+  f.reason = r.stopped ? Finish::Reason::kStopped
              : result.stats.stopped_by_eos ? Finish::Reason::kEos
                                            : Finish::Reason::kLength;
   return f;
+}
+
+Finish ModelEngine::generate(const Prompt& prompt, const CompletionRequest& req, const TokenCallback& on_token) {
+  c10::NoGradGuard no_grad;
+  compat::reset_peak_memory(model_->placement().device);
+  std::unique_ptr<ActiveSequence> seq = start_sequence(prompt, req, on_token);
+  while (!seq->done()) step({seq.get()});
+  return finish_sequence(*seq);
 }
 
 size_t ModelEngine::tool_call_holdback_start(const std::string& text) const {

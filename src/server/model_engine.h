@@ -98,6 +98,15 @@ class ModelEngine : public Engine {
   /// whole token history (prompt + generated) back afterwards.
   Finish generate(const Prompt& prompt, const CompletionRequest& req, const TokenCallback& on_token) override;
 
+  /// Continuous batching: generate() is start_sequence + step until done + finish_sequence, and
+  /// EngineLoop runs several sequences through step() together (llama-family models decode them in
+  /// one forward; other families one forward per sequence within the step).
+  bool supports_batching() const override { return batching_; }
+  std::unique_ptr<ActiveSequence> start_sequence(const Prompt& prompt, const CompletionRequest& req,
+                                                 TokenCallback on_token) override;
+  void step(const std::vector<ActiveSequence*>& seqs) override;
+  Finish finish_sequence(ActiveSequence& seq) override;
+
   size_t tool_call_holdback_start(const std::string& text) const override;
   ParsedToolCalls parse_tool_calls(const std::string& text, const nlohmann::ordered_json& tools) const override;
   /// Chat requests of a model with a reasoning format: a splitter starting inside the thought when
@@ -146,7 +155,9 @@ class ModelEngine : public Engine {
   const cache::PromptCache* prompt_cache() const { return prompt_cache_.get(); }
 
  private:
+  struct Running;
   std::vector<std::string> selected_adapters(const CompletionRequest& req) const;
+  bool on_step(Running& r, int64_t id, const at::Tensor& logprobs);  // a token → TokenEvent → on_token
 
   ModelEngineOptions opts_;
   std::string model_id_;
@@ -165,6 +176,7 @@ class ModelEngine : public Engine {
   std::vector<AdapterInfo> adapters_;
   generate::GenerationStats last_stats_;
   std::unique_ptr<cache::PromptCache> prompt_cache_;
+  bool batching_ = true;  // off for dynamic-NTK RoPE (its tables depend on the longest row seen)
 };
 
 }  // namespace hearth::server

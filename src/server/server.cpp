@@ -148,6 +148,7 @@ struct StreamState {
   ResponseMeta meta;
   bool first_sent = false;
   bool finished = false;
+  std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
 };
 
 }  // namespace
@@ -161,10 +162,19 @@ struct Server::Impl {
   int64_t started_at = unix_now();
   std::atomic<bool> stopped{false};
 
+  static EngineLoopOptions loop_options(const ServerOptions& o) {
+    EngineLoopOptions l;
+    l.max_queue = o.max_queue;
+    l.default_max_tokens_chat = o.default_max_tokens;
+    l.default_max_tokens_completion = 512;
+    l.max_num_seqs = o.max_num_seqs;
+    return l;
+  }
+
   Impl(Engine& e, ServerOptions o)
       : engine(e),
         opts(std::move(o)),
-        loop(e, EngineLoopOptions{opts.max_queue, opts.default_max_tokens, 512}),
+        loop(e, loop_options(opts)),
         policy{opts.host, opts.allowed_hosts, opts.allowed_origins, opts.api_key, opts.max_body_bytes},
         http(transport_limits(opts)) {
     routes();
@@ -368,14 +378,18 @@ struct Server::Impl {
     std::shared_ptr<Job> job = loop.submit(std::move(creq));
     if (!job) {
       if (stopped) return send_error(res, 503, "The server is shutting down.");
+      res.set_header("Retry-After", "1");
       return send_error(res, 429, "Too many requests waiting (" + std::to_string(opts.max_queue) +
                                       " queued); retry later.", "", "queue_full");
     }
-    // The first event decides the status: kStarted (200) or kError (4xx/5xx before any output).
+    // The first event decides the status: kStarted (200) or kError (4xx/5xx before any output). A
+    // streaming request still waiting in the queue gets its headers and first chunk at once (then
+    // SSE keep-alive comments) instead, so a proxy with a short idle timeout does not drop it; an
+    // error after that (rare: its adapter unmounted meanwhile, shutdown) arrives as an error event.
     std::optional<StreamEvent> first;
-    while (!(first = job->events.pop(200ms))) {
+    while (!(first = job->events.pop(stream ? 50ms : 200ms)) && !stream) {
     }
-    if (first->kind == StreamEvent::Kind::kError)
+    if (first && first->kind == StreamEvent::Kind::kError)
       return send_error(res, first->status, first->message, first->param, first->code);
 
     if (!stream) {
@@ -410,6 +424,8 @@ struct Server::Impl {
           }
           // Wait briefly for an event, then take every event already queued (one write).
           auto ev = st->job->events.pop(out.empty() ? 200ms : 0ms);
+          const auto now = std::chrono::steady_clock::now();
+          if (!ev && out.empty() && now - st->last_write > std::chrono::seconds(5)) out = ": keep-alive\n\n";
           bool end = false;
           while (ev) {
             if (ev->kind == StreamEvent::Kind::kDelta) {
@@ -426,6 +442,7 @@ struct Server::Impl {
             }
             ev = st->job->events.pop(0ms);
           }
+          if (!out.empty()) st->last_write = now;
           if (!out.empty() && !sink.write(out.data(), out.size())) {
             st->job->cancelled = true;  // the client went away: stop generating
             return false;

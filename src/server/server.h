@@ -21,7 +21,8 @@ struct ServerOptions {
   /// Origins allowed cross-origin, with CORS headers ("*" = any). Empty: browser requests from
   /// other origins are refused (403) and no CORS header is sent.
   std::vector<std::string> allowed_origins;
-  size_t max_queue = 64;           ///< requests waiting for the engine; more -> 429
+  size_t max_queue = 64;           ///< requests waiting for the engine; more -> 429 with Retry-After
+  size_t max_num_seqs = 32;        ///< requests generated together (continuous batching; vLLM's --max-num-seqs)
   size_t max_body_bytes = 16u << 20;  ///< larger request bodies (chunked ones too) -> 413
   /// Connections open at once (one thread each); past it the longest-idle one is closed, or the
   /// new one gets a 503 when none is idle. Requests waiting for the engine hold one each.

@@ -1,0 +1,151 @@
+// EngineLoop's continuous batching with the real ModelEngine (tiny golden llama, CPU fp32):
+// requests submitted together run together (up to max_num_seqs), each answer equals the answer it
+// gets alone, a request with an adapter batches beside base-model ones, a cancelled request ends
+// with "abort" without disturbing the others, and an adapter mount waits for the running batch.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "../adapters/lora_test_util.h"
+#include "server/engine_loop.h"
+#include "server/model_engine.h"
+
+namespace hearth::server {
+namespace {
+
+using namespace std::chrono_literals;
+using hearth::testing::golden_lora;
+using hearth::testing::golden_model;
+
+CompletionRequest text_request(const std::string& prompt, int64_t max_tokens, std::optional<std::string> adapter = {}) {
+  CompletionRequest r;
+  r.chat = false;
+  r.prompt = prompt;
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0.0;
+  r.adapter = std::move(adapter);
+  return r;
+}
+
+struct Answer {
+  std::string text, finish;
+  int64_t tokens = 0;
+};
+
+Answer collect(Job& job) {
+  Answer a;
+  for (;;) {
+    auto ev = job.events.pop(50ms);
+    if (!ev) continue;
+    if (ev->kind == StreamEvent::Kind::kDelta) a.text += ev->text;
+    if (ev->kind == StreamEvent::Kind::kDone) {
+      a.finish = ev->finish_reason;
+      a.tokens = ev->completion_tokens;
+      return a;
+    }
+    if (ev->kind == StreamEvent::Kind::kError) {
+      a.finish = "error " + std::to_string(ev->status) + ": " + ev->message;
+      return a;
+    }
+  }
+}
+
+std::unique_ptr<ModelEngine> engine_with_adapter() {
+  ModelEngineOptions o;
+  o.model_dir = golden_model("llama_gqa_tied");
+  o.device = "cpu";
+  o.dtype = "float32";
+  o.prompt_cache_bytes = 0;  // each answer computed from scratch, alone or batched
+  o.adapters.emplace_back("ad", golden_lora("llama_gqa_tied"));
+  return std::make_unique<ModelEngine>(std::move(o));
+}
+
+const std::vector<std::string> kPrompts{"Hello", "The quick brown fox jumps", "a b c d e f g h i j k l m n o p",
+                                        "Once upon a time", "1 2 3", "zebra"};
+
+TEST(EngineLoopBatching, RequestsRunTogetherAndAnswerAsTheyDoAlone) {
+  auto engine = engine_with_adapter();
+  ASSERT_TRUE(engine->supports_batching());
+  auto request = [&](size_t i) {
+    return text_request(kPrompts[i], 10 + static_cast<int64_t>(i), i % 3 == 1 ? std::optional<std::string>("ad") : std::nullopt);
+  };
+  std::vector<Answer> alone;
+  {
+    EngineLoopOptions o;
+    o.max_num_seqs = 1;
+    EngineLoop loop(*engine, o);
+    for (size_t i = 0; i < kPrompts.size(); ++i) {
+      auto job = loop.submit(request(i));
+      ASSERT_TRUE(job);
+      alone.push_back(collect(*job));
+    }
+  }
+  EngineLoopOptions o;
+  o.max_num_seqs = 4;
+  EngineLoop loop(*engine, o);
+  std::atomic<bool> watching{true};
+  std::atomic<size_t> most{0};
+  std::thread watcher([&] {
+    while (watching) {
+      most = std::max(most.load(), loop.running());
+      std::this_thread::sleep_for(1ms);
+    }
+  });
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (size_t i = 0; i < kPrompts.size(); ++i) jobs.push_back(loop.submit(request(i)));
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    ASSERT_TRUE(jobs[i]);
+    Answer a = collect(*jobs[i]);
+    EXPECT_EQ(a.text, alone[i].text) << "request " << i;
+    EXPECT_EQ(a.finish, alone[i].finish) << "request " << i;
+    EXPECT_EQ(a.tokens, alone[i].tokens) << "request " << i;
+  }
+  watching = false;
+  watcher.join();
+  EXPECT_GE(most.load(), 2u);  // they were generated together
+  EXPECT_LE(most.load(), 4u);  // never more than max_num_seqs
+  // The adapter changes its requests' answers (else the mix above proves nothing).
+  EngineLoop base_loop(*engine, EngineLoopOptions{});
+  Answer base = collect(*base_loop.submit(text_request(kPrompts[1], 11)));
+  EXPECT_NE(base.text, alone[1].text);
+}
+
+TEST(EngineLoopBatching, ACancelledRequestAbortsAloneAndATaskWaitsForTheBatch) {
+  auto engine = engine_with_adapter();
+  EngineLoopOptions o;
+  o.max_num_seqs = 4;
+  EngineLoop loop(*engine, o);
+  Answer want = [&] {
+    EngineLoop solo(*engine, EngineLoopOptions{});
+    return collect(*solo.submit(text_request(kPrompts[2], 40)));
+  }();
+  auto keep = loop.submit(text_request(kPrompts[2], 40));
+  auto drop = loop.submit(text_request(kPrompts[3], 40));
+  std::atomic<bool> task_ran{false};
+  std::atomic<size_t> running_at_task{99};
+  auto task = loop.submit_task([&] {
+    running_at_task = loop.running();
+    task_ran = true;
+  });
+  ASSERT_TRUE(keep && drop && task);
+  // Cancel once the dropped request has produced something.
+  for (;;) {
+    auto ev = drop->events.pop(50ms);
+    if (ev && ev->kind == StreamEvent::Kind::kDelta) break;
+  }
+  drop->cancelled = true;
+  Answer d = collect(*drop);
+  EXPECT_EQ(d.finish, "abort");
+  Answer k = collect(*keep);
+  EXPECT_EQ(k.text, want.text);
+  EXPECT_EQ(k.finish, want.finish);
+  auto done = task->events.pop(10s);
+  ASSERT_TRUE(done);
+  EXPECT_EQ(done->kind, StreamEvent::Kind::kDone);
+  EXPECT_TRUE(task_ran);
+  EXPECT_EQ(running_at_task.load(), 0u);
+}
+
+}  // namespace
+}  // namespace hearth::server
