@@ -62,8 +62,10 @@ std::function<int()> setup_bench(CLI::App& app) {
     opts.max_tokens = a->gen_tokens;  // greedy, no EOS: always the full count
     std::vector<double> prefill, decode, ttft;
     int64_t peak = 0;
+    const char* path = "eager";
     for (int r = 0; r <= a->runs; ++r) {
       auto res = hearth::generate::generate(*model, prompt, opts);
+      path = res.stats.cuda_graph ? "static caches + CUDA graph" : res.stats.static_decode ? "static caches" : "eager";
       if (r == 0) continue;  // warmup
       prefill.push_back(res.stats.prompt_tps);
       decode.push_back(res.stats.generation_tps);
@@ -75,6 +77,7 @@ std::function<int()> setup_bench(CLI::App& app) {
                 where.dtype == at::kBFloat16 ? "bfloat16" : where.dtype == at::kHalf ? "float16" : "float32");
     std::printf("prompt %lld tokens, generate %lld tokens, median of %d runs\n",
                 static_cast<long long>(a->prompt_tokens), static_cast<long long>(a->gen_tokens), a->runs);
+    std::printf("decode path: %s (HEARTH_CUDA_GRAPHS=0 forces the eager loop)\n", path);
     std::printf("prefill: %.1f tok/s\ndecode: %.1f tok/s\nTTFT: %.1f ms\npeak memory: %.3f GB\n", median(prefill),
                 median(decode), median(ttft), peak / 1e9);
     return 0;
