@@ -12,7 +12,9 @@
 
 #include "core/torch_compat.h"
 #include "io/hf_config.h"
+#include "models/gemma4/gemma4.h"
 #include "models/llama/llama.h"
+#include "models/qwen3_5/qwen3_5.h"
 #include "models/registry.h"
 
 namespace fs = std::filesystem;
@@ -27,15 +29,22 @@ at::Tensor read_f32(const fs::path& p) {
   return t;
 }
 
+// Selects the attention path of the families that have two (llama, qwen3_5, gemma4); false for others.
+bool set_backend(hearth::models::Model* model, hearth::nn::AttentionBackend backend) {
+  if (auto* m = dynamic_cast<hearth::models::llama::LlamaModel*>(model)) m->set_attention_backend(backend);
+  else if (auto* q = dynamic_cast<hearth::models::qwen3_5::Qwen3_5Model*>(model)) q->set_attention_backend(backend);
+  else if (auto* g = dynamic_cast<hearth::models::gemma4::Gemma4Model*>(model)) g->set_attention_backend(backend);
+  else return false;
+  return true;
+}
+
 void check_model(const fs::path& gdir, const std::string& golden_file, hearth::nn::AttentionBackend backend) {
   auto golden = hearth::io::read_json(gdir / golden_file);
   const fs::path model_dir = golden["model"].get<std::string>();
   auto model = hearth::models::load_model(model_dir, {at::kCUDA, at::kBFloat16});
-  // The llama family can take transformers' eager or SDPA op order; other families run their one
-  // path and are checked against the eager reference only.
-  auto* llama = dynamic_cast<hearth::models::llama::LlamaModel*>(model.get());
-  if (llama) llama->set_attention_backend(backend);
-  else if (backend != hearth::nn::AttentionBackend::kPlain) return;
+  // llama, qwen3_5 and gemma4 take transformers' eager or SDPA op order (each compared with the
+  // matching reference); other families run their one path against the eager reference only.
+  if (!set_backend(model.get(), backend) && backend != hearth::nn::AttentionBackend::kPlain) return;
   for (const auto& p : golden["prompts"]) {
     auto ids = p["ids"].get<std::vector<int64_t>>();
     const int64_t T = static_cast<int64_t>(ids.size());
@@ -91,6 +100,7 @@ TEST(CudaParityLayers, PrintPerLayerDifferences) {
     if (!fs::exists(e.path() / "layers.json")) continue;
     auto meta = hearth::io::read_json(e.path() / "layers.json");
     auto model = hearth::models::load_model(meta["model"].get<std::string>(), {at::kCUDA, at::kBFloat16});
+    set_backend(model.get(), hearth::nn::AttentionBackend::kPlain);  // the dump is transformers' eager run
     auto ids = meta["ids"].get<std::vector<int64_t>>();
     const int64_t T = static_cast<int64_t>(ids.size()), L = model->num_layers();
     auto tf = [&](int64_t i) {

@@ -134,6 +134,28 @@ TEST(Gemma4Decode, CachesAndSharedStreams) {
   EXPECT_THROW(model->forward_layers(b, 3, 6, hearth::models::Positions::uniform(0), nullptr), hearth::Error);
 }
 
+// A sliding layer attends, as transformers' DynamicSlidingWindowLayer hands it, over the last
+// window-1 cached tokens plus the new ones (not every older token the rotating cache still holds,
+// masked): same keys, same reduction lengths, so CUDA bf16 decode steps match transformers bit for
+// bit. The donor's stream (what sharers attend with) shows it: gemma4_e has window 8.
+TEST(Gemma4Decode, SlidingLayersAttendOverTheWindowOnly) {
+  auto model = hearth::models::load_model(kGolden / "gemma4_e", {at::kCPU, at::kFloat});
+  auto caches = model->make_cache();
+  const auto pos = [](int64_t p) { return hearth::models::Positions::uniform(p); };
+  at::Tensor ids = at::randint(2, 500, {1, 13}, at::kLong);
+  auto pre = model->forward_layers(model->embed(ids.narrow(1, 0, 12)), 0, 3, pos(0), &caches);
+  // The prompt attends over all of itself.
+  EXPECT_EQ(pre.find("shared_kv.sliding_attention.k")->size(2), 12);
+  EXPECT_EQ(pre.find("shared_kv.sliding_attention.pos0")->item<int64_t>(), 0);
+  auto step = model->forward_layers(model->embed(ids.narrow(1, 12, 1)), 0, 3, pos(12), &caches);
+  // Position 12 sees positions 5..12 on the sliding layers; the full layer sees 0..12.
+  EXPECT_EQ(step.find("shared_kv.sliding_attention.k")->sizes(), (std::vector<int64_t>{1, 2, 8, 16}));
+  EXPECT_EQ(step.find("shared_kv.sliding_attention.v")->size(2), 8);
+  EXPECT_EQ(step.find("shared_kv.sliding_attention.pos0")->item<int64_t>(), 5);
+  EXPECT_EQ(step.find("shared_kv.full_attention.k")->size(2), 13);
+  EXPECT_EQ(step.find("shared_kv.full_attention.pos0")->item<int64_t>(), 0);
+}
+
 // The modules LoRA attaches to and the tensors a full fine-tune trains, by checkpoint name.
 TEST(Gemma4Modules, LinearModulesAndParameters) {
   auto e = hearth::models::load_model(kGolden / "gemma4_e", {at::kCPU, at::kFloat});

@@ -4,6 +4,7 @@
 // passed as Boundary streams. Weight loading and the module lists are in gemma4_load.cpp.
 #include "models/gemma4/gemma4.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -52,6 +53,18 @@ at::Tensor Gemma4Attention::forward(const at::Tensor& x, const at::Tensor& cos, 
     at::Tensor v = v_norm.forward(v_raw).transpose(1, 2);
     cache::KVView view{k, v, offset};
     if (cache) view = cache->update(k, v);
+    if (sliding_window) {
+      // transformers' DynamicSlidingWindowLayer.update returns only the last window-1 cached
+      // tokens plus the new ones; attending over exactly those keys (not older, masked ones the
+      // rotating cache still holds) keeps the softmax and matmul reductions the same length, so
+      // bf16 decode steps match bit for bit. Those keys are all any query here can see.
+      const int64_t first = std::max(view.pos0, offset - *sliding_window + 1);
+      const int64_t drop = first - view.pos0;
+      if (drop > 0) {
+        const int64_t keep = view.keys.size(2) - drop;
+        view = {view.keys.narrow(2, drop, keep), view.values.narrow(2, drop, keep), first};
+      }
+    }
     kv = {view.keys, view.values, view.pos0};
     if (own) *own = kv;
   }

@@ -122,6 +122,9 @@ class Gemma4Model : public Model {
   /// The weight prefix of the text model ("model.", "model.language_model.", "language_model.model.").
   const std::string& prefix() const { return prefix_; }
   void set_attention_backend(nn::AttentionBackend backend);
+  /// The decoder layers and the RoPE tables of one layer type (diagnosis and tests).
+  std::vector<Gemma4DecoderLayer>& layers() { return layers_; }
+  const Gemma4Rotary& rotary(bool sliding) const { return sliding ? sliding_rotary_ : full_rotary_; }
 
  private:
   Gemma4Config config_;
