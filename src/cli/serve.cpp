@@ -20,8 +20,9 @@ namespace hearth::cli {
 int run_serve(const ServeArgs& a) {
   std::unique_ptr<server::Engine> engine;
   if (a.fake_engine) {
-    engine = std::make_unique<server::FakeEngine>(
-        server::FakeEngineOptions{a.model.empty() ? "fake-model" : a.model, a.fake_context, a.fake_delay_ms});
+    server::FakeEngineOptions fo{a.model.empty() ? "fake-model" : a.model, a.fake_context, a.fake_delay_ms};
+    if (a.fake_think_tags) fo.reasoning = chat::ReasoningFormat::ThinkTags;
+    engine = std::make_unique<server::FakeEngine>(std::move(fo));
   } else {
     HEARTH_CHECK(!a.model.empty(), "serve: --model DIR is required");
     server::ModelEngineOptions eo = a.engine;
@@ -154,6 +155,7 @@ std::function<int()> setup_serve(CLI::App& app) {
   app.add_flag("--fake-engine", a->fake_engine, "Serve a scripted fake engine (tests)")->group("");
   app.add_option("--fake-delay-ms", a->fake_delay_ms, "Fake engine: sleep per token")->group("");
   app.add_option("--fake-context", a->fake_context, "Fake engine: context length")->group("");
+  app.add_flag("--fake-think-tags", a->fake_think_tags, "Fake engine: <think>...</think> is reasoning")->group("");
   return [a, thinking] {
     if (!thinking->empty()) a->engine.thinking = *thinking == "on" || *thinking == "true";
     return hearth::cli::run_serve(*a);

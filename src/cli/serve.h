@@ -19,6 +19,7 @@ struct ServeArgs {
   bool fake_engine = false;
   int fake_delay_ms = 0;
   int64_t fake_context = 4096;
+  bool fake_think_tags = false;  ///< fake engine: split <think>...</think> into reasoning_content
   /// JSON body of the ready-to-paste curl line printed at start ("" = a one-message "Hello!" chat).
   /// Must hold no single quote (it is printed inside '...').
   std::string example_body;
