@@ -4,9 +4,12 @@
 // float rounding of the batched matmuls.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <map>
 
 #include "../models/random_llama.h"
+#include "models/registry.h"
+#include "test_paths.h"
 #include "generate/batch.h"
 #include "nn/linear.h"
 
@@ -145,6 +148,30 @@ TEST(Batch, AFamilyWithoutRaggedBatchesRunsOneForwardPerSequence) {
   std::vector<GenerateOptions> opts{options(8), options(6)};
   std::vector<Trace> want{alone(model, prompts[0], opts[0]), alone(model, prompts[1], opts[1])};
   expect_same(batched(model, prompts, opts, {0, 0}, {{}, {}}), want);
+}
+
+TEST(Batch, HybridStateRowsOfQwen3_5EqualEachAlone) {
+  // Recurrent (gated DeltaNet) and KV layers, each row with its own state: the hybrid batches too.
+  for (const char* variant : {"q35_tied_hv2", "q35_untied_hv1_mqa"}) {
+    SCOPED_TRACE(variant);
+    auto model = models::load_model(std::filesystem::path(HEARTH_SOURCE_DIR) / "tests/golden/models/qwen3_5" / variant,
+                                    {at::kCPU, at::kFloat});
+    ASSERT_TRUE(model->ragged_batches());
+    const int64_t V = model->vocab_size();
+    auto prompt = [&](int64_t n, int64_t seed) {
+      std::vector<int64_t> p;
+      for (int64_t i = 0; i < n; ++i) p.push_back((seed * 31 + i * 17 + 5) % V);
+      return p;
+    };
+    std::vector<std::vector<int64_t>> prompts{prompt(5, 1), prompt(19, 2), prompt(11, 3)};
+    std::vector<GenerateOptions> opts{options(10), options(7), options(12)};
+    std::vector<Trace> want;
+    for (size_t i = 0; i < prompts.size(); ++i) want.push_back(alone(*model, prompts[i], opts[i]));
+    int together = 0;
+    auto got = batched(*model, prompts, opts, {0, 0, 3}, {{}, {}, {}}, &together);
+    EXPECT_GE(together, 3);
+    expect_same(got, want);
+  }
 }
 
 TEST(Batch, ARaggedViewNeedsEveryRowAndARowsCacheHasNoSingleOffset) {

@@ -424,6 +424,7 @@ TEST_F(ServerTest, FullQueueIs429) {
     if (r->status == 429) {
       ++full;
       expect_error(r, 429);
+      EXPECT_EQ(r->get_header_value("Retry-After"), "1");
     }
   };
   std::thread b(run), c(run);
@@ -434,6 +435,40 @@ TEST_F(ServerTest, FullQueueIs429) {
   EXPECT_EQ(full, 1);
   engine_->set_token_delay_ms(0);
   EXPECT_EQ(post("/v1/chat/completions", chat_body("after"))->status, 200);
+}
+
+TEST_F(ServerTest, AQueuedStreamingRequestGetsItsHeadersAndFirstChunkAtOnce) {
+  start({}, FakeEngineOptions{"m", 4096, 40});
+  const std::string slow = chat_body("emit:" + std::string(60, 'x'));  // 20 tokens * 40 ms
+  std::thread a([&] { EXPECT_EQ(post("/v1/chat/completions", slow)->status, 200); });
+  for (int i = 0; i < 200 && !engine_->busy(); ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_TRUE(engine_->busy());
+  // The engine runs one request at a time: this one waits ~800 ms in the queue, yet its response
+  // starts (status 200 + the role chunk) long before that, so an idle-timeout proxy keeps it.
+  const auto t0 = std::chrono::steady_clock::now();
+  std::atomic<int64_t> first_bytes_ms{-1};
+  std::string body;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/chat/completions";
+  req.set_header("Content-Type", "application/json");
+  req.body = chat_body("b c", R"(, "stream": true)");
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    if (first_bytes_ms < 0)
+      first_bytes_ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    body.append(data, n);
+    return true;
+  };
+  auto r = client().send(req);
+  a.join();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_GE(first_bytes_ms.load(), 0);
+  EXPECT_LT(first_bytes_ms.load(), 400) << "the first bytes waited for the queue";
+  auto events = sse_events(body);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events[0]["choices"][0]["delta"]["role"], "assistant");
 }
 
 TEST_F(ServerTest, ClientDisconnectMidStreamStopsGeneration) {

@@ -113,36 +113,44 @@ Boundary Qwen3_5Model::forward_layers(const Boundary& in, int64_t begin, int64_t
   const at::Tensor& hidden = in.hidden;
   const std::string& who = model_type();
   HEARTH_CHECK(pos.batch() == hidden.size(0), who, ": ", pos.batch(), " positions for a batch of ", hidden.size(0));
-  const int64_t offset = pos.common(who.c_str());
   HEARTH_CHECK(0 <= begin && begin <= end && end <= num_layers(), who, ": layer range [", begin, ", ", end,
                ") outside [0, ", num_layers(), ")");
   HEARTH_CHECK(!caches || static_cast<int64_t>(caches->size()) == num_layers(), who, ": got ",
                caches ? caches->size() : 0, " caches for ", num_layers(), " layers");
+  // One group of all rows, or (a ragged batch: continuous batching) one group per row, each with its
+  // own position and caches; the token mixers run per group, the MLPs on all rows at once.
+  const std::vector<RowGroup> groups = row_groups(pos, caches, who.c_str());
   const int64_t T = hidden.size(1);
-  at::Tensor cos, sin;
+  std::vector<std::pair<at::Tensor, at::Tensor>> rope(groups.size());
   const auto first = config_.layer_types.begin() + begin, last = config_.layer_types.begin() + end;
   if (std::find(first, last, LayerKind::kFull) != last)  // RoPE tables only where a full layer runs
-    std::tie(cos, sin) = rotary_emb_.cos_sin(offset, T, hidden.scalar_type());
+    for (size_t g = 0; g < groups.size(); ++g) rope[g] = rotary_emb_.cos_sin(groups[g].offset, T, hidden.scalar_type());
   at::Tensor h = hidden;
   for (int64_t i = begin; i < end; ++i) {
     DecoderLayer& l = layers_[i];
-    cache::LayerCache* c = caches ? (*caches)[i].get() : nullptr;
-    if (caches) {
-      HEARTH_CHECK(c, who, ": layer ", i, " has no cache");
-      HEARTH_CHECK(c->offset() == offset, who, ": layer ", i, " cache offset ", c->offset(), " != forward offset ",
-                   offset);
-    }
     at::Tensor residual = h;
     at::Tensor x = l.input_layernorm.forward(h);
-    if (l.kind == LayerKind::kLinear) {
-      auto* rc = dynamic_cast<cache::RecurrentCache*>(c);
-      HEARTH_CHECK(!c || rc, who, ": layer ", i, " (linear attention) needs a recurrent cache, got ", c->kind());
-      x = l.linear_attn->forward(x, rc);
-    } else {
-      auto* kv = dynamic_cast<cache::KVCacheBase*>(c);
-      HEARTH_CHECK(!c || kv, who, ": layer ", i, " (full attention) needs a KV cache, got ", c->kind());
-      x = l.self_attn->forward(x, cos, sin, offset, kv);
+    std::vector<at::Tensor> outs;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const RowGroup& rg = groups[g];
+      at::Tensor xg = groups.size() == 1 ? x : x.narrow(0, rg.begin, rg.count);
+      cache::LayerCache* c = caches ? group_cache((*caches)[i].get(), rg) : nullptr;
+      if (caches) {
+        HEARTH_CHECK(c, who, ": layer ", i, " has no cache");
+        HEARTH_CHECK(c->offset() == rg.offset, who, ": layer ", i, " cache offset ", c->offset(),
+                     " != forward offset ", rg.offset);
+      }
+      if (l.kind == LayerKind::kLinear) {
+        auto* rc = dynamic_cast<cache::RecurrentCache*>(c);
+        HEARTH_CHECK(!c || rc, who, ": layer ", i, " (linear attention) needs a recurrent cache, got ", c->kind());
+        outs.push_back(l.linear_attn->forward(xg, rc));
+      } else {
+        auto* kv = dynamic_cast<cache::KVCacheBase*>(c);
+        HEARTH_CHECK(!c || kv, who, ": layer ", i, " (full attention) needs a KV cache, got ", c->kind());
+        outs.push_back(l.self_attn->forward(xg, rope[g].first, rope[g].second, rg.offset, kv));
+      }
     }
+    x = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
     h = residual + x;
     residual = h;
     x = l.post_attention_layernorm.forward(h);

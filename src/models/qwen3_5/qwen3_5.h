@@ -101,12 +101,14 @@ class Qwen3_5Model : public Model {
                const std::string& origin);
 
   Boundary embed(const at::Tensor& input_ids) override;
-  /// Rows must share one position (pos.common).
+  /// Takes ragged batches (rows at their own positions through a cache::rows_view): the token
+  /// mixers run per row, the MLPs on all rows at once.
   Boundary forward_layers(const Boundary& in, int64_t begin, int64_t end, const Positions& pos,
                           cache::Caches* caches) override;
   at::Tensor head(const at::Tensor& hidden) override;
   /// KVCache for full-attention layers, RecurrentCache for linear ones.
   cache::Caches make_cache() const override;
+  bool ragged_batches() const override { return true; }
   /// The full-attention layers.
   std::vector<int64_t> isolated_layers() const override;
 
