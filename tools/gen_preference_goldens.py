@@ -9,7 +9,9 @@ attention with GQA, SiLU MLP; LoRA y += s * (x A^T) B^T) and writes tests/golden
                        rejected, right-padded with 0; labels = response tokens (-100 elsewhere),
                        full_labels = every real token; plus per case: loss, metrics, ref logps
   <case>.safetensors   d loss / d param for every lora_A / lora_B (PEFT names), fp32
-Cases: dpo (beta 0.1), orpo_response and orpo_full (lambda 0.1, sft_scope response / full).
+Cases: dpo (beta 0.1), orpo_response and orpo_full (lambda 0.1, sft_scope response / full); and for
+a full fine-tune (no LoRA; the policy starts equal to the reference, so DPO's loss is log 2),
+full_dpo and full_orpo_full with the gradients of a few base weights (FULL_CHECKED, HF names).
 Formulas (TRL DPOTrainer loss_type="sigmoid", ORPOTrainer; the odds-ratio term as mlx-bun):
   DPO:  pi = sum of response-token log-probs per row, ref the same with LoRA off (no grad);
         loss = mean(-logsigmoid(beta * ((pi_c - pi_r) - (ref_c - ref_r))));
@@ -34,6 +36,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLD = os.path.join(ROOT, "tests", "golden")
 VARIANTS = ["llama_mha", "llama_gqa_tied"]
 IGNORE = -100
+# Base weights whose gradients the full fine-tune cases record (the head, the embedding, norms, projections).
+FULL_CHECKED = ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight", "model.layers.0.input_layernorm.weight",
+                "model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.down_proj.weight"]
 DTYPES = {"F32": torch.float32, "F64": torch.float64, "I64": torch.int64, "BF16": torch.bfloat16, "F16": torch.float16}
 
 
@@ -238,6 +243,27 @@ def main():
             write_safetensors(os.path.join(out, case + ".safetensors"), {k: t.grad for k, t in model.lora.items()})
             record["cases"][case] = {"options": opts, "metrics": metrics}
             print(f"{name} {case}: " + ", ".join(f"{k} {v:.6f}" for k, v in metrics.items()))
+        # Full fine-tune (no LoRA): the policy starts as the reference, gradients of base weights.
+        model.lora_on = False
+        for k in model.w:
+            model.w[k].requires_grad_(True)
+        for case, opts in [("full_dpo", {"beta": 0.1}), ("full_orpo_full", {"orpo_lambda": 0.1, "sft_scope": "full"})]:
+            for t in model.w.values():
+                t.grad = None
+            if case == "full_dpo":
+                loss, metrics = dpo(token_logps(model.forward(ids), resp_t), resp, ref, opts["beta"])
+            else:
+                targets = resp_t.clone()
+                targets[:B] = full_t[:B]
+                loss, metrics = orpo(token_logps(model.forward(ids), targets), resp, full_t[:B] != IGNORE,
+                                     opts["orpo_lambda"])
+            loss.backward()
+            write_safetensors(os.path.join(out, case + ".safetensors"),
+                              {k: t.grad for k, t in model.w.items() if k in FULL_CHECKED})
+            record["cases"][case] = {"options": opts, "metrics": metrics}
+            print(f"{name} {case}: " + ", ".join(f"{k} {v:.6f}" for k, v in metrics.items()))
+        for k in model.w:
+            model.w[k].requires_grad_(False)
         with open(os.path.join(out, "batch.json"), "w") as f:
             json.dump(record, f, indent=1)
 

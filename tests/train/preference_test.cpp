@@ -1,6 +1,6 @@
-// DPO / ORPO losses, metrics and LoRA gradients vs the plain-PyTorch goldens of
-// tools/gen_preference_goldens.py (tests/golden/preference/<variant>), CPU fp32, full and segmented
-// backward; the reference pass with the adapter switched off; segmented == full on a 7-layer model;
+// DPO / ORPO losses, metrics and LoRA gradients (and base-weight gradients of a full fine-tune) vs
+// the plain-PyTorch goldens of tools/gen_preference_goldens.py (tests/golden/preference/<variant>),
+// CPU fp32, full and segmented backward; the reference pass with the adapter switched off; segmented == full on a 7-layer model;
 // evaluation == the training head's loss; the loss formulas on hand-made log-probs.
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
@@ -100,6 +100,7 @@ TEST_P(PreferenceGolden, LossMetricsAndGradsMatchPyTorch) {
   EXPECT_EQ(hearth::nn::ActiveAdapters::current(), std::vector<std::string>{"train"});
 
   for (const auto& [name, c] : j["cases"].items()) {
+    if (name.rfind("full_", 0) == 0) continue;  // PreferenceGoldenFull
     const PreferenceOptions opts = options_of(name);
     auto grads = hearth::io::SafetensorsFile::open(golden("preference/" + v + "/" + name + ".safetensors"));
     EXPECT_EQ(grads->tensors().size(), params.size());
@@ -143,6 +144,54 @@ TEST_P(PreferenceGolden, LossMetricsAndGradsMatchPyTorch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, PreferenceGolden, ::testing::Values("llama_mha", "llama_gqa_tied"));
+
+// A full fine-tune: the head's and the embedding's own weights are trained, so the loss head's
+// parameter-gradient path (and, for the tied model, the embedding used twice) is checked too.
+class PreferenceGoldenFull : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PreferenceGoldenFull, BaseWeightGradsMatchPyTorch) {
+  const std::string v = GetParam();
+  auto model = hearth::models::load_model(golden("models/" + v), {});
+  const nlohmann::json j = hearth::io::read_json(golden("preference/" + v + "/batch.json"));
+  PreferenceBatch batch = golden_pref_batch(j);
+  at::Tensor ref = reference_logps(*model, batch, 4);
+  auto params = full_parameters(*model, -1);
+  LayerStack stack = make_layer_stack(*model, params);
+  ASSERT_FALSE(stack.head_params.empty());
+  for (const char* name : {"full_dpo", "full_orpo_full"}) {
+    const auto& m = j["cases"][name]["metrics"];
+    PreferenceOptions opts = options_of(name == std::string("full_dpo") ? "dpo" : "orpo_full");
+    auto grads = hearth::io::SafetensorsFile::open(golden("preference/" + v + "/" + name + ".safetensors"));
+    ASSERT_GE(grads->tensors().size(), 5u);
+    for (int64_t seg : {0, 1}) {
+      zero(params);
+      PreferenceStats st;
+      BackwardOptions bo;
+      bo.segment_size = seg;
+      backward_with_head(stack, batch.input_ids,
+                         preference_head(batch, opts.method == Method::kDpo ? ref : at::Tensor(), opts, stack.head,
+                                         stack.head_params, 1.0, &st),
+                         bo);
+      EXPECT_LT(rel(st.loss, m["loss"].get<double>()), 1e-5) << v << " " << name << " seg " << seg;
+      EXPECT_NEAR(st.margin, m["margin"].get<double>(), 1e-5 * std::max(1.0, std::abs(m["margin"].get<double>())));
+      double worst = 0;
+      for (const auto& info : grads->tensors()) {
+        const TrainableParam* p = nullptr;
+        for (const auto& q : params)
+          if (q.name == info.name) p = &q;
+        ASSERT_NE(p, nullptr) << info.name;
+        ASSERT_TRUE(p->tensor.grad().defined()) << info.name;
+        const double e = rel_err(p->tensor.grad(), grads->tensor(info.name));
+        EXPECT_LT(e, 1e-5) << v << " " << name << " " << info.name << " seg " << seg;
+        worst = std::max(worst, e);
+      }
+      std::printf("[preference golden full] %s %s segment %lld: loss %.8f (torch %.8f), worst grad rel err %.3g\n",
+                  v.c_str(), name, static_cast<long long>(seg), st.loss, m["loss"].get<double>(), worst);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, PreferenceGoldenFull, ::testing::Values("llama_mha", "llama_gqa_tied"));
 
 TEST(PreferenceSegmented, SegmentedEqualsFullForDpoAndOrpo) {
   auto model = random_llama(7, 5);
