@@ -66,7 +66,9 @@ struct Tokenize {
     Prompt p;
     const char* key = row.contains("prompt") ? "prompt" : "messages";
     auto it = row.find(key);
-    if (it == row.end()) throw Error("missing key \"prompt\" (text or a messages array)");
+    if (it == row.end())
+      throw Error("missing key \"prompt\" (text or a messages array; --method dpo/orpo rows are {\"prompt\", "
+                  "\"chosen\", \"rejected\"})");
     if (it->is_string()) {
       p.text = it->get<std::string>();
       p.ids = tok.encode(p.text, true);
@@ -90,7 +92,8 @@ struct Tokenize {
   // One response sequence of `row[field]` after prompt `p`.
   Example response(const ojson& row, const char* field, const Prompt& p) {
     auto it = row.find(field);
-    if (it == row.end()) throw Error(cat("missing key \"", field, "\""));
+    if (it == row.end())
+      throw Error(cat("missing key \"", field, "\" (--method dpo/orpo rows are {\"prompt\", \"chosen\", \"rejected\"})"));
     const ojson* msg = nullptr;
     if (it->is_object()) msg = &*it;
     else if (it->is_array() && it->size() == 1 && (*it)[0].is_object()) msg = &(*it)[0];
