@@ -39,6 +39,7 @@ void print_report(const hearth::train::Report& r, int64_t iters) {
   if (r.train_loss) std::printf("  train loss %.4f", *r.train_loss);
   if (r.val_loss) std::printf("  val loss %.4f", *r.val_loss);
   std::printf("  lr %.3e", r.learning_rate);
+  for (const auto& [k, v] : r.metrics) std::printf("  %s %.4f", k.c_str(), v);
   if (r.train_loss) std::printf("  %.1f tok/s", r.tokens_per_second);
   std::printf("  peak mem %.3f GB\n", static_cast<double>(r.peak_memory_bytes) / 1e9);
   std::fflush(stdout);
@@ -50,6 +51,14 @@ std::function<int()> setup_train(CLI::App& app) {
   app.add_option("--model", a->model, "Base model folder")->required();
   app.add_option("--data", a->data, "Folder with train.jsonl (and optionally valid.jsonl)")->required();
   app.add_option("--adapter-path", a->adapter_path, "Output folder (adapter, checkpoint, metrics.jsonl)");
+  app.add_option("--method", c.method,
+                 "sft | dpo | orpo (default sft). dpo/orpo train on rows {\"prompt\", \"chosen\", \"rejected\"}; "
+                 "DPO's reference is the base (LoRA: the adapter switched off; full: the base's log-probs taken "
+                 "once before training)");
+  app.add_option("--beta", c.beta, "DPO beta: loss -logsigmoid(beta * (chosen - rejected log-ratio margin)) (default 0.1)");
+  app.add_option("--orpo-lambda", c.orpo_lambda, "ORPO lambda: loss = NLL + lambda * odds-ratio term (default 0.1)");
+  app.add_option("--sft-scope", c.sft_scope,
+                 "ORPO NLL term over the chosen response only, or the prompt too: response | full (default response)");
   app.add_option("--fine-tune-type", c.fine_tune_type, "lora | full (default lora)");
   app.add_option("--num-layers", c.num_layers, "Train the last N blocks; -1 = all (default -1)");
   app.add_option("--lora-rank", c.lora_rank, "LoRA rank (default 8)");
@@ -100,9 +109,9 @@ std::function<int()> setup_train(CLI::App& app) {
       std::printf("%s\n", note.c_str());
       std::fflush(stdout);
     };
-    std::printf("training %s (%s, %lld layers) on %s, %s fine-tune, %lld steps\n", a->model.c_str(),
+    std::printf("training %s (%s, %lld layers) on %s, %s fine-tune, method %s, %lld steps\n", a->model.c_str(),
                 model->model_type().c_str(), static_cast<long long>(model->num_layers()), where.device.str().c_str(),
-                c.fine_tune_type.c_str(), static_cast<long long>(c.iters));
+                c.fine_tune_type.c_str(), c.method.c_str(), static_cast<long long>(c.iters));
     std::fflush(stdout);
     const int64_t iters = c.iters;
     auto res = hearth::train::run_training(c, *model, tok, [iters](const hearth::train::Report& r) { print_report(r, iters); });
@@ -118,4 +127,4 @@ std::function<int()> setup_train(CLI::App& app) {
 }
 
 }  // namespace
-HEARTH_REGISTER_VERB(train, "train", "Fine-tune a model (LoRA or full) on jsonl data", setup_train);
+HEARTH_REGISTER_VERB(train, "train", "Fine-tune a model (LoRA or full; SFT, DPO or ORPO) on jsonl data", setup_train);

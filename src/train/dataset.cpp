@@ -31,6 +31,8 @@ DataFormat detect(const ojson& row) {
   if (row.contains("prompt") && row.contains("completion")) return DataFormat::kCompletion;
   if (row.contains("messages")) return DataFormat::kChat;
   if (row.contains("text")) return DataFormat::kText;
+  if (row.contains("chosen") && row.contains("rejected"))
+    throw Error("a preference row (\"chosen\"/\"rejected\"): train it with --method dpo or --method orpo");
   throw Error("no \"prompt\"+\"completion\", \"messages\" or \"text\" key");
 }
 
@@ -267,16 +269,27 @@ Batch make_batch(const std::vector<const Example*>& rows) {
   return b;
 }
 
+namespace {
+std::vector<int64_t> example_lengths(const Dataset& data) {
+  std::vector<int64_t> n;
+  for (const Example& e : data.examples) n.push_back(static_cast<int64_t>(e.tokens.size()));
+  return n;
+}
+}  // namespace
+
 Batcher::Batcher(const Dataset& data, int64_t batch_size, uint64_t seed, bool shuffle)
-    : data_(data), seed_(seed), shuffle_(shuffle) {
-  const int64_t n = static_cast<int64_t>(data.examples.size());
+    : Batcher(example_lengths(data), batch_size, seed, shuffle) {
+  data_ = &data;
+}
+
+Batcher::Batcher(const std::vector<int64_t>& lengths, int64_t batch_size, uint64_t seed, bool shuffle)
+    : seed_(seed), shuffle_(shuffle) {
+  const int64_t n = static_cast<int64_t>(lengths.size());
   HEARTH_CHECK(batch_size >= 1, "batch size must be >= 1, got ", batch_size);
   HEARTH_CHECK(n >= batch_size, "dataset has ", n, " examples, fewer than the batch size ", batch_size);
   std::vector<int64_t> idx(n);
   std::iota(idx.begin(), idx.end(), 0);
-  std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) {
-    return data.examples[a].tokens.size() < data.examples[b].tokens.size();
-  });
+  std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return lengths[a] < lengths[b]; });
   for (int64_t i = 0; i + batch_size <= n; i += batch_size)
     windows_.emplace_back(idx.begin() + i, idx.begin() + i + batch_size);
   reorder();
@@ -298,15 +311,19 @@ void Batcher::seek(int64_t epoch, int64_t index) {
   reorder();
 }
 
-Batch Batcher::next() {
+std::vector<int64_t> Batcher::next_indices() {
   if (index_ >= num_batches()) {
     ++epoch_;
     index_ = 0;
     reorder();
   }
+  return windows_[order_[index_++]];
+}
+
+Batch Batcher::next() {
+  HEARTH_CHECK(data_ != nullptr, "Batcher::next: this batcher was made from lengths; use next_indices()");
   std::vector<const Example*> rows;
-  for (int64_t i : windows_[order_[index_]]) rows.push_back(&data_.examples[i]);
-  ++index_;
+  for (int64_t i : next_indices()) rows.push_back(&data_->examples[i]);
   return make_batch(rows);
 }
 

@@ -83,8 +83,13 @@ class Batcher {
  public:
   /// Throws hearth::Error when the dataset has fewer than batch_size examples.
   Batcher(const Dataset& data, int64_t batch_size, uint64_t seed, bool shuffle = true);
-  /// The next batch, looping over epochs.
+  /// The same order over items of the given lengths (e.g. preference pairs, each by its longer
+  /// sequence); only next_indices() may be used. Throws as above.
+  Batcher(const std::vector<int64_t>& lengths, int64_t batch_size, uint64_t seed, bool shuffle = true);
+  /// The next batch, looping over epochs (throws for a Batcher made from lengths).
   Batch next();
+  /// The item indices of the next batch, looping over epochs.
+  std::vector<int64_t> next_indices();
   int64_t num_batches() const { return static_cast<int64_t>(windows_.size()); }
   int64_t epoch() const { return epoch_; }
   int64_t index() const { return index_; }
@@ -93,7 +98,7 @@ class Batcher {
 
  private:
   void reorder();
-  const Dataset& data_;
+  const Dataset* data_ = nullptr;
   uint64_t seed_;
   bool shuffle_;
   std::vector<std::vector<int64_t>> windows_;  // example indices per batch, sorted order

@@ -139,10 +139,22 @@ BackwardResult backward(const LayerStack& model, const at::Tensor& input_ids, co
                         const BackwardOptions& opts) {
   HEARTH_CHECK(input_ids.dim() == 2, "backward: input_ids must be [B, T], got ", input_ids.sizes());
   const int64_t n_tokens = targets.ne(kIgnoreIndex).sum().item<int64_t>();
-  BackwardResult res;
-  res.n_tokens = n_tokens;
-  if (n_tokens == 0) return res;
+  if (n_tokens == 0) return BackwardResult{};
   const double scale = opts.scale != 0.0 ? opts.scale : 1.0 / static_cast<double>(n_tokens);
+  BackwardResult res = backward_with_head(
+      model, input_ids,
+      [&](const at::Tensor& hidden) {
+        return chunked_cross_entropy_vjp(hidden, targets, model.head, opts.loss_chunk, scale, model.head_params);
+      },
+      opts);
+  res.n_tokens = n_tokens;
+  return res;
+}
+
+BackwardResult backward_with_head(const LayerStack& model, const at::Tensor& input_ids, const LossHead& loss_head,
+                                  const BackwardOptions& opts) {
+  HEARTH_CHECK(input_ids.dim() == 2, "backward: input_ids must be [B, T], got ", input_ids.sizes());
+  BackwardResult res;
   const auto plan = opts.segment_size > 0 ? plan_segments(model.num_layers, opts.segment_size, opts.isolate)
                                           : std::vector<std::pair<int64_t, int64_t>>{{0, model.num_layers}};
   const bool train_embed = !model.embed_params.empty();
@@ -164,9 +176,9 @@ BackwardResult backward(const LayerStack& model, const at::Tensor& input_ids, co
   c10::AutoGradMode grad_mode(true);
   Cotangents d;
   if (opts.segment_size > 0) {
-    HeadVjp head = chunked_cross_entropy_vjp(bounds.back().hidden, targets, model.head, opts.loss_chunk, scale,
-                                             model.head_params);
+    HeadVjp head = loss_head(bounds.back().hidden);
     res.loss_sum = head.loss_sum;
+    res.n_tokens = head.n_tokens;
     d = {{"", head.grad_hidden}};
     bounds.pop_back();
     for (size_t s = plan.size(); s-- > 0;) {
@@ -178,14 +190,14 @@ BackwardResult backward(const LayerStack& model, const at::Tensor& input_ids, co
       bounds.pop_back();
     }
   } else {
-    // Full backward: one graph over all layers; the loss head is still chunked and its VJP
-    // gives the cotangent at the top of the stack.
+    // Full backward: one graph over all layers; the loss head's VJP gives the cotangent at the
+    // top of the stack.
     Boundary x = leaf(bounds.back(), train_embed);
     if (opts.on_segment) opts.on_segment(0, false);
     Boundary top = model.layers(x, 0, model.num_layers);
-    HeadVjp head = chunked_cross_entropy_vjp(top.hidden.detach(), targets, model.head, opts.loss_chunk, scale,
-                                             model.head_params);
+    HeadVjp head = loss_head(top.hidden.detach());
     res.loss_sum = head.loss_sum;
+    res.n_tokens = head.n_tokens;
     d = vjp(top, x, model.layer_params(0, model.num_layers), {{"", head.grad_hidden}});
   }
   if (train_embed && !d.empty()) {

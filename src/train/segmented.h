@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "models/boundary.h"
+#include "train/loss.h"
 
 namespace hearth::train {
 
@@ -66,5 +67,18 @@ struct BackwardOptions {
 /// Both give the same gradients up to floating-point reassociation (tests: fp32 within 1e-6).
 BackwardResult backward(const LayerStack& model, const at::Tensor& input_ids, const at::Tensor& targets,
                         const BackwardOptions& opts);
+
+/// Any loss that is a function of the final hidden stream: given it (hidden [B, T, C], detached),
+/// returns the loss value in HeadVjp::loss_sum, a token count, and grad_hidden = d(loss)/d hidden
+/// (already scaled as the caller wants), having ADDED the gradients of the head's trainable
+/// tensors (LayerStack::head_params) to their .grad. The preference losses are such heads.
+using LossHead = std::function<HeadVjp(const at::Tensor& hidden)>;
+
+/// As backward() above with the loss computed by `loss_head` instead of the token-mean CE
+/// (opts.scale and opts.loss_chunk are then unused: the head owns its scale and chunking).
+/// Same schedules, same gradients segmented or not. BackwardResult::loss_sum / n_tokens are the
+/// head's. Throws what the head throws.
+BackwardResult backward_with_head(const LayerStack& model, const at::Tensor& input_ids, const LossHead& loss_head,
+                                  const BackwardOptions& opts);
 
 }  // namespace hearth::train

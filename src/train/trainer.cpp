@@ -22,6 +22,7 @@
 #include "train/loss.h"
 #include "train/lora_params.h"
 #include "train/optimizer.h"
+#include "train/preference.h"
 
 namespace hearth::train {
 
@@ -50,6 +51,12 @@ uint64_t rng_seed(uint64_t seed, int64_t step, int64_t micro, size_t segment) {
 }  // namespace
 
 void check_config(const TrainConfig& c) {
+  parse_method(c.method);
+  HEARTH_CHECK(std::isfinite(c.beta) && c.beta > 0, "--beta must be a finite number > 0, got ", c.beta);
+  HEARTH_CHECK(std::isfinite(c.orpo_lambda) && c.orpo_lambda >= 0, "--orpo-lambda must be a finite number >= 0, got ",
+               c.orpo_lambda);
+  HEARTH_CHECK(c.sft_scope == "response" || c.sft_scope == "full", "--sft-scope: '", c.sft_scope,
+               "' is not response or full");
   HEARTH_CHECK(c.fine_tune_type == "lora" || c.fine_tune_type == "full", "--fine-tune-type: '", c.fine_tune_type,
                "' is not lora or full");
   HEARTH_CHECK(c.batch_size >= 1, "--batch-size must be >= 1, got ", c.batch_size);
@@ -95,6 +102,53 @@ double evaluate(models::Model& model, const Dataset& data, int64_t batch_size, i
     count += r.n_tokens;
   }
   return count > 0 ? sum / static_cast<double>(count) : 0.0;
+}
+
+// Reference log-probs [2B] of the pairs `idx` of a batch: from `table` (2 per pair: chosen,
+// rejected) when it is filled (full fine-tune), else a forward with the adapter off.
+at::Tensor batch_reference(models::Model& model, const PreferenceBatch& b, const std::vector<int64_t>& idx,
+                           const std::vector<double>& table, int64_t chunk) {
+  if (table.empty()) return reference_logps(model, b, chunk);
+  const int64_t B = static_cast<int64_t>(idx.size());
+  at::Tensor r = at::empty({2 * B}, at::kDouble);
+  for (int64_t i = 0; i < B; ++i) {
+    r[i] = table[2 * idx[i]];
+    r[B + i] = table[2 * idx[i] + 1];
+  }
+  return r;
+}
+
+// The base model's reference log-probs of every pair (2 per pair), in batches of batch_size.
+std::vector<double> reference_table(models::Model& model, const PreferenceDataset& data, int64_t batch_size,
+                                    int64_t chunk) {
+  std::vector<double> t(2 * data.pairs.size());
+  const int64_t n = static_cast<int64_t>(data.pairs.size());
+  for (int64_t s = 0; s < n; s += batch_size) {
+    std::vector<int64_t> idx;
+    for (int64_t i = s; i < std::min(n, s + batch_size); ++i) idx.push_back(i);
+    at::Tensor r = reference_logps(model, make_preference_batch(data, idx), chunk).cpu();
+    const int64_t B = static_cast<int64_t>(idx.size());
+    for (int64_t i = 0; i < B; ++i) {
+      t[2 * idx[i]] = r[i].item<double>();
+      t[2 * idx[i] + 1] = r[B + i].item<double>();
+    }
+  }
+  return t;
+}
+
+// Mean preference loss over up to `max_batches` batches of `data` (no graph, no shuffling).
+double evaluate_preference(models::Model& model, const PreferenceDataset& data, int64_t batch_size,
+                           int64_t max_batches, const PreferenceOptions& popt, const std::vector<double>& ref_table) {
+  Batcher b(data.lengths(), batch_size, 0, /*shuffle=*/false);
+  const int64_t n = max_batches < 0 ? b.num_batches() : std::min(max_batches, b.num_batches());
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto idx = b.next_indices();
+    PreferenceBatch pb = make_preference_batch(data, idx);
+    at::Tensor ref = popt.method == Method::kDpo ? batch_reference(model, pb, idx, ref_table, popt.loss_chunk) : at::Tensor();
+    sum += preference_eval(model, pb, ref, popt).loss;
+  }
+  return n > 0 ? sum / static_cast<double>(n) : 0.0;
 }
 
 // Writes the trained weights in the adapter folder: LoRA via the adapters module; full as
@@ -148,6 +202,7 @@ void save_checkpoint(const TrainConfig& cfg, int64_t step, const Batcher& batche
                        {"batch_index", batcher.index()},
                        {"seed", cfg.seed},
                        {"fine_tune_type", cfg.fine_tune_type},
+                       {"method", cfg.method},
                        {"batch_size", cfg.batch_size},
                        {"grad_accumulation_steps", cfg.grad_accumulation_steps},
                        {"optimizer", opt_name}};
@@ -167,6 +222,7 @@ struct CheckpointRecord {
   int64_t step = 0, epoch = 0, batch_index = 0, batch_size = 0, grad_accumulation_steps = 0;
   uint64_t seed = 0;
   std::string fine_tune_type, optimizer;
+  std::string method = "sft";  // absent in checkpoints from before preference training
 };
 
 std::string describe(const nlohmann::json& v) {
@@ -214,6 +270,7 @@ CheckpointRecord read_checkpoint(const std::filesystem::path& dir) {
   r.grad_accumulation_steps = index_field(ck, "grad_accumulation_steps", origin);
   r.seed = count_field(ck, "seed", origin);
   r.fine_tune_type = string_field(ck, "fine_tune_type", origin);
+  if (ck.contains("method")) r.method = string_field(ck, "method", origin);
   // checkpoints from before per-step optimizer files name none: theirs is optimizer.safetensors
   r.optimizer = ck.contains("optimizer") ? string_field(ck, "optimizer", origin) : "optimizer.safetensors";
   HEARTH_CHECK(is_optimizer_file(r.optimizer), origin, ": \"optimizer\" must name an optimizer file in the folder "
@@ -230,6 +287,8 @@ int64_t load_checkpoint(const TrainConfig& cfg, Batcher& batcher, NamedAdamW& op
   const int64_t step = ck.step;
   HEARTH_CHECK(ck.fine_tune_type == cfg.fine_tune_type, origin, ": the checkpoint is a ", ck.fine_tune_type,
                " fine-tune, this run is ", cfg.fine_tune_type);
+  HEARTH_CHECK(ck.method == cfg.method, origin, ": the checkpoint was trained with --method ", ck.method,
+               ", this run is --method ", cfg.method);
   HEARTH_CHECK(ck.seed == cfg.seed, origin, ": --seed ", cfg.seed, " differs from the checkpoint's ", ck.seed,
                " (resume with the checkpoint's value)");
   HEARTH_CHECK(ck.batch_size == cfg.batch_size, origin, ": --batch-size ", cfg.batch_size,
@@ -278,6 +337,7 @@ void append_metrics(const std::filesystem::path& path, const Report& r) {
                       {"trained_tokens", r.trained_tokens}, {"peak_memory_bytes", r.peak_memory_bytes}};
   if (r.train_loss) j["train_loss"] = *r.train_loss;
   if (r.val_loss) j["val_loss"] = *r.val_loss;
+  for (const auto& [k, v] : r.metrics) j[k] = v;
   std::ofstream out(path, std::ios::app);
   HEARTH_CHECK(out, path.string(), ": cannot append");
   out << j.dump() << "\n";
@@ -355,14 +415,39 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
       note(cat(file, ": skipped ", d.skipped_no_target, " row(s) whose prompt alone fills --max-seq-length ",
                cfg.max_seq_length, " (no target token to train on)"));
   };
-  const Dataset train = load_jsonl(cfg.data_dir / "train.jsonl", tok, dopt);
-  note_skipped(train, "train.jsonl");
-  std::optional<Dataset> valid;
-  if (std::filesystem::exists(cfg.data_dir / "valid.jsonl")) {
-    valid = load_jsonl(cfg.data_dir / "valid.jsonl", tok, dopt);
-    note_skipped(*valid, "valid.jsonl");
+  const Method method = parse_method(cfg.method);
+  const bool pref = method != Method::kSft;
+  PreferenceOptions popt;
+  popt.method = method;
+  popt.beta = cfg.beta;
+  popt.orpo_lambda = cfg.orpo_lambda;
+  popt.sft_full = cfg.sft_scope == "full";
+  popt.loss_chunk = cfg.loss_chunk;
+  std::optional<Dataset> train, valid;
+  std::optional<PreferenceDataset> ptrain, pvalid;
+  const bool has_valid = std::filesystem::exists(cfg.data_dir / "valid.jsonl");
+  if (pref) {
+    const auto note_dropped = [&](const PreferenceDataset& d, const char* file) {
+      if (d.prompt_dropped > 0)
+        note(cat(file, ": ", d.prompt_dropped, " pair(s) longer than --max-seq-length ", cfg.max_seq_length,
+                 " lost their whole prompt to left truncation (scored on the response alone)"));
+    };
+    ptrain = load_preference_jsonl(cfg.data_dir / "train.jsonl", tok, cfg.max_seq_length);
+    note_dropped(*ptrain, "train.jsonl");
+    if (has_valid) {
+      pvalid = load_preference_jsonl(cfg.data_dir / "valid.jsonl", tok, cfg.max_seq_length);
+      note_dropped(*pvalid, "valid.jsonl");
+      if (pvalid->pairs.size() < static_cast<size_t>(cfg.batch_size)) pvalid.reset();
+    }
+  } else {
+    train = load_jsonl(cfg.data_dir / "train.jsonl", tok, dopt);
+    note_skipped(*train, "train.jsonl");
+    if (has_valid) {
+      valid = load_jsonl(cfg.data_dir / "valid.jsonl", tok, dopt);
+      note_skipped(*valid, "valid.jsonl");
+    }
+    if (valid && valid->examples.size() < static_cast<size_t>(cfg.batch_size)) valid.reset();
   }
-  if (valid && valid->examples.size() < static_cast<size_t>(cfg.batch_size)) valid.reset();
 
   std::unique_ptr<LoraRun> lora;
   std::vector<TrainableParam> params;
@@ -388,7 +473,16 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
   sched.peak = cfg.learning_rate;
   sched.warmup = cfg.warmup;
   sched.total = cfg.iters;
-  Batcher batcher(train, cfg.batch_size, cfg.seed);
+  Batcher batcher = pref ? Batcher(ptrain->lengths(), cfg.batch_size, cfg.seed) : Batcher(*train, cfg.batch_size, cfg.seed);
+  // DPO with a full fine-tune: the weights change in place, so the reference is the base's
+  // log-probs of every pair, taken now (before a checkpoint's weights are loaded).
+  std::vector<double> ref_train, ref_valid;
+  if (method == Method::kDpo && full) {
+    note(cat("DPO with a full fine-tune: computing the base model's reference log-probs of ", ptrain->pairs.size(),
+             " train", pvalid ? cat(" + ", pvalid->pairs.size(), " valid") : std::string(), " pair(s) once"));
+    ref_train = reference_table(model, *ptrain, cfg.batch_size, cfg.loss_chunk);
+    if (pvalid) ref_valid = reference_table(model, *pvalid, cfg.batch_size, cfg.loss_chunk);
+  }
 
   TrainResult res;
   int64_t start = 0;
@@ -406,6 +500,7 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
   bopt.segment_size = cfg.segment_size;
   bopt.isolate = model.isolated_layers();
   bopt.loss_chunk = cfg.loss_chunk;
+  std::vector<std::pair<std::string, double>> window_metrics;  // sums over the window's steps
   double window_loss = 0, window_time = 0;
   int64_t window_steps = 0, window_tokens = 0, trained_tokens = 0;
   std::optional<double> pending_val;
@@ -414,31 +509,58 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
       res.interrupted = true;
       break;
     }
-    if (valid && (step == 1 || step % cfg.steps_per_eval == 0 || step == cfg.iters)) {
+    if ((valid || pvalid) && (step == 1 || step % cfg.steps_per_eval == 0 || step == cfg.iters)) {
       if (lora) lora->set_training(false);
-      pending_val = evaluate(model, *valid, cfg.batch_size, cfg.val_batches, cfg.loss_chunk);
+      pending_val = pref ? evaluate_preference(model, *pvalid, cfg.batch_size, cfg.val_batches, popt, ref_valid)
+                         : evaluate(model, *valid, cfg.batch_size, cfg.val_batches, cfg.loss_chunk);
       if (lora) lora->set_training(true);
     }
     const auto tic = std::chrono::steady_clock::now();
     double step_loss = 0;
     int64_t counted = 0;
+    std::vector<std::pair<std::string, double>> step_metrics;
     for (int64_t m = 0; m < cfg.grad_accumulation_steps; ++m) {
-      Batch batch = batcher.next();
-      at::Tensor targets = shift_labels(batch.labels);
-      const int64_t ntok = targets.ne(kIgnoreIndex).sum().item<int64_t>();
-      if (ntok == 0) continue;  // a batch of prompts only: nothing to learn from
-      bopt.scale = 1.0 / (static_cast<double>(ntok) * static_cast<double>(cfg.grad_accumulation_steps));
       bopt.on_segment = [&, step, m](size_t s, bool) {
         const uint64_t seed = rng_seed(cfg.seed, step, m, s);
         at::manual_seed(seed);
         LoraRun::reseed(seed);
       };
+      if (pref) {
+        const auto idx = batcher.next_indices();
+        PreferenceBatch pb = make_preference_batch(*ptrain, idx);
+        at::Tensor ref =
+            method == Method::kDpo ? batch_reference(model, pb, idx, ref_train, cfg.loss_chunk) : at::Tensor();
+        PreferenceStats st;
+        BackwardResult r = backward_with_head(
+            stack, pb.input_ids,
+            preference_head(pb, ref, popt, stack.head, stack.head_params,
+                            1.0 / static_cast<double>(cfg.grad_accumulation_steps), &st),
+            bopt);
+        step_loss += st.loss;
+        ++counted;
+        window_tokens += r.n_tokens;
+        auto named = st.named(method);
+        named.erase(named.begin());  // the loss is reported as train_loss
+        if (step_metrics.empty()) step_metrics = named;
+        else
+          for (size_t i = 0; i < named.size(); ++i) step_metrics[i].second += named[i].second;
+        continue;
+      }
+      Batch batch = batcher.next();
+      at::Tensor targets = shift_labels(batch.labels);
+      const int64_t ntok = targets.ne(kIgnoreIndex).sum().item<int64_t>();
+      if (ntok == 0) continue;  // a batch of prompts only: nothing to learn from
+      bopt.scale = 1.0 / (static_cast<double>(ntok) * static_cast<double>(cfg.grad_accumulation_steps));
       BackwardResult r = backward(stack, batch.input_ids, targets, bopt);
       step_loss += r.loss_sum / static_cast<double>(r.n_tokens);
       ++counted;
       window_tokens += r.n_tokens;
     }
     if (counted > 0) step_loss /= static_cast<double>(counted);
+    for (auto& [k, v] : step_metrics) v /= static_cast<double>(std::max<int64_t>(counted, 1));
+    if (window_metrics.empty()) window_metrics = step_metrics;
+    else
+      for (size_t i = 0; i < step_metrics.size(); ++i) window_metrics[i].second += step_metrics[i].second;
     clip_grad_norm(tensors, cfg.grad_clip);
     const double lr = sched.lr(step);
     opt.set_lr(lr);
@@ -459,6 +581,8 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
       if (step % cfg.steps_per_report == 0 || step == cfg.iters) {
         rep.train_loss = window_loss / static_cast<double>(window_steps);
         rep.tokens_per_second = window_time > 0 ? static_cast<double>(window_tokens) / window_time : 0.0;
+        for (auto& [k, v] : window_metrics) rep.metrics.emplace_back(k, v / static_cast<double>(window_steps));
+        window_metrics.clear();
         trained_tokens += window_tokens;
         window_loss = window_time = 0;
         window_steps = window_tokens = 0;

@@ -22,6 +22,10 @@ namespace hearth::train {
 /// Every knob of a run (names follow mlx_lm.lora's flags; defaults are mlx-lm's).
 struct TrainConfig {
   std::filesystem::path data_dir;      // train.jsonl (+ valid.jsonl)
+  std::string method = "sft";          // sft | dpo | orpo (preference rows for dpo / orpo)
+  double beta = 0.1;                   // DPO β
+  double orpo_lambda = 0.1;            // ORPO λ
+  std::string sft_scope = "response";  // ORPO NLL term over: response | full (prompt + response)
   std::filesystem::path adapter_path;  // output folder: adapter, checkpoint, metrics.jsonl
   std::filesystem::path resume;        // a checkpoint folder to continue from ("" = fresh)
   std::string fine_tune_type = "lora"; // lora | full
@@ -66,6 +70,8 @@ struct Report {
   double tokens_per_second = 0.0;    // supervised tokens / training time since the last report
   int64_t trained_tokens = 0;
   int64_t peak_memory_bytes = 0;
+  /// Preference runs: window means of accuracy, margin (+ nll, or for ORPO), in that order.
+  std::vector<std::pair<std::string, double>> metrics;
 };
 
 /// What a run did.
@@ -98,6 +104,12 @@ LayerStack make_layer_stack(models::Model& model, const std::vector<TrainablePar
 void check_config(const TrainConfig& cfg);
 
 /// Runs the loop. `model` and `tok` are loaded by the caller (on the device and dtype wanted).
+/// cfg.method "dpo" / "orpo" trains on preference rows (preference_data.h) with the losses of
+/// preference.h; the train loss is then the mean over pairs, each micro-batch weighs 1/N. DPO's
+/// reference: with LoRA, the same model with the adapter switched off, per micro-batch, no grad;
+/// with a full fine-tune (whose weights change in place), the base's summed response log-probs of
+/// every train/valid pair, computed once before the first step (before a resumed checkpoint's
+/// weights are loaded, so the model given must be the base).
 /// Checkpoints (<adapter_path>/checkpoint.json + the optimizer file it names) are complete or
 /// absent: each is written as a new optimizer.<step>.safetensors beside the previous one, then
 /// checkpoint.json (atomic rename) switches to it, then older optimizer files are removed. On start
