@@ -2,12 +2,14 @@
 // greedy, median over runs after one warmup. Not a micro-benchmark of kernels (bench/).
 #include <c10/core/GradMode.h>
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 
 #include "cli/verb.h"
 #include "core/error.h"
 #include "core/torch_compat.h"
+#include "generate/batch.h"
 #include "generate/generate.h"
 #include "io/hf_config.h"
 #include "models/registry.h"
@@ -19,11 +21,53 @@ struct BenchArgs {
   std::string model, device, dtype;
   int64_t prompt_tokens = 512, gen_tokens = 128;
   int runs = 3;
+  int64_t batch = 1;  // sequences decoded together (continuous batching's step)
 };
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Aggregate decode speed of `batch` sequences stepped together (generate/batch.h): all prefilled
+// first, then timed from the step after every first token to the last token.
+int bench_batch(hearth::models::Model& model, const std::vector<int64_t>& prompt,
+                const hearth::generate::GenerateOptions& opts, int64_t batch, int runs) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<double> rates;
+  for (int r = 0; r <= runs; ++r) {
+    std::vector<std::unique_ptr<hearth::generate::Sequence>> seqs;
+    std::vector<hearth::generate::Sequence*> live;
+    for (int64_t b = 0; b < batch; ++b) {
+      seqs.push_back(std::make_unique<hearth::generate::Sequence>(prompt, opts, hearth::cache::Caches{},
+                                                                  std::vector<std::string>{}, nullptr));
+      live.push_back(seqs.back().get());
+    }
+    auto prefilling = [&] {
+      return std::any_of(live.begin(), live.end(), [](auto* s) { return s->prefilling(); });
+    };
+    while (prefilling()) hearth::generate::step(model, live, opts.prefill_step_size);
+    int64_t before = 0;
+    for (auto* s : live) before += static_cast<int64_t>(s->result().tokens.size());
+    hearth::compat::synchronize(model.placement().device);
+    const auto t0 = Clock::now();
+    while (std::any_of(live.begin(), live.end(), [](auto* s) { return !s->done(); })) {
+      std::vector<hearth::generate::Sequence*> running;
+      for (auto* s : live)
+        if (!s->done()) running.push_back(s);
+      hearth::generate::step(model, running, opts.prefill_step_size);
+    }
+    hearth::compat::synchronize(model.placement().device);
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    int64_t after = 0;
+    for (auto* s : live) after += static_cast<int64_t>(s->result().tokens.size());
+    if (r > 0) rates.push_back((after - before) / std::max(secs, 1e-9));
+  }
+  std::printf("batch %lld: prompt %lld tokens each, generate %lld tokens each, median of %d runs\n",
+              static_cast<long long>(batch), static_cast<long long>(prompt.size()),
+              static_cast<long long>(opts.max_tokens), runs);
+  std::printf("decode (aggregate over the batch, eager batched step): %.1f tok/s\n", median(rates));
+  return 0;
 }
 
 std::function<int()> setup_bench(CLI::App& app) {
@@ -33,6 +77,10 @@ std::function<int()> setup_bench(CLI::App& app) {
                  "Random prompt length (default 512; with --gen-tokens, at most the model's context)");
   app.add_option("--gen-tokens", a->gen_tokens, "Tokens to generate (default 128)");
   app.add_option("--runs", a->runs, "Timed runs after one warmup (default 3)");
+  app.add_option("--batch", a->batch,
+                 "Sequences decoded together in one batched step, as the server's continuous batching does "
+                 "(default 1: the single-sequence path); reports the aggregate decode tok/s")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
   app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's torch_dtype on cuda, float32 on cpu)");
   return [a] {
@@ -60,6 +108,7 @@ std::function<int()> setup_bench(CLI::App& app) {
     std::vector<int64_t> prompt(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + a->prompt_tokens);
     hearth::generate::GenerateOptions opts;
     opts.max_tokens = a->gen_tokens;  // greedy, no EOS: always the full count
+    if (a->batch > 1) return bench_batch(*model, prompt, opts, a->batch, a->runs);
     std::vector<double> prefill, decode, ttft;
     int64_t peak = 0;
     const char* path = "eager";

@@ -407,13 +407,24 @@ void qmv_fast(const float* x, int64_t M, const QuantizedWeight& qw, const at::Te
         y[r] = a;
         continue;
       }
+      // Several rows of x (a batched decode step): each decoded, scaled weight lane is loaded once
+      // and multiplied into every row's accumulators (register blocking over M), so the step costs
+      // little more than one row instead of M times one row.
+      alignas(64) float lanes[8][kLanes] = {};
       for (int64_t m = 0; m < M; ++m) acc[m] = 0;
       for (int64_t g = 0; g < ng; ++g) {
         group_decode<Bits, GS>(wr + g * group_bytes, qf);
-        for (int64_t m = 0; m < M; ++m)
-          acc[m] += s[g] * dot_lanes(qf, x + m * in + g * GS, GS) + b[g] * xsum[m * ng + g];
+        const float sg = s[g];
+        for (int j = 0; j < GS; ++j) qf[j] *= sg;
+        const float* xg = x + g * GS;
+        for (int j = 0; j < GS; j += kLanes)
+          for (int64_t m = 0; m < M; ++m) {
+            const float* xm = xg + m * in + j;
+            for (int k = 0; k < kLanes; ++k) lanes[m][k] += qf[j + k] * xm[k];
+          }
+        for (int64_t m = 0; m < M; ++m) acc[m] += b[g] * xsum[m * ng + g];
       }
-      for (int64_t m = 0; m < M; ++m) y[m * out + r] = acc[m];
+      for (int64_t m = 0; m < M; ++m) y[m * out + r] = acc[m] + reduce_lanes(lanes[m]);
     }
   });
 }

@@ -3,6 +3,7 @@
 // differences taken from the config.
 #include "models/llama/llama.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -19,6 +20,7 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const std::vector<Attent
   if (k_norm) k = k_norm->forward(k);
   q = q.transpose(1, 2);  // [B, H, T, D]
   k = k.transpose(1, 2);  // [B, Hkv, T, D]
+  if (groups.size() > 1 && T == 1) return o_proj.forward(decode_rows(q, k, v, groups).transpose(1, 2).reshape({B, T, -1}));
   std::vector<at::Tensor> outs;
   for (const AttentionRows& g : groups) {
     const bool all = g.rows.count == B;
@@ -39,6 +41,46 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const std::vector<Attent
   at::Tensor out = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
   out = out.transpose(1, 2).contiguous().reshape({B, T, -1});
   return o_proj.forward(out);
+}
+
+at::Tensor LlamaAttention::decode_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const std::vector<AttentionRows>& groups) const {
+  const int64_t B = q.size(0), Hkv = k.size(1), D = k.size(3);
+  std::vector<at::Tensor> cos, sin;
+  for (const AttentionRows& g : groups) {
+    cos.push_back(g.cos);
+    sin.push_back(g.sin);
+  }
+  at::Tensor cos_b = at::cat(cos, 0).view({B, 1, 1, -1}), sin_b = at::cat(sin, 0).view({B, 1, 1, -1});
+  at::Tensor qr = nn::apply_rotary(q, cos_b, sin_b), kr = nn::apply_rotary(k, cos_b, sin_b);
+  // Each row appends to its own cache; its keys are then laid side by side, left-aligned, in one
+  // padded batch, and a mask hides each row's padding (and what its sliding window excludes).
+  std::vector<cache::KVView> views;
+  int64_t S = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const AttentionRows& g = groups[b];
+    at::Tensor kb = kr.narrow(0, b, 1), vb = v.narrow(0, b, 1);
+    views.push_back(g.cache ? g.cache->update(kb, vb) : cache::KVView{kb, vb, g.rows.offset});
+    S = std::max(S, views.back().keys.size(2));
+  }
+  at::Tensor keys = at::zeros({B, Hkv, S, D}, kr.options()), values = at::zeros({B, Hkv, S, D}, v.options());
+  std::vector<uint8_t> allowed(static_cast<size_t>(B * S), 0);
+  for (int64_t b = 0; b < B; ++b) {
+    const cache::KVView& kv = views[b];
+    const int64_t n = kv.keys.size(2), q_pos = groups[b].rows.offset;
+    keys[b].narrow(1, 0, n).copy_(kv.keys[0]);
+    values[b].narrow(1, 0, n).copy_(kv.values[0]);
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t k_pos = kv.pos0 + j;
+      allowed[b * S + j] = k_pos <= q_pos && (!sliding_window || k_pos > q_pos - *sliding_window);
+    }
+  }
+  at::Tensor ok = at::from_blob(allowed.data(), {B, 1, 1, S}, at::kByte).to(q.device(), at::kBool);
+  nn::AttentionParams p;
+  p.scale = scaling;
+  p.backend = backend;
+  p.mask = at::where(ok, at::zeros({}, q.options()), at::full({}, nn::mask_min(q.scalar_type()), q.options()));
+  return nn::attention(qr, keys, values, p);  // [B, H, 1, D]
 }
 
 at::Tensor LlamaDecoderLayer::forward(const at::Tensor& x, const std::vector<AttentionRows>& groups) const {

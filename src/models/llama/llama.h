@@ -45,6 +45,11 @@ struct LlamaAttention {
   /// x [B, T, C] → [B, T, C]. The projections run on all B rows at once; RoPE, the cache and the
   /// attention per row group (one group = the whole batch at one position).
   at::Tensor forward(const at::Tensor& x, const std::vector<AttentionRows>& groups) const;
+  /// One decode token for each of B rows, each with its own position and cache (groups[b] = row b):
+  /// q [B, H, 1, D], k/v [B, Hkv, 1, D] (before RoPE) → [B, H, 1, D]. RoPE and the attention run once
+  /// over a padded batch of the rows' keys (a mask hides each row's padding), not once per row.
+  at::Tensor decode_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::vector<AttentionRows>& groups) const;
 };
 
 struct LlamaDecoderLayer {
