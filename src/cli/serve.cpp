@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <csignal>
 #include <iostream>
 #include <memory>
@@ -11,14 +12,36 @@
 
 #include "cli/serve.h"
 #include "cli/verb.h"
+#include "core/device_memory.h"
 #include "core/error.h"
 #include "server/fake_engine.h"
 #include "server/http_guard.h"
 
 namespace hearth::cli {
 
+// --memory-budget: "auto", "0", or bytes with an optional K/M/G suffix (binary units).
+int64_t memory_budget_bytes(const std::string& spec, const at::Device& device) {
+  if (spec == "auto") {
+    const int64_t free = compat::free_memory_bytes(device);
+    return device.is_cuda() ? free / 10 * 9 : free / 2;
+  }
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(spec, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string suffix = spec.substr(used);
+  const double unit = suffix.empty() ? 1 : suffix == "K" ? 1024.0 : suffix == "M" ? 1048576.0 : suffix == "G" ? 1073741824.0 : -1;
+  HEARTH_CHECK_T(InvalidArgument, used > 0 && unit > 0 && v >= 0 && std::isfinite(v) && v * unit < 9e18, "--memory-budget '",
+                 spec, "': expected auto, 0, or a size in bytes with an optional K, M or G suffix (e.g. 8G)");
+  return static_cast<int64_t>(v * unit);
+}
+
 int run_serve(const ServeArgs& a) {
   std::unique_ptr<server::Engine> engine;
+  server::ServerOptions server_opts = a.server;
   if (a.fake_engine) {
     server::FakeEngineOptions fo{a.model.empty() ? "fake-model" : a.model, a.fake_context, a.fake_delay_ms};
     if (a.fake_think_tags) fo.reasoning = chat::ReasoningFormat::ThinkTags;
@@ -35,7 +58,13 @@ int run_serve(const ServeArgs& a) {
       eo.adapters.emplace_back(spec.substr(0, eq), spec.substr(eq + 1));
     }
     std::cerr << "hearth: loading " << a.model << " ..." << std::endl;
-    engine = std::make_unique<server::ModelEngine>(std::move(eo));
+    auto model_engine = std::make_unique<server::ModelEngine>(std::move(eo));
+    server_opts.memory_budget = memory_budget_bytes(a.memory_budget, model_engine->device());
+    if (server_opts.memory_budget > 0)
+      std::cerr << "hearth: cache memory budget " << server_opts.memory_budget / (1 << 20) << " MiB ("
+                << model_engine->state_bytes(model_engine->context_length()) / (1 << 20)
+                << " MiB for one request filling the context)" << std::endl;
+    engine = std::move(model_engine);
   }
 
   // Signals: a handler (run on whichever thread the kernel picks; libraries start threads before
@@ -53,7 +82,7 @@ int run_serve(const ServeArgs& a) {
   sigaction(SIGTERM, &sa, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
-  server::Server srv(*engine, a.server);
+  server::Server srv(*engine, server_opts);
   int port = srv.bind();
   if (a.server.api_key.empty() && !server::is_loopback_host(a.server.host))
     std::cerr << "hearth: warning: serving on " << a.server.host << " without --api-key: anyone who can reach this "
@@ -120,6 +149,10 @@ std::function<int()> setup_serve(CLI::App& app) {
   app.add_option("--max-num-seqs", a->server.max_num_seqs,
                  "Requests generated together, decoded in one batched step (continuous batching; 1 = one at a time)")
       ->check(CLI::Range(1, 4096));
+  app.add_option("--memory-budget", a->memory_budget,
+                 "Cache memory the running requests may hold together: auto (90% of free GPU memory, half of "
+                 "available CPU memory), 0 (none), or a size like 8G; a request that can never fit is a 400, one "
+                 "that does not fit now waits");
   app.add_option("--max-body-bytes", a->server.max_body_bytes, "Largest accepted request body (413 above)")
       ->check(CLI::Range(1024, 1 << 30));
   app.add_option("--max-tokens", a->server.default_max_tokens,

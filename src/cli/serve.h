@@ -19,6 +19,9 @@ struct ServeArgs {
   bool fake_engine = false;
   int fake_delay_ms = 0;
   int64_t fake_context = 4096;
+  /// --memory-budget: "auto" (90% of the GPU's free memory after loading, or half the CPU's
+  /// available memory), "0" (no budget), or bytes with an optional K/M/G suffix.
+  std::string memory_budget = "auto";
   bool fake_think_tags = false;  ///< fake engine: split <think>...</think> into reasoning_content
   /// JSON body of the ready-to-paste curl line printed at start ("" = a one-message "Hello!" chat).
   /// Must hold no single quote (it is printed inside '...').

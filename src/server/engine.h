@@ -195,6 +195,10 @@ class Engine {
   /// Whether start_sequence/step/finish_sequence are implemented (EngineLoop then runs up to
   /// max_num_seqs requests together; otherwise one generate() at a time).
   virtual bool supports_batching() const { return false; }
+  /// Bytes of cache state one sequence of `tokens` tokens holds (KV grows per token; recurrent
+  /// state is constant): what the admission budget (EngineLoopOptions::memory_budget) counts.
+  /// 0 = unknown (no budget applies). Any thread; constant after construction.
+  virtual int64_t state_bytes(int64_t tokens) const { (void)tokens; return 0; }
   /// Starts generating for one request like generate() would (same sampling, adapters, prompt
   /// cache, callback semantics), computing nothing yet. Engine thread only. Throws like generate().
   virtual std::unique_ptr<ActiveSequence> start_sequence(const Prompt& prompt, const CompletionRequest& req,

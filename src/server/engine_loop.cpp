@@ -134,6 +134,17 @@ bool EngineLoop::prepare(Job& job) {
     int64_t limit = req.chat ? opts_.default_max_tokens_chat : opts_.default_max_tokens_completion;
     req.max_tokens = limit <= 0 ? room : std::min(limit, room);
   }
+  if (opts_.memory_budget > 0) {
+    const int64_t need = engine_.state_bytes(n_prompt + *req.max_tokens);
+    if (need > opts_.memory_budget) {
+      job.events.push(error_event(400, cat("This request needs ", need, " bytes of cache for its ", n_prompt,
+                                           " prompt tokens and up to ", *req.max_tokens, " generated tokens, more than the "
+                                           "server's memory budget of ", opts_.memory_budget, " bytes (--memory-budget). "
+                                           "Please reduce the prompt or max_tokens."),
+                                  "max_tokens", "memory_budget_exceeded"));
+      return false;
+    }
+  }
   return true;
 }
 
@@ -156,6 +167,11 @@ std::shared_ptr<Job> EngineLoop::enqueue(std::shared_ptr<Job> job) {
 size_t EngineLoop::queued() const {
   std::lock_guard<std::mutex> lock(mu_);
   return queue_.size();
+}
+
+int64_t EngineLoop::reserved_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reserved_;
 }
 
 size_t EngineLoop::running() const {
@@ -261,6 +277,7 @@ struct EngineLoop::Slot {
   std::unique_ptr<OutputStream> out;
   std::unique_ptr<ActiveSequence> seq;
   int64_t n_prompt = 0;
+  int64_t reserved = 0;  // state bytes it holds against the memory budget
   bool cut = false;  // its on_token refused a token because the job was cancelled
 };
 
@@ -323,7 +340,10 @@ void EngineLoop::step_all(std::list<Slot>& slots) {
   }
   if (!failure.empty()) {
     // An internal failure leaves every sequence of the step undefined: each request gets the error.
-    for (Slot& s : slots) s.job->events.push(error_event(500, "Generation failed: " + failure));
+    for (Slot& s : slots) {
+      s.job->events.push(error_event(500, "Generation failed: " + failure));
+      release(s.reserved);
+    }
     slots.clear();
     return;
   }
@@ -339,8 +359,14 @@ void EngineLoop::step_all(std::list<Slot>& slots) {
     } catch (const std::exception& e) {
       it->job->events.push(error_event(500, std::string("Generation failed: ") + e.what()));
     }
+    release(it->reserved);
     it = slots.erase(it);
   }
+}
+
+void EngineLoop::release(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  reserved_ -= bytes;
 }
 
 void EngineLoop::run_batched() {
@@ -348,6 +374,7 @@ void EngineLoop::run_batched() {
   for (;;) {
     std::shared_ptr<Job> task;
     std::vector<std::shared_ptr<Job>> admitted;
+    std::vector<int64_t> admitted_need;  // their reservations (memory budget on)
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (slots.empty()) cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
@@ -358,6 +385,15 @@ void EngineLoop::run_batched() {
         return;
       }
       while (!queue_.empty() && slots.size() + admitted.size() < opts_.max_num_seqs) {
+        if (opts_.memory_budget > 0 && !queue_.front()->task) {
+          // FIFO: the head waits until running generations free enough of the budget.
+          const Job& head = *queue_.front();
+          const int64_t need = engine_.state_bytes(static_cast<int64_t>(head.prompt.ids.size()) +
+                                                   head.request.max_tokens.value_or(0));
+          if (reserved_ + need > opts_.memory_budget && !(slots.empty() && admitted.empty())) break;
+          reserved_ += need;
+          admitted_need.push_back(need);
+        }
         if (queue_.front()->task) {
           // Adapter mount/unmount must not race a forward or change a running request's adapters.
           if (slots.empty() && admitted.empty()) {
@@ -377,10 +413,14 @@ void EngineLoop::run_batched() {
       running_.reset();
       continue;
     }
-    for (auto& job : admitted) {
+    for (size_t i = 0; i < admitted.size(); ++i) {
       slots.emplace_back();
-      slots.back().job = job;
-      if (!admit(slots.back())) slots.pop_back();
+      slots.back().job = admitted[i];
+      slots.back().reserved = i < admitted_need.size() ? admitted_need[i] : 0;
+      if (!admit(slots.back())) {
+        release(slots.back().reserved);
+        slots.pop_back();
+      }
     }
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -25,6 +25,11 @@ struct EngineLoopOptions {
   /// Requests generated together when the engine batches (Engine::supports_batching; vLLM's
   /// --max-num-seqs). 1 = one at a time.
   size_t max_num_seqs = 32;
+  /// Bytes of cache state the running generations may hold together (`--memory-budget`; 0 = no
+  /// limit). Each request reserves Engine::state_bytes(prompt + max_tokens) while it runs: one that
+  /// can never fit is refused (400, param "max_tokens", code "memory_budget_exceeded"), one that
+  /// does not fit now waits in the queue for running ones to finish.
+  int64_t memory_budget = 0;
 };
 
 /// Runs Jobs on its own thread: tasks, or generations through an OutputStream (kStarted,
@@ -68,6 +73,8 @@ class EngineLoop {
   size_t queued() const;
   /// Generations running now (0 or 1 without batching).
   size_t running() const;
+  /// Cache bytes the running generations reserved (see EngineLoopOptions::memory_budget).
+  int64_t reserved_bytes() const;
 
  private:
   struct Slot;
@@ -76,6 +83,7 @@ class EngineLoop {
   void run_job(Job& job);
   bool admit(Slot& slot);                 // check + start a generation; false (error pushed) when it cannot run
   void step_all(std::list<Slot>& slots);  // one Engine::step, then finish what is done
+  void release(int64_t bytes);            // gives reserved budget back
   bool prepare(Job& job);  // fills job.prompt, or pushes the kError event and returns false
   std::shared_ptr<Job> enqueue(std::shared_ptr<Job> job);
 
@@ -87,6 +95,7 @@ class EngineLoop {
   std::deque<std::shared_ptr<Job>> queue_;
   std::shared_ptr<Job> running_;                 // the running job (one-at-a-time path)
   std::vector<std::shared_ptr<Job>> batch_;      // the running generations (batched path)
+  int64_t reserved_ = 0;                         // state bytes the running generations reserved
   bool stopping_ = false;
   std::counting_semaphore<> prepare_slots_;
   std::thread thread_;

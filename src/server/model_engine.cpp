@@ -181,6 +181,20 @@ ModelEngine::ModelEngine(ModelEngineOptions opts)
   int64_t pc_bytes = opts_.prompt_cache_bytes;
   if (pc_bytes < 0) pc_bytes = model_->placement().device.is_cuda() ? (int64_t{2} << 30) : (int64_t{512} << 20);
   batching_ = !uses_dynamic_rope(config);
+  {
+    // One token through fresh caches: growing KV caches then hold `capacity` tokens' worth.
+    cache::Caches probe = model_->make_cache();
+    model_->forward(at::zeros({1, 1}, at::TensorOptions().dtype(at::kLong).device(model_->placement().device)), 0, &probe);
+    double per_token = 0;
+    for (const auto& c : probe) {
+      if (!c) continue;
+      if (const auto* kv = dynamic_cast<const cache::KVCache*>(c.get()); kv && kv->capacity() > 0)
+        per_token += static_cast<double>(kv->nbytes()) / static_cast<double>(kv->capacity());
+      else
+        fixed_state_bytes_ += c->nbytes();
+    }
+    kv_bytes_per_token_ = static_cast<int64_t>(per_token + 0.5);
+  }
   if (pc_bytes > 0 && !uses_dynamic_rope(config))
     prompt_cache_ = std::make_unique<cache::PromptCache>(pc_bytes);
   if (!opts_.default_adapter.empty()) {
@@ -381,6 +395,11 @@ Finish ModelEngine::finish_sequence(ActiveSequence& a) {
              : result.stats.stopped_by_eos ? Finish::Reason::kEos
                                            : Finish::Reason::kLength;
   return f;
+}
+
+int64_t ModelEngine::state_bytes(int64_t tokens) const {
+  const int64_t rounded = (std::max<int64_t>(tokens, 1) + 255) / 256 * 256;
+  return fixed_state_bytes_ + kv_bytes_per_token_ * rounded;
 }
 
 Finish ModelEngine::generate(const Prompt& prompt, const CompletionRequest& req, const TokenCallback& on_token) {

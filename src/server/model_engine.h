@@ -102,6 +102,12 @@ class ModelEngine : public Engine {
   /// EngineLoop runs several sequences through step() together (llama-family models decode them in
   /// one forward; other families one forward per sequence within the step).
   bool supports_batching() const override { return batching_; }
+  /// Measured at load with a one-token probe: each KV layer's bytes per token (its buffer over its
+  /// capacity) times `tokens` rounded up to the cache's 256-token growth step, plus the fixed size of
+  /// the other layers (recurrent state, sliding windows).
+  int64_t state_bytes(int64_t tokens) const override;
+  /// The device the model runs on (for the server's default memory budget).
+  at::Device device() const { return model_->placement().device; }
   std::unique_ptr<ActiveSequence> start_sequence(const Prompt& prompt, const CompletionRequest& req,
                                                  TokenCallback on_token) override;
   void step(const std::vector<ActiveSequence*>& seqs) override;
@@ -177,6 +183,7 @@ class ModelEngine : public Engine {
   generate::GenerationStats last_stats_;
   std::unique_ptr<cache::PromptCache> prompt_cache_;
   bool batching_ = true;  // off for dynamic-NTK RoPE (its tables depend on the longest row seen)
+  int64_t kv_bytes_per_token_ = 0, fixed_state_bytes_ = 0;  // state_bytes()' probe
 };
 
 }  // namespace hearth::server

@@ -168,6 +168,7 @@ struct Server::Impl {
     l.default_max_tokens_chat = o.default_max_tokens;
     l.default_max_tokens_completion = 512;
     l.max_num_seqs = o.max_num_seqs;
+    l.memory_budget = o.memory_budget;
     return l;
   }
 

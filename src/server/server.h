@@ -23,6 +23,8 @@ struct ServerOptions {
   std::vector<std::string> allowed_origins;
   size_t max_queue = 64;           ///< requests waiting for the engine; more -> 429 with Retry-After
   size_t max_num_seqs = 32;        ///< requests generated together (continuous batching; vLLM's --max-num-seqs)
+  /// Cache bytes the running requests may hold together (EngineLoopOptions::memory_budget; 0 = none).
+  int64_t memory_budget = 0;
   size_t max_body_bytes = 16u << 20;  ///< larger request bodies (chunked ones too) -> 413
   /// Connections open at once (one thread each); past it the longest-idle one is closed, or the
   /// new one gets a 503 when none is idle. Requests waiting for the engine hold one each.

@@ -147,5 +147,46 @@ TEST(EngineLoopBatching, ACancelledRequestAbortsAloneAndATaskWaitsForTheBatch) {
   EXPECT_EQ(running_at_task.load(), 0u);
 }
 
+TEST(EngineLoopBatching, TheMemoryBudgetQueuesWhatDoesNotFitAndRefusesWhatNeverCan) {
+  auto engine = engine_with_adapter();
+  const int64_t one = engine->state_bytes(40);  // KV grows in 256-token steps: any request here
+  ASSERT_GT(one, 0);
+  EXPECT_GT(engine->state_bytes(600), one);  // KV grows with the tokens
+  EngineLoopOptions o;
+  o.max_num_seqs = 4;
+  o.memory_budget = one + one / 2;  // one request fits, two do not
+  EngineLoop loop(*engine, o);
+  std::atomic<bool> watching{true};
+  std::atomic<size_t> most{0};
+  std::thread watcher([&] {
+    while (watching) {
+      most = std::max(most.load(), loop.running());
+      EXPECT_LE(loop.reserved_bytes(), o.memory_budget);
+      std::this_thread::sleep_for(1ms);
+    }
+  });
+  auto a = loop.submit(text_request(kPrompts[0], 30));
+  auto b = loop.submit(text_request(kPrompts[1], 30));
+  ASSERT_TRUE(a && b);
+  EXPECT_NE(collect(*a).finish.rfind("error", 0), 0u);
+  EXPECT_NE(collect(*b).finish.rfind("error", 0), 0u);
+  watching = false;
+  watcher.join();
+  EXPECT_EQ(most.load(), 1u);  // the second waited for the first
+  EXPECT_EQ(loop.reserved_bytes(), 0);
+  // A request that could never fit is refused at once, naming the limit.
+  EngineLoopOptions tight = o;
+  tight.memory_budget = one / 2;
+  EngineLoop small(*engine, tight);
+  auto big = small.submit(text_request(kPrompts[0], 30));
+  ASSERT_TRUE(big);
+  auto ev = big->events.pop(1s);
+  ASSERT_TRUE(ev);
+  EXPECT_EQ(ev->kind, StreamEvent::Kind::kError);
+  EXPECT_EQ(ev->status, 400);
+  EXPECT_EQ(ev->code, "memory_budget_exceeded");
+  EXPECT_EQ(ev->param, "max_tokens");
+}
+
 }  // namespace
 }  // namespace hearth::server
