@@ -127,14 +127,16 @@ std::string AnthropicWriter::open(const char* type) {
 
 std::string AnthropicWriter::delta(const StreamEvent& d) {
   std::string out;
-  if (!d.reasoning.empty())
-    out += open("thinking") + event(ojson{{"type", "content_block_delta"},
-                                          {"index", index_},
-                                          {"delta", {{"type", "thinking_delta"}, {"thinking", d.reasoning}}}});
-  if (!d.text.empty())
-    out += open("text") + event(ojson{{"type", "content_block_delta"},
-                                      {"index", index_},
-                                      {"delta", {{"type", "text_delta"}, {"text", d.text}}}});
+  if (!d.reasoning.empty()) {
+    out += open("thinking");  // before reading index_: it may start a block
+    out += event(ojson{{"type", "content_block_delta"},
+                       {"index", index_},
+                       {"delta", {{"type", "thinking_delta"}, {"thinking", d.reasoning}}}});
+  }
+  if (!d.text.empty()) {
+    out += open("text");
+    out += event(ojson{{"type", "content_block_delta"}, {"index", index_}, {"delta", {{"type", "text_delta"}, {"text", d.text}}}});
+  }
   return out;
 }
 

@@ -3,8 +3,8 @@
 #include "server/metrics.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
-#include <sstream>
 
 namespace hearth::server {
 namespace {
@@ -13,10 +13,9 @@ namespace {
 std::string value_text(double v) {
   if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
   if (v == std::floor(v) && std::fabs(v) < 1e15) return std::to_string(static_cast<int64_t>(v));
-  std::ostringstream o;
-  o.precision(17);
-  o << v;
-  return o.str();
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);  // shortest text that reads back as v
+  return std::string(buf, r.ptr);
 }
 
 void header(std::string& out, const char* name, const char* type, const char* help) {

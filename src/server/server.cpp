@@ -46,8 +46,11 @@ void to_anthropic_error(httplib::Response& res) {
   if (res.status < 400 || res.body.empty()) return;
   ojson j = ojson::parse(res.body, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("error") || !j["error"].is_object() || !j["error"].contains("message")) return;
-  if (j["error"]["message"].is_string())
-    res.body = dump_json(anthropic_error_json(res.status, j["error"]["message"].get<std::string>()));
+  if (!j["error"]["message"].is_string()) return;
+  res.body = dump_json(anthropic_error_json(res.status, j["error"]["message"].get<std::string>()));
+  // httplib has framed the old body by now: frame the new one.
+  res.headers.erase("Content-Length");
+  res.set_header("Content-Length", std::to_string(res.body.size()));
 }
 
 // The `route` label of a request: its route pattern, never a raw path (bounded label set).

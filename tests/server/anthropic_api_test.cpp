@@ -327,7 +327,7 @@ TEST_F(AnthropicServerTest, FailureMidStreamIsAnErrorEvent) {
   EXPECT_EQ(evs.back().first, "error");
   EXPECT_EQ(evs.back().second["error"]["type"], "api_error");
   // Before any output the status says it: a 500 in Anthropic's shape.
-  expect_anthropic_error(messages(body("__fail_generate__")), 500, "api_error");
+  expect_anthropic_error(messages(body("__fail_generate__ a b")), 500, "api_error");
 }
 
 TEST_F(AnthropicServerTest, FullQueueIsARateLimitError) {
