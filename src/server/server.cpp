@@ -40,17 +40,15 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
 
 bool is_anthropic_path(const std::string& path) { return path == "/v1/messages" || path.rfind("/v1/messages/", 0) == 0; }
 
-// Rewrites an OpenAI error body {"error": {...}} into Anthropic's shape {"type": "error", "error":
-// {"type", "message"}} (routes under /v1/messages answer every error that way, refusals included).
-void to_anthropic_error(httplib::Response& res) {
-  if (res.status < 400 || res.body.empty()) return;
+// On /v1/messages*, rewrites an OpenAI error body {"error": {...}} into Anthropic's shape {"type":
+// "error", "error": {"type", "message"}}: every error there, refusals included, is answered that
+// way. Called where the body was set (before httplib compresses it for the client).
+void to_anthropic_error(const httplib::Request& req, httplib::Response& res) {
+  if (!is_anthropic_path(req.path) || res.status < 400 || res.body.empty()) return;
   ojson j = ojson::parse(res.body, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("error") || !j["error"].is_object() || !j["error"].contains("message")) return;
   if (!j["error"]["message"].is_string()) return;
-  res.body = dump_json(anthropic_error_json(res.status, j["error"]["message"].get<std::string>()));
-  // httplib has framed the old body by now: frame the new one.
-  res.headers.erase("Content-Length");
-  res.set_header("Content-Length", std::to_string(res.body.size()));
+  res.set_content(dump_json(anthropic_error_json(res.status, j["error"]["message"].get<std::string>())), kJson);
 }
 
 // The `route` label of a request: its route pattern, never a raw path (bounded label set).
@@ -214,7 +212,7 @@ struct Server::Impl {
     // Runs before httplib reads any body: Host, Origin/CORS, auth, framing, Content-Type; then
     // POSTs without a body are answered at once. A refusal closes the connection (the body, if
     // any, is left unread).
-    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    auto pre_route = [this](const httplib::Request& req, httplib::Response& res) {
       const GuardDecision d = check_request(request_head(req), policy);
       if (!d.cors_origin.empty()) {
         res.set_header("Access-Control-Allow-Origin", d.cors_origin);
@@ -246,12 +244,15 @@ struct Server::Impl {
       if (d.has_body && req.method != "POST" && req.method != "PUT" && req.method != "PATCH" && req.method != "DELETE")
         close_after_response(res);
       return httplib::Server::HandlerResponse::Unhandled;
+    };
+    http.set_pre_routing_handler([pre_route](const httplib::Request& req, httplib::Response& res) {
+      const auto handled = pre_route(req, res);
+      if (handled == httplib::Server::HandlerResponse::Handled) to_anthropic_error(req, res);
+      return handled;
     });
 
-    // After every answer (errors from the pre-routing checks and httplib included): count it, and
-    // give /v1/messages* errors Anthropic's shape.
+    // After every answer (errors from the pre-routing checks and httplib included): count it.
     http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      if (is_anthropic_path(req.path)) to_anthropic_error(res);
       metrics.count_request(route_label(req.path), res.status);
     });
 
@@ -281,13 +282,15 @@ struct Server::Impl {
       std::string body;
       if (read_body(read, http.limits(), body, res)) completion(body, res, false);
     });
-    http.Post("/v1/messages", [this](const httplib::Request&, httplib::Response& res, const Reader& read) {
+    http.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res, const Reader& read) {
       std::string body;
       if (read_body(read, http.limits(), body, res)) messages(body, res);
+      to_anthropic_error(req, res);
     });
-    http.Post("/v1/messages/count_tokens", [this](const httplib::Request&, httplib::Response& res, const Reader& read) {
+    http.Post("/v1/messages/count_tokens", [this](const httplib::Request& req, httplib::Response& res, const Reader& read) {
       std::string body;
       if (read_body(read, http.limits(), body, res)) count_tokens(body, res);
+      to_anthropic_error(req, res);
     });
     http.Post("/v1/responses", [this](const httplib::Request&, httplib::Response& res, const Reader& read) {
       std::string body;
@@ -320,9 +323,11 @@ struct Server::Impl {
       std::string allow;
       if (known_path(req.path, allow)) {
         res.set_header("Allow", allow);
-        return send_error(res, 405, "Method " + req.method + " is not allowed for " + req.path + "; use " + allow + ".");
+        send_error(res, 405, "Method " + req.method + " is not allowed for " + req.path + "; use " + allow + ".");
+      } else {
+        send_error(res, 404, "Unknown route: " + req.method + " " + req.path + ".", "", "unknown_url");
       }
-      send_error(res, 404, "Unknown route: " + req.method + " " + req.path + ".", "", "unknown_url");
+      to_anthropic_error(req, res);
     };
     http.Get(".*", fallback);
     http.Post(".*", bodyless(fallback));
@@ -334,14 +339,15 @@ struct Server::Impl {
     // httplib's own errors (a request line, headers or body that could not be read, ...) get an
     // OpenAI body, the status the transport saw (408 too slow, 431/413 too large), and a closed
     // connection: what is left of the request cannot be trusted.
-    http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request&, httplib::Response& res) {
+    http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
       auto [status, message] = read_failure_answer(res.status, http.limits());
       close_after_response(res);
       send_error(res, status, message, "", status == 413 ? "request_too_large" : "");
+      to_anthropic_error(req, res);
       return httplib::Server::HandlerResponse::Handled;
     }));
-    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    http.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
       try {
         std::rethrow_exception(ep);
       } catch (const ApiError& e) {
@@ -351,6 +357,7 @@ struct Server::Impl {
       } catch (...) {
         send_error(res, 500, "Internal server error.");
       }
+      to_anthropic_error(req, res);
     });
   }
 
