@@ -300,6 +300,20 @@ TEST_F(AnthropicServerTest, CountTokensBuildsThePromptWithoutGenerating) {
   expect_anthropic_error(post("/v1/messages/count_tokens", R"({"messages": 3})"), 400, "invalid_request_error");
 }
 
+TEST_F(AnthropicServerTest, CountTokensRefusesTextThatCannotFitBeforeTemplating) {
+  FakeEngineOptions fo;
+  fo.context_length = 100;
+  fo.max_token_bytes = 4;  // at most 400 bytes of text can fit
+  start({}, fo);
+  const std::string big = R"({"messages": [{"role": "user", "content": ")" + std::string(401, 'x') + R"("}]})";
+  auto r = post("/v1/messages/count_tokens", big);
+  expect_anthropic_error(r, 400, "invalid_request_error");
+  EXPECT_NE(r->body.find("maximum context length is 100 tokens"), std::string::npos) << r->body;
+  EXPECT_EQ(engine_->prepares(), 0);
+  EXPECT_EQ(post("/v1/messages/count_tokens", R"({"messages": [{"role": "user", "content": "a b"}]})")->body,
+            R"({"input_tokens":4})");
+}
+
 TEST_F(AnthropicServerTest, ErrorsComeInAnthropicShape) {
   ServerOptions o;
   o.api_key = "sekret";
