@@ -189,6 +189,7 @@ struct Server::Impl {
   std::atomic<bool> stopped{false};
   Metrics metrics;
   GenerationContext gen{engine, loop, metrics, stopped, opts.max_queue};
+  // count_tokens prompts built at once on HTTP threads (like EngineLoop's prepare slots: cores, at most 8).
   std::counting_semaphore<> count_slots{static_cast<std::ptrdiff_t>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 8))};
 
   Impl(Engine& e, ServerOptions o)
