@@ -56,7 +56,7 @@ async function one(url, i, stream = i % 2 === 1) {
   const extra = args.model ? { temperature: 0, max_tokens: words } : {};
   const r = await fetch(url + '/v1/chat/completions', {
     method: 'POST', headers: { 'Content-Type': 'application/json' },
-    body: JSON.stringify({ model: 'bench', messages: [{ role: 'user', content: prompt }], stream, ...extra }),
+    body: JSON.stringify({ messages: [{ role: 'user', content: prompt }], stream, ...extra }),
   });
   const body = await r.text();
   const ms = performance.now() - t0;

@@ -126,7 +126,7 @@ std::function<int()> setup_serve(CLI::App& app) {
   app.add_option("--host", a->server.host, "Address to bind (default 127.0.0.1: this machine only)");
   app.add_option("--port", a->server.port, "Port (0 = any free port; the chosen one is printed)")
       ->check(CLI::Range(0, 65535));
-  app.add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*")
+  app.add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on /v1/*")
       ->check([](const std::string& key) -> std::string {
         if (key.empty()) return "--api-key is empty: give a key, or leave the flag out to serve without one";
         for (char c : key)

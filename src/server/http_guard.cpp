@@ -159,9 +159,12 @@ GuardDecision check_request(const RequestHead& req, const AccessPolicy& policy) 
 
   if (!policy.api_key.empty() && req.path.rfind("/v1/", 0) == 0) {
     auto token = bearer_token(req.authorization);
-    if (!token || !constant_time_equal(*token, policy.api_key)) {
-      d.refusal = refusal(401, req.authorization.empty() ? "Missing API key: send 'Authorization: Bearer <key>'."
-                                                         : "Incorrect API key provided.",
+    const bool bearer_ok = token && constant_time_equal(*token, policy.api_key);
+    const bool x_key_ok = !req.x_api_key.empty() && constant_time_equal(trim(req.x_api_key), policy.api_key);
+    if (!bearer_ok && !x_key_ok) {
+      d.refusal = refusal(401, req.authorization.empty() && req.x_api_key.empty()
+                                   ? "Missing API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')."
+                                   : "Incorrect API key provided.",
                           "invalid_api_key");
       return d;
     }

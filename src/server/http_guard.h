@@ -41,6 +41,7 @@ struct RequestHead {
   std::string origin;
   bool has_origin = false;
   std::string authorization;
+  std::string x_api_key;  ///< Anthropic clients send the key as "x-api-key: <key>"
   std::string content_type;
   std::string content_length;
   size_t content_length_count = 0;
@@ -58,8 +59,9 @@ struct GuardDecision {
 };
 
 /// Runs every check in order — Host (403 host_not_allowed; a missing Host in HTTP/1.1 is 400),
-/// Origin (403 origin_not_allowed), CORS preflight, API key on /v1/* (401 invalid_api_key; the
-/// "Bearer" scheme matched case-insensitively, RFC 7235), framing (400 for two Content-Length
+/// Origin (403 origin_not_allowed), CORS preflight, API key on /v1/* (401 invalid_api_key; either
+/// "Authorization: Bearer <key>", the scheme matched case-insensitively, RFC 7235, or Anthropic's
+/// "x-api-key: <key>"; /health and /metrics need none), framing (400 for two Content-Length
 /// headers, one that is not a non-negative decimal, or both Content-Length and Transfer-Encoding;
 /// 501 for a transfer coding other than chunked; 413 for a Content-Length over max_body_bytes),
 /// POST without application/json (415 unsupported_media_type) — and returns the first refusal.

@@ -3,6 +3,8 @@
 #include "server/openai_format.h"
 
 #include <mutex>
+
+#include "server/api_error.h"
 #include <random>
 
 namespace hearth::server {
@@ -159,5 +161,24 @@ ojson full_response(const ResponseMeta& m, const std::vector<StreamEvent>& delta
                {"choices", ojson::array({choice})},
                {"usage", usage_json(done.prompt_tokens, done.completion_tokens, done.cached_tokens)}};
 }
+
+std::string OpenAiWriter::full(const std::vector<StreamEvent>& deltas, const StreamEvent& done) {
+  return dump_json(full_response(m_, deltas, done));
+}
+
+std::string OpenAiWriter::begin(const StreamEvent&) {
+  ojson f = first_chunk(m_);
+  return f.is_null() ? std::string() : sse(f);
+}
+
+std::string OpenAiWriter::delta(const StreamEvent& d) { return sse(delta_chunk(m_, d)); }
+
+std::string OpenAiWriter::end(const StreamEvent& done) {
+  std::string out;
+  for (const auto& c : final_chunks(m_, done)) out += sse(c);
+  return out + "data: [DONE]\n\n";
+}
+
+std::string OpenAiWriter::error(const StreamEvent& e) { return sse(error_json(e.status, e.message, e.param, e.code)); }
 
 }  // namespace hearth::server

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "server/response_writer.h"
 #include "server/stream_event.h"
 
 namespace hearth::server {
@@ -49,5 +50,20 @@ ojson full_response(const ResponseMeta& m, const std::vector<StreamEvent>& delta
 /// usage {prompt_tokens, completion_tokens, total_tokens, prompt_tokens_details: {cached_tokens}}
 /// (OpenAI's shape; cached_tokens: prompt tokens reused from the prompt cache).
 ojson usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens = 0);
+
+/// The ResponseWriter of /v1/chat/completions and /v1/completions: the functions above, with
+/// "data: [DONE]" after the closing chunks and an OpenAI error body as a mid-stream error event.
+class OpenAiWriter : public ResponseWriter {
+ public:
+  explicit OpenAiWriter(ResponseMeta m) : m_(std::move(m)) {}
+  std::string full(const std::vector<StreamEvent>& deltas, const StreamEvent& done) override;
+  std::string begin(const StreamEvent& started) override;
+  std::string delta(const StreamEvent& d) override;
+  std::string end(const StreamEvent& done) override;
+  std::string error(const StreamEvent& e) override;
+
+ private:
+  ResponseMeta m_;
+};
 
 }  // namespace hearth::server

@@ -30,6 +30,12 @@ void OutputStream::emit(std::string reasoning, std::string text) {
   out_.push(std::move(ev));
 }
 
+std::string OutputStream::pass_stops(std::string_view text) {
+  auto s = stops_.push(text);
+  if (s.stopped) matched_stop_ = stops_.stops()[s.stop_index];
+  return std::move(s.text);
+}
+
 bool OutputStream::on_token(const TokenEvent& ev) {
   if (req_.logprobs && !ev.text_only) {
     TokenEvent lp;
@@ -55,9 +61,9 @@ bool OutputStream::on_token(const TokenEvent& ev) {
   } else {
     content = std::move(text);
   }
-  auto s = stops_.push(content);
-  emit(std::move(reasoning), std::move(s.text));
-  return !s.stopped;
+  std::string released = pass_stops(content);
+  emit(std::move(reasoning), std::move(released));
+  return !stops_.stopped();
 }
 
 void OutputStream::finish(const Finish& f, int64_t prompt_tokens) {
@@ -68,13 +74,13 @@ void OutputStream::finish(const Finish& f, int64_t prompt_tokens) {
     chat::ReasoningSplit s = splitter_->flush();
     reasoning = std::move(s.reasoning);
     if (tools_active_) routed_ += s.content;
-    else tail = stops_.push(s.content).text;
+    else tail = pass_stops(s.content);
   }
   const std::string held = tools_active_ ? routed_.substr(sent_) : std::string();
   if (!stops_.stopped() && !held.empty()) {
     ParsedToolCalls parsed = engine_.parse_tool_calls(held, req_.tools);
     if (parsed.calls.empty()) {
-      tail += stops_.push(held).text;  // nothing parsed: the held text is ordinary content
+      tail += pass_stops(held);  // nothing parsed: the held text is ordinary content
     } else {
       done.tool_calls = std::move(parsed.calls);
       if (!stops_.stopped()) tail += stops_.flush();
@@ -83,6 +89,7 @@ void OutputStream::finish(const Finish& f, int64_t prompt_tokens) {
   }
   if (!stops_.stopped()) tail += stops_.flush();
   emit(std::move(reasoning), std::move(tail));
+  done.stop_sequence = matched_stop_;
   if (stops_.stopped()) done.finish_reason = "stop";
   else if (f.reason == Finish::Reason::kAborted) done.finish_reason = "abort";  // cut: never "stop"
   else if (!done.tool_calls.empty()) done.finish_reason = "tool_calls";

@@ -34,6 +34,7 @@ class OutputStream {
 
  private:
   void emit(std::string reasoning, std::string text);
+  std::string pass_stops(std::string_view text);  // stops_.push, remembering the stop that matched
 
   const CompletionRequest& req_;
   const Engine& engine_;
@@ -43,6 +44,7 @@ class OutputStream {
   std::string routed_;           // tools active: all content text so far
   size_t sent_ = 0;              // bytes of routed_ passed on (the rest is held for tool parsing)
   std::vector<TokenEvent> pending_logprobs_;
+  std::string matched_stop_;     // the stop string that matched ("" = none yet)
   std::unique_ptr<chat::ReasoningSplitter> splitter_;  // null: no reasoning format for this request
 };
 

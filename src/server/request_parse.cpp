@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/json_nesting.h"
 #include "server/api_error.h"
+#include "server/json_fields.h"
 
 namespace hearth::server {
 namespace {
@@ -17,85 +18,13 @@ using json = nlohmann::ordered_json;
 
 constexpr int64_t kMaxTokensLimit = std::numeric_limits<int32_t>::max();
 
-std::string type_name(const json& v) {
-  if (v.is_boolean()) return "a boolean";
-  if (v.is_number()) return "a number";
-  if (v.is_string()) return "a string";
-  if (v.is_array()) return "an array";
-  if (v.is_object()) return "an object";
-  return "null";
-}
+std::string type_name(const json& v) { return json_type_name(v); }
 
-[[noreturn]] void bad(const std::string& param, const std::string& msg) {
-  throw ApiError(400, msg, param, "invalid_value");
-}
-[[noreturn]] void bad_type(const std::string& param, const json& v, const char* expected) {
-  throw ApiError(400, "Invalid type for '" + param + "': expected " + expected + ", but got " +
-                          type_name(v) + ".",
-                 param, "invalid_type");
-}
+[[noreturn]] void bad(const std::string& param, const std::string& msg) { bad_value(param, msg); }
 
-std::string num(double v) {
-  std::string s = json(v).dump();
-  if (s.size() > 2 && s.compare(s.size() - 2, 2, ".0") == 0) s.resize(s.size() - 2);
-  return s;
-}
+const json* field(const json& obj, const std::string& key) { return json_field(obj, key); }
 
-// The field's value, or nullptr when absent or null (explicit nulls count as absent).
-const json* field(const json& obj, const std::string& key) {
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-std::optional<double> number_in(const json& body, const std::string& key, double lo, double hi,
-                                bool lo_open = false) {
-  const json* v = field(body, key);
-  if (!v) return std::nullopt;
-  if (!v->is_number()) bad_type(key, *v, "a number");
-  double d = v->get<double>();
-  if (!std::isfinite(d) || d < lo || (lo_open && d == lo) || d > hi)
-    bad(key, "Invalid '" + key + "': expected a value in " + (lo_open ? "(" : "[") + num(lo) + ", " +
-                 num(hi) + "], but got " + (std::isfinite(d) ? num(d) : v->dump()) + " instead.");
-  return d;
-}
-
-std::optional<int64_t> integer_in(const json& body, const std::string& key, int64_t lo, int64_t hi) {
-  const json* v = field(body, key);
-  if (!v) return std::nullopt;
-  if (!v->is_number()) bad_type(key, *v, "an integer");
-  if (v->is_number_float()) {
-    double d = v->get<double>();
-    if (!std::isfinite(d) || d != std::floor(d)) bad_type(key, *v, "an integer");
-    // hi as a double may round up (INT64_MAX becomes 2^63): compare below 2^63 too, so the cast
-    // below is always defined.
-    if (d < static_cast<double>(lo) || d > static_cast<double>(hi) || d >= 0x1p63)
-      bad(key, "Invalid '" + key + "': expected an integer in [" + std::to_string(lo) + ", " +
-                   std::to_string(hi) + "], but got " + v->dump() + " instead.");
-    return static_cast<int64_t>(d);
-  }
-  bool too_big = v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi);
-  int64_t i = too_big ? hi : v->get<int64_t>();
-  if (too_big || i < lo || i > hi)
-    bad(key, "Invalid '" + key + "': expected an integer in [" + std::to_string(lo) + ", " +
-                 std::to_string(hi) + "], but got " + v->dump() + " instead.");
-  return i;
-}
-
-std::optional<bool> boolean(const json& body, const std::string& key) {
-  const json* v = field(body, key);
-  if (!v) return std::nullopt;
-  if (!v->is_boolean()) bad_type(key, *v, "a boolean");
-  return v->get<bool>();
-}
-
-std::optional<std::string> string_field(const json& obj, const std::string& key,
-                                        const std::string& param) {
-  const json* v = field(obj, key);
-  if (!v) return std::nullopt;
-  if (!v->is_string()) bad_type(param, *v, "a string");
-  return v->get<std::string>();
-}
+std::optional<bool> boolean(const json& body, const std::string& key) { return boolean_field(body, key); }
 
 // Content: a string, or an array of {"type": "text", "text": ...} parts (concatenated).
 std::optional<std::string> parse_content(const json& msg, const std::string& p) {

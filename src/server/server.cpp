@@ -1,22 +1,29 @@
-// HTTP transport for the OpenAI-compatible API and the web UI: routes, auth, error mapping, and
-// the bridge from a Job's event channel to a JSON body or an SSE stream.
-// Not request validation (request_parse.cpp) nor response shapes (openai_format.cpp).
+// HTTP routes of the server: OpenAI chat/completions, Anthropic Messages, OpenAI Responses, models,
+// adapters, health, metrics and the web UI; auth, error mapping and request metrics.
+// Not request validation (*_parse.cpp), response shapes (*_format.cpp) nor the job bridge
+// (generation_route.cpp).
 #include "server/server.h"
 
 #include <httplib.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <chrono>
+#include <semaphore>
+#include <thread>
 
 #include "core/error.h"
+#include "server/anthropic_api.h"
 #include "server/api_error.h"
 #include "server/engine_loop.h"
+#include "server/generation_route.h"
 #include "server/http_guard.h"
 #include "server/http_transport.h"
 #include "server/openai_format.h"
 #include "server/request_parse.h"
+#include "server/responses_api.h"
 #include "server/web_assets.h"
 
 namespace hearth::server {
@@ -28,8 +35,32 @@ constexpr const char* kJson = "application/json";
 
 void send_error(httplib::Response& res, int status, const std::string& message, const std::string& param = {},
                 const std::string& code = {}) {
-  res.status = status;
-  res.set_content(dump_json(error_json(status, message, param, code)), kJson);
+  send_api_error(res, status, message, param, code);
+}
+
+bool is_anthropic_path(const std::string& path) { return path == "/v1/messages" || path.rfind("/v1/messages/", 0) == 0; }
+
+// On /v1/messages*, rewrites an OpenAI error body {"error": {...}} into Anthropic's shape {"type":
+// "error", "error": {"type", "message"}}: every error there, refusals included, is answered that
+// way. Called where the body was set (before httplib compresses it for the client).
+void to_anthropic_error(const httplib::Request& req, httplib::Response& res) {
+  if (!is_anthropic_path(req.path) || res.status < 400 || res.body.empty()) return;
+  ojson j = ojson::parse(res.body, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("error") || !j["error"].is_object() || !j["error"].contains("message")) return;
+  if (!j["error"]["message"].is_string()) return;
+  res.set_content(dump_json(anthropic_error_json(res.status, j["error"]["message"].get<std::string>())), kJson);
+}
+
+// The `route` label of a request: its route pattern, never a raw path (bounded label set).
+std::string route_label(const std::string& path) {
+  for (const char* r : {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
+                        "/v1/responses", "/v1/models", "/v1/adapters", "/health", "/metrics", "/"})
+    if (path == r) return path;
+  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{model}";
+  if (path.rfind("/v1/adapters/", 0) == 0) return "/v1/adapters/{id}";
+  for (const auto& a : web_assets())
+    if (path == a.path) return "/ui";
+  return "other";
 }
 
 int64_t unix_now() {
@@ -108,6 +139,7 @@ RequestHead request_head(const httplib::Request& req) {
   h.has_origin = req.has_header("Origin");
   h.origin = req.get_header_value("Origin");
   h.authorization = req.get_header_value("Authorization");
+  h.x_api_key = req.get_header_value("x-api-key");
   h.content_type = req.get_header_value("Content-Type");
   h.content_length = req.get_header_value("Content-Length");
   h.content_length_count = req.get_header_value_count("Content-Length");
@@ -130,26 +162,20 @@ TransportLimits transport_limits(const ServerOptions& o) {
 // Routes and the methods they accept (for 404 vs 405).
 bool known_path(const std::string& path, std::string& allow) {
   allow = "POST";
-  if (path == "/v1/chat/completions" || path == "/v1/completions") return true;
+  if (path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/responses" || path == "/v1/messages" ||
+      path == "/v1/messages/count_tokens")
+    return true;
   allow = "GET, POST";
   if (path == "/v1/adapters") return true;
   allow = "DELETE";
   if (path.rfind("/v1/adapters/", 0) == 0) return true;
   allow = "GET";
-  if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0 || path == "/health" || path == "/") return true;
+  if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0 || path == "/health" || path == "/metrics" || path == "/")
+    return true;
   for (const auto& a : web_assets())
     if (path == a.path) return true;
   return false;
 }
-
-// Streaming state shared by the content provider and its releaser.
-struct StreamState {
-  std::shared_ptr<Job> job;
-  ResponseMeta meta;
-  bool first_sent = false;
-  bool finished = false;
-  std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
-};
 
 }  // namespace
 
@@ -161,6 +187,10 @@ struct Server::Impl {
   GuardedHttpServer http;
   int64_t started_at = unix_now();
   std::atomic<bool> stopped{false};
+  Metrics metrics;
+  GenerationContext gen{engine, loop, metrics, stopped, opts.max_queue};
+  // count_tokens prompts built at once on HTTP threads (like EngineLoop's prepare slots: cores, at most 8).
+  std::counting_semaphore<> count_slots{static_cast<std::ptrdiff_t>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 8))};
 
   static EngineLoopOptions loop_options(const ServerOptions& o) {
     EngineLoopOptions l;
@@ -193,7 +223,7 @@ struct Server::Impl {
     // Runs before httplib reads any body: Host, Origin/CORS, auth, framing, Content-Type; then
     // POSTs without a body are answered at once. A refusal closes the connection (the body, if
     // any, is left unread).
-    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    auto pre_route = [this](const httplib::Request& req, httplib::Response& res) {
       const GuardDecision d = check_request(request_head(req), policy);
       if (!d.cors_origin.empty()) {
         res.set_header("Access-Control-Allow-Origin", d.cors_origin);
@@ -209,7 +239,8 @@ struct Server::Impl {
         res.status = 204;
         res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
         const std::string asked = req.get_header_value("Access-Control-Request-Headers");
-        res.set_header("Access-Control-Allow-Headers", asked.empty() ? "Authorization, Content-Type" : asked);
+        res.set_header("Access-Control-Allow-Headers",
+                       asked.empty() ? "Authorization, Content-Type, x-api-key, anthropic-version" : asked);
         res.set_header("Access-Control-Max-Age", "600");
         if (d.has_body) close_after_response(res);
         return httplib::Server::HandlerResponse::Handled;
@@ -224,10 +255,24 @@ struct Server::Impl {
       if (d.has_body && req.method != "POST" && req.method != "PUT" && req.method != "PATCH" && req.method != "DELETE")
         close_after_response(res);
       return httplib::Server::HandlerResponse::Unhandled;
+    };
+    http.set_pre_routing_handler([pre_route](const httplib::Request& req, httplib::Response& res) {
+      const auto handled = pre_route(req, res);
+      if (handled == httplib::Server::HandlerResponse::Handled) to_anthropic_error(req, res);
+      return handled;
+    });
+
+    // After every answer (errors from the pre-routing checks and httplib included): count it.
+    http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      metrics.count_request(route_label(req.path), res.status);
     });
 
     http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
       res.set_content("{\"status\": \"ok\"}", kJson);
+    });
+    // Like /health, needs no API key (it is outside /v1/): scrapers rarely carry one.
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics.render(loop.queued()), "text/plain; version=0.0.4; charset=utf-8");
     });
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(dump_json(ojson{{"object", "list"}, {"data", ojson::array({model_json()})}}), kJson);
@@ -247,6 +292,20 @@ struct Server::Impl {
     http.Post("/v1/completions", [this](const httplib::Request&, httplib::Response& res, const Reader& read) {
       std::string body;
       if (read_body(read, http.limits(), body, res)) completion(body, res, false);
+    });
+    http.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res, const Reader& read) {
+      std::string body;
+      if (read_body(read, http.limits(), body, res)) messages(body, res);
+      to_anthropic_error(req, res);
+    });
+    http.Post("/v1/messages/count_tokens", [this](const httplib::Request& req, httplib::Response& res, const Reader& read) {
+      std::string body;
+      if (read_body(read, http.limits(), body, res)) count_tokens(body, res);
+      to_anthropic_error(req, res);
+    });
+    http.Post("/v1/responses", [this](const httplib::Request&, httplib::Response& res, const Reader& read) {
+      std::string body;
+      if (read_body(read, http.limits(), body, res)) responses(body, res);
     });
     http.Get("/v1/adapters", [this](const httplib::Request&, httplib::Response& res) {
       ojson list = ojson::array();
@@ -275,9 +334,11 @@ struct Server::Impl {
       std::string allow;
       if (known_path(req.path, allow)) {
         res.set_header("Allow", allow);
-        return send_error(res, 405, "Method " + req.method + " is not allowed for " + req.path + "; use " + allow + ".");
+        send_error(res, 405, "Method " + req.method + " is not allowed for " + req.path + "; use " + allow + ".");
+      } else {
+        send_error(res, 404, "Unknown route: " + req.method + " " + req.path + ".", "", "unknown_url");
       }
-      send_error(res, 404, "Unknown route: " + req.method + " " + req.path + ".", "", "unknown_url");
+      to_anthropic_error(req, res);
     };
     http.Get(".*", fallback);
     http.Post(".*", bodyless(fallback));
@@ -289,14 +350,15 @@ struct Server::Impl {
     // httplib's own errors (a request line, headers or body that could not be read, ...) get an
     // OpenAI body, the status the transport saw (408 too slow, 431/413 too large), and a closed
     // connection: what is left of the request cannot be trusted.
-    http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request&, httplib::Response& res) {
+    http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
       auto [status, message] = read_failure_answer(res.status, http.limits());
       close_after_response(res);
       send_error(res, status, message, "", status == 413 ? "request_too_large" : "");
+      to_anthropic_error(req, res);
       return httplib::Server::HandlerResponse::Handled;
     }));
-    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    http.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
       try {
         std::rethrow_exception(ep);
       } catch (const ApiError& e) {
@@ -306,6 +368,7 @@ struct Server::Impl {
       } catch (...) {
         send_error(res, 500, "Internal server error.");
       }
+      to_anthropic_error(req, res);
     });
   }
 
@@ -366,97 +429,62 @@ struct Server::Impl {
   }
 
   void completion(const std::string& raw, httplib::Response& res, bool chat) {
+    const auto arrived = std::chrono::steady_clock::now();
     CompletionRequest creq;
+    std::string model;
     try {
       ojson body = parse_body(raw);
       creq = chat ? parse_chat_request(body) : parse_completion_request(body);
+      model = resolve_model(engine, creq);
     } catch (const ApiError& e) {
       return send_error(res, e.status(), e.what(), e.param(), e.code());
     }
-    ResponseMeta meta{new_response_id(chat), unix_now(), engine.model_id(), chat, creq.stream && creq.include_usage,
-                      creq.logprobs};
-    const bool stream = creq.stream;
-    std::shared_ptr<Job> job = loop.submit(std::move(creq));
-    if (!job) {
-      if (stopped) return send_error(res, 503, "The server is shutting down.");
-      res.set_header("Retry-After", "1");
-      return send_error(res, 429, "Too many requests waiting (" + std::to_string(opts.max_queue) +
-                                      " queued); retry later.", "", "queue_full");
-    }
-    // The first event decides the status: kStarted (200) or kError (4xx/5xx before any output). A
-    // streaming request still waiting in the queue gets its headers and first chunk at once (then
-    // SSE keep-alive comments) instead, so a proxy with a short idle timeout does not drop it; an
-    // error after that (rare: its adapter unmounted meanwhile, shutdown) arrives as an error event.
-    std::optional<StreamEvent> first;
-    while (!(first = job->events.pop(stream ? 50ms : 200ms)) && !stream) {
-    }
-    if (first && first->kind == StreamEvent::Kind::kError)
-      return send_error(res, first->status, first->message, first->param, first->code);
+    ResponseMeta meta{new_response_id(chat), unix_now(), model, chat, creq.stream && creq.include_usage, creq.logprobs};
+    serve_generation(gen, std::move(creq), std::make_shared<OpenAiWriter>(std::move(meta)), res, arrived);
+  }
 
-    if (!stream) {
-      std::vector<StreamEvent> deltas;
-      for (;;) {
-        auto ev = job->events.pop(200ms);
-        if (!ev) continue;
-        if (ev->kind == StreamEvent::Kind::kDelta) {
-          deltas.push_back(std::move(*ev));
-        } else if (ev->kind == StreamEvent::Kind::kDone) {
-          res.set_content(dump_json(full_response(meta, deltas, *ev)), kJson);
-          return;
-        } else {
-          return send_error(res, ev->status, ev->message, ev->param, ev->code);
-        }
-      }
+  // POST /v1/messages (Anthropic): errors get Anthropic's shape in the post-routing handler.
+  void messages(const std::string& raw, httplib::Response& res) {
+    const auto arrived = std::chrono::steady_clock::now();
+    CompletionRequest creq;
+    std::string model;
+    try {
+      creq = parse_anthropic_request(parse_body(raw), /*count_only=*/false);
+      model = resolve_model(engine, creq);
+    } catch (const ApiError& e) {
+      return send_error(res, e.status(), e.what(), e.param(), e.code());
     }
+    serve_generation(gen, std::move(creq), std::make_shared<AnthropicWriter>(new_anthropic_message_id(), model), res, arrived);
+  }
 
-    auto st = std::make_shared<StreamState>();
-    st->job = job;
-    st->meta = std::move(meta);
-    res.set_header("Cache-Control", "no-cache");
-    res.set_header("X-Accel-Buffering", "no");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [st](size_t, httplib::DataSink& sink) {
-          std::string out;
-          if (!st->first_sent) {
-            st->first_sent = true;
-            ojson f = first_chunk(st->meta);
-            if (!f.is_null()) out += sse(f);
-          }
-          // Wait briefly for an event, then take every event already queued (one write).
-          auto ev = st->job->events.pop(out.empty() ? 200ms : 0ms);
-          const auto now = std::chrono::steady_clock::now();
-          if (!ev && out.empty() && now - st->last_write > std::chrono::seconds(5)) out = ": keep-alive\n\n";
-          bool end = false;
-          while (ev) {
-            if (ev->kind == StreamEvent::Kind::kDelta) {
-              out += sse(delta_chunk(st->meta, *ev));
-            } else if (ev->kind == StreamEvent::Kind::kDone) {
-              for (const auto& c : final_chunks(st->meta, *ev)) out += sse(c);
-              out += "data: [DONE]\n\n";
-              end = true;
-              break;
-            } else if (ev->kind == StreamEvent::Kind::kError) {
-              out += sse(error_json(ev->status, ev->message, ev->param, ev->code));
-              end = true;
-              break;
-            }
-            ev = st->job->events.pop(0ms);
-          }
-          if (!out.empty()) st->last_write = now;
-          if (!out.empty() && !sink.write(out.data(), out.size())) {
-            st->job->cancelled = true;  // the client went away: stop generating
-            return false;
-          }
-          if (end) {
-            st->finished = true;
-            sink.done();
-          }
-          return true;
-        },
-        [st](bool) {
-          if (!st->finished) st->job->cancelled = true;
-        });
+  // POST /v1/messages/count_tokens: the prompt /v1/messages would run, built but not queued.
+  void count_tokens(const std::string& raw, httplib::Response& res) {
+    try {
+      CompletionRequest creq = parse_anthropic_request(parse_body(raw), /*count_only=*/true);
+      resolve_model(engine, creq);
+      count_slots.acquire();
+      std::unique_ptr<std::counting_semaphore<>, void (*)(std::counting_semaphore<>*)> slot(&count_slots,
+                                                                                            [](auto* s) { s->release(); });
+      const Prompt p = count_prompt(engine, creq);
+      res.set_content(dump_json(ojson{{"input_tokens", p.ids.size()}}), kJson);
+    } catch (const ApiError& e) {
+      send_error(res, e.status(), e.what(), e.param(), e.code());
+    }
+  }
+
+  // POST /v1/responses (OpenAI Responses; nothing is stored).
+  void responses(const std::string& raw, httplib::Response& res) {
+    const auto arrived = std::chrono::steady_clock::now();
+    ResponsesRequest r;
+    std::string model;
+    try {
+      r = parse_responses_request(parse_body(raw));
+      model = resolve_model(engine, r.req);
+    } catch (const ApiError& e) {
+      return send_error(res, e.status(), e.what(), e.param(), e.code());
+    }
+    auto writer = std::make_shared<ResponsesWriter>(new_responses_id(), unix_now(), model, std::move(r.echo));
+    serve_generation(gen, std::move(r.req), std::move(writer), res, arrived);
   }
 };
 

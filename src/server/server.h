@@ -1,5 +1,6 @@
-// `hearth serve`'s HTTP server: OpenAI-compatible routes (chat, completions, models, health), the
-// embedded web UI, auth, limits, SSE streaming, over cpp-httplib, feeding one EngineLoop.
+// `hearth serve`'s HTTP server: OpenAI-compatible routes (chat, completions, responses, models),
+// Anthropic Messages, health, Prometheus metrics, the embedded web UI, auth, limits, SSE
+// streaming, over cpp-httplib, feeding one EngineLoop.
 // Not the engine and not JSON parsing details (request_parse.h, openai_format.h).
 #pragma once
 #include <cstdint>
@@ -14,7 +15,9 @@ namespace hearth::server {
 struct ServerOptions {
   std::string host = "127.0.0.1";  ///< bind address (loopback by default)
   int port = 8080;                 ///< 0 = pick a free port (see Server::bind)
-  std::string api_key;             ///< when set, /v1/* needs "Authorization: Bearer <key>" (else 401)
+  /// When set, /v1/* needs "Authorization: Bearer <key>" or "x-api-key: <key>" (else 401);
+  /// /health and /metrics never do.
+  std::string api_key;
   /// Host header names accepted besides loopback names and `host` ("*" = any; see AccessPolicy in
   /// http_guard.h). Empty: a loopback-bound server answers loopback names only (DNS rebinding).
   std::vector<std::string> allowed_hosts;
@@ -44,7 +47,8 @@ struct ServerOptions {
 /// signal watcher) cuts the running generation (its answer, streamed or not, ends with what was
 /// generated and finish_reason "abort", as vLLM reports aborted requests), fails queued requests
 /// with 503, and makes serve() return. Every error is answered in OpenAI's shape
-/// {"error": {"message", "type", "param", "code"}} (param/code null when they do not apply) and the
+/// {"error": {"message", "type", "param", "code"}} (param/code null when they do not apply;
+/// Anthropic's {"type": "error", "error": {"type", "message"}} under /v1/messages) and the
 /// server keeps serving. Known limit: a non-streaming client that disconnects is not noticed
 /// (httplib 0.11 gives handlers no way to see it); its generation runs to its end.
 class Server {

@@ -26,6 +26,7 @@ struct StreamEvent {
   std::vector<TokenEvent> logprobs;  ///< kDelta: tokens accounted for since the last delta
   std::vector<ToolCall> tool_calls;  ///< kDone
   std::string finish_reason;         ///< kDone: "stop" | "length" | "tool_calls" | "abort"
+  std::string stop_sequence;         ///< kDone: the request's stop string that ended the output ("" = none)
   int64_t completion_tokens = 0;     ///< kDone
   int64_t cached_tokens = 0;         ///< kDone: prompt tokens served from the prompt cache
   int status = 0;                    ///< kError: HTTP status

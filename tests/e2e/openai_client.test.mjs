@@ -1,7 +1,8 @@
 // The official `openai` npm client against `hearth serve --fake-engine`: chat (plain and streamed),
-// completions, a tool-call round trip, models, errors surfaced as the client's error classes, and a
-// clean SIGTERM exit; then against the real engine on a tiny model with a chat template (chat and
-// completions, streamed and not, adapters list). Run by ctest as e2e_openai (node --test).
+// completions, a tool-call round trip, responses (plain, streamed, function calls), models, unknown
+// models, errors surfaced as the client's error classes, and a clean SIGTERM exit; then against the
+// real engine on a tiny model with a chat template (chat, completions and responses, streamed and
+// not, adapters list). Run by ctest as e2e_openai (node --test).
 import { test, describe, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { startServer, npmPackage, tinyModelWithTemplate } from './serve_helper.mjs';
@@ -29,7 +30,7 @@ test('models.list returns the served model', async () => {
 
 test('chat completion, non-streaming', async () => {
   const r = await client.chat.completions.create({
-    model: 'whatever', messages: [{ role: 'system', content: 'sys' }, { role: 'user', content: 'hello from node' }],
+    model: 'fake-model', messages: [{ role: 'system', content: 'sys' }, { role: 'user', content: 'hello from node' }],
   });
   assert.equal(r.object, 'chat.completion');
   assert.equal(r.model, 'fake-model');
@@ -42,7 +43,7 @@ test('chat completion, non-streaming', async () => {
 
 test('chat completion, streaming with usage', async () => {
   const stream = await client.chat.completions.create({
-    model: 'm', messages: [{ role: 'user', content: 'one two three' }], stream: true,
+    model: 'fake-model', messages: [{ role: 'user', content: 'one two three' }], stream: true,
     stream_options: { include_usage: true },
   });
   let content = '';
@@ -66,20 +67,20 @@ test('chat completion, streaming with usage', async () => {
 
 test('chat stop strings and max_tokens', async () => {
   const r = await client.chat.completions.create({
-    model: 'm', messages: [{ role: 'user', content: 'emit:first line\nsecond line' }], stop: ['\n'],
+    model: 'fake-model', messages: [{ role: 'user', content: 'emit:first line\nsecond line' }], stop: ['\n'],
   });
   assert.equal(r.choices[0].message.content, 'first line');
-  const l = await client.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: 'a b c d' }], max_completion_tokens: 2 });
+  const l = await client.chat.completions.create({ model: 'fake-model', messages: [{ role: 'user', content: 'a b c d' }], max_completion_tokens: 2 });
   assert.equal(l.choices[0].message.content, 'a b');
   assert.equal(l.choices[0].finish_reason, 'length');
 });
 
 test('text completions', async () => {
-  const r = await client.completions.create({ model: 'm', prompt: 'alpha beta gamma', max_tokens: 2 });
+  const r = await client.completions.create({ model: 'fake-model', prompt: 'alpha beta gamma', max_tokens: 2 });
   assert.equal(r.object, 'text_completion');
   assert.equal(r.choices[0].text, 'alpha beta');
   assert.equal(r.choices[0].finish_reason, 'length');
-  const s = await client.completions.create({ model: 'm', prompt: 'x y', stream: true });
+  const s = await client.completions.create({ model: 'fake-model', prompt: 'x y', stream: true });
   let text = '';
   for await (const chunk of s) text += chunk.choices[0]?.text ?? '';
   assert.equal(text, 'x y');
@@ -94,7 +95,7 @@ const toolCallText = 'emit:<tool_call>{"name": "get_weather", "arguments": {"cit
 
 test('tool-call round trip', async () => {
   const messages = [{ role: 'user', content: toolCallText }];
-  const r1 = await client.chat.completions.create({ model: 'm', messages, tools });
+  const r1 = await client.chat.completions.create({ model: 'fake-model', messages, tools });
   assert.equal(r1.choices[0].finish_reason, 'tool_calls');
   const msg = r1.choices[0].message;
   assert.equal(msg.content, null);
@@ -106,13 +107,13 @@ test('tool-call round trip', async () => {
   assert.deepEqual(JSON.parse(call.function.arguments), { city: 'Paris' });
 
   messages.push(msg, { role: 'tool', tool_call_id: call.id, content: '18 C and sunny' });
-  const r2 = await client.chat.completions.create({ model: 'm', messages, tools });
+  const r2 = await client.chat.completions.create({ model: 'fake-model', messages, tools });
   assert.equal(r2.choices[0].message.content, 'Tool result: 18 C and sunny');
   assert.equal(r2.choices[0].finish_reason, 'stop');
 });
 
 test('tool call, streamed, through the client stream helper', async () => {
-  const runner = client.chat.completions.stream({ model: 'm', messages: [{ role: 'user', content: toolCallText }], tools });
+  const runner = client.chat.completions.stream({ model: 'fake-model', messages: [{ role: 'user', content: toolCallText }], tools });
   const final = await runner.finalChatCompletion();
   assert.equal(final.choices[0].finish_reason, 'tool_calls');
   const call = final.choices[0].message.tool_calls[0];
@@ -120,9 +121,83 @@ test('tool call, streamed, through the client stream helper', async () => {
   assert.deepEqual(JSON.parse(call.function.arguments), { city: 'Paris' });
 });
 
-test('bad temperature surfaces as BadRequestError (400)', async () => {
+// The text of a Response's message items (the SDK adds `output_text` to create() results only).
+const textOf = (r) => r.output.filter((o) => o.type === 'message').flatMap((o) => o.content).map((c) => c.text).join('');
+
+test('responses.create, plain', async () => {
+  const r = await client.responses.create({ model: 'fake-model', instructions: 'sys', input: 'hello from node' });
+  assert.equal(r.object, 'response');
+  assert.match(r.id, /^resp_/);
+  assert.equal(r.status, 'completed');
+  assert.equal(r.model, 'fake-model');
+  assert.equal(r.output_text, 'hello from node');  // the client's own concatenation of output_text parts
+  assert.equal(r.output.length, 1);
+  assert.equal(r.output[0].type, 'message');
+  assert.deepEqual(r.output[0].content, [{ type: 'output_text', text: 'hello from node', annotations: [], logprobs: [] }]);
+  // "system: sys\nuser: hello from node\nassistant:" = 7 fake tokens; 3 words + EOS.
+  assert.equal(r.usage.input_tokens, 7);
+  assert.equal(r.usage.output_tokens, 4);
+  assert.equal(r.usage.total_tokens, 11);
+  const l = await client.responses.create({ model: 'fake-model', input: 'a b c d', max_output_tokens: 2 });
+  assert.equal(l.status, 'incomplete');
+  assert.equal(l.incomplete_details.reason, 'max_output_tokens');
+  assert.equal(l.output_text, 'a b');
+});
+
+test('responses.create, streamed: raw events and the stream helper', async () => {
+  const stream = await client.responses.create({ model: 'fake-model', input: 'one two three', stream: true });
+  const types = [];
+  let text = '';
+  let seq = 0;
+  for await (const e of stream) {
+    types.push(e.type);
+    assert.equal(e.sequence_number, seq++);
+    if (e.type === 'response.output_text.delta') text += e.delta;
+  }
+  assert.equal(text, 'one two three');
+  assert.deepEqual(types, ['response.created', 'response.in_progress', 'response.output_item.added',
+    'response.content_part.added', 'response.output_text.delta', 'response.output_text.delta',
+    'response.output_text.delta', 'response.output_text.done', 'response.content_part.done',
+    'response.output_item.done', 'response.completed']);
+  const helper = client.responses.stream({ model: 'fake-model', input: 'four five' });
+  const final = await helper.finalResponse();
+  assert.equal(final.status, 'completed');
+  assert.equal(textOf(final), 'four five');
+});
+
+test('responses: function call round trip, plain and streamed', async () => {
+  const rtools = [{ type: 'function', name: 'get_weather', description: 'Weather for a city',
+    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } }];
+  const r1 = await client.responses.create({ model: 'fake-model', input: toolCallText, tools: rtools });
+  assert.equal(r1.output.length, 1);
+  const call = r1.output[0];
+  assert.equal(call.type, 'function_call');
+  assert.match(call.call_id, /^call_/);
+  assert.equal(call.name, 'get_weather');
+  assert.deepEqual(JSON.parse(call.arguments), { city: 'Paris' });
+  const r2 = await client.responses.create({
+    model: 'fake-model', tools: rtools,
+    input: [{ role: 'user', content: toolCallText }, call, { type: 'function_call_output', call_id: call.call_id, output: '18 C' }],
+  });
+  assert.equal(r2.output_text, 'Tool result: 18 C');
+  const final = await client.responses.stream({ model: 'fake-model', input: toolCallText, tools: rtools }).finalResponse();
+  assert.equal(final.output[0].type, 'function_call');
+  assert.deepEqual(JSON.parse(final.output[0].arguments), { city: 'Paris' });
+});
+
+test('responses: unsupported fields and unknown models are errors', async () => {
+  await assert.rejects(client.responses.create({ model: 'fake-model', input: 'x', previous_response_id: 'resp_1' }),
+    (err) => err instanceof OpenAI.BadRequestError && err.param === 'previous_response_id');
+  await assert.rejects(client.responses.create({ model: 'gpt-5', input: 'x' }),
+    (err) => err instanceof OpenAI.NotFoundError && err.code === 'model_not_found' && err.param === 'model');
+  await assert.rejects(client.chat.completions.create({ model: 'gpt-4o', messages: [{ role: 'user', content: 'x' }] }),
+    (err) => err instanceof OpenAI.NotFoundError && err.code === 'model_not_found');
+});
+
+test('bad temperature surfaces as BadRequestError (400)'
+, async () => {
   await assert.rejects(
-    client.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: 'x' }], temperature: 5 }),
+    client.chat.completions.create({ model: 'fake-model', messages: [{ role: 'user', content: 'x' }], temperature: 5 }),
     (err) => {
       assert.ok(err instanceof OpenAI.BadRequestError, `got ${err.constructor.name}`);
       assert.equal(err.status, 400);
@@ -134,9 +209,9 @@ test('bad temperature surfaces as BadRequestError (400)', async () => {
 
 test('n > 1 and unknown routes are rejected', async () => {
   await assert.rejects(
-    client.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: 'x' }], n: 2 }),
+    client.chat.completions.create({ model: 'fake-model', messages: [{ role: 'user', content: 'x' }], n: 2 }),
     (err) => err instanceof OpenAI.BadRequestError && err.param === 'n');
-  await assert.rejects(client.embeddings.create({ model: 'm', input: 'x' }), (err) => err instanceof OpenAI.NotFoundError);
+  await assert.rejects(client.embeddings.create({ model: 'fake-model', input: 'x' }), (err) => err instanceof OpenAI.NotFoundError);
 });
 
 test('API key is enforced when set', async () => {
@@ -172,7 +247,7 @@ describe('real engine on a tiny model', () => {
   });
 
   test('chat, greedy: streamed content equals the non-streamed one', async () => {
-    const r = await rc.chat.completions.create({ model: 'm', messages, max_tokens: 24, temperature: 0 });
+    const r = await rc.chat.completions.create({ model: 'llama_mha', messages, max_tokens: 24, temperature: 0 });
     const text = r.choices[0].message.content;
     assert.equal(typeof text, 'string');
     assert.ok(text.length > 0);
@@ -180,7 +255,7 @@ describe('real engine on a tiny model', () => {
     assert.ok(r.usage.prompt_tokens > 10, `prompt_tokens ${r.usage.prompt_tokens}`);
     assert.ok(r.usage.completion_tokens >= 1 && r.usage.completion_tokens <= 25);
     const stream = await rc.chat.completions.create({
-      model: 'm', messages, max_tokens: 24, temperature: 0, stream: true, stream_options: { include_usage: true },
+      model: 'llama_mha', messages, max_tokens: 24, temperature: 0, stream: true, stream_options: { include_usage: true },
     });
     let streamed = '';
     let usage = null;
@@ -199,27 +274,36 @@ describe('real engine on a tiny model', () => {
   });
 
   test('chat, same seed samples the same text', async () => {
-    const req = { model: 'm', messages, max_tokens: 16, temperature: 1.0, seed: 7 };
+    const req = { model: 'llama_mha', messages, max_tokens: 16, temperature: 1.0, seed: 7 };
     const a = await rc.chat.completions.create(req);
     const b = await rc.chat.completions.create(req);
     assert.equal(a.choices[0].message.content, b.choices[0].message.content);
   });
 
   test('completions, streamed and not', async () => {
-    const r = await rc.completions.create({ model: 'm', prompt: 'hello world', max_tokens: 12, temperature: 0 });
+    const r = await rc.completions.create({ model: 'llama_mha', prompt: 'hello world', max_tokens: 12, temperature: 0 });
     assert.equal(r.object, 'text_completion');
     assert.ok(r.choices[0].text.length > 0);
-    const s = await rc.completions.create({ model: 'm', prompt: 'hello world', max_tokens: 12, temperature: 0, stream: true });
+    const s = await rc.completions.create({ model: 'llama_mha', prompt: 'hello world', max_tokens: 12, temperature: 0, stream: true });
     let text = '';
     for await (const chunk of s) text += chunk.choices[0]?.text ?? '';
     assert.equal(text, r.choices[0].text);
+  });
+
+  test('responses, greedy: streamed text equals the plain one', async () => {
+    const req = { model: 'llama_mha', instructions: 'Be brief.', input: 'Tell me about the sky.', max_output_tokens: 12, temperature: 0 };
+    const r = await rc.responses.create(req);
+    assert.ok(['completed', 'incomplete'].includes(r.status));
+    assert.ok(r.output_text.length > 0);
+    const final = await rc.responses.stream(req).finalResponse();
+    assert.equal(textOf(final), r.output_text);
   });
 
   test('adapters: list is empty, an unknown one is a 400', async () => {
     const r = await fetch(real.url + '/v1/adapters');
     assert.deepEqual((await r.json()).adapters, []);
     await assert.rejects(
-      rc.chat.completions.create({ model: 'm', messages, max_tokens: 4, adapter: 'ghost' }),
+      rc.chat.completions.create({ model: 'llama_mha', messages, max_tokens: 4, adapter: 'ghost' }),
       (err) => err instanceof OpenAI.BadRequestError && /ghost/.test(err.message));
   });
 });

@@ -136,6 +136,32 @@ TEST(HttpGuard, BearerKey) {
   EXPECT_EQ(status_of(check_request(r, p)), 0);
 }
 
+TEST(HttpGuard, AnthropicXApiKey) {
+  AccessPolicy p = loopback();
+  p.api_key = "k3y";
+  RequestHead r = get("localhost");
+  r.path = "/v1/messages";
+  r.x_api_key = "k3y";
+  EXPECT_EQ(status_of(check_request(r, p)), 0);
+  r.x_api_key = " k3y ";
+  EXPECT_EQ(status_of(check_request(r, p)), 0);
+  for (const char* bad : {"K3Y", "k3y2", "Bearer k3y"}) {
+    r.x_api_key = bad;
+    GuardDecision d = check_request(r, p);
+    EXPECT_EQ(status_of(d), 401) << bad;
+    EXPECT_EQ(d.refusal->message, "Incorrect API key provided.");
+  }
+  // Either header may carry the key: a wrong one beside a right one is still let through.
+  r.x_api_key = "wrong";
+  r.authorization = "Bearer k3y";
+  EXPECT_EQ(status_of(check_request(r, p)), 0);
+  r.authorization = "";
+  r.x_api_key = "";
+  EXPECT_NE(check_request(r, p).refusal->message.find("x-api-key"), std::string::npos);
+  r.path = "/metrics";  // outside /v1/, like /health
+  EXPECT_EQ(status_of(check_request(r, p)), 0);
+}
+
 TEST(HttpGuard, FramingAndContentType) {
   AccessPolicy p = loopback();
   p.max_body_bytes = 1000;

@@ -44,7 +44,7 @@ TEST_F(ServerTest, ChatNonStreaming) {
   J j = J::parse(r->body);
   EXPECT_EQ(j["object"], "chat.completion");
   EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
-  EXPECT_EQ(j["model"], "fake-model");  // the loaded id is echoed, not the request's "gpt-4o"
+  EXPECT_EQ(j["model"], "fake-model");  // the served id
   EXPECT_EQ(j["choices"][0]["index"], 0);
   EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(j["choices"][0]["message"]["content"], "hello there world");
@@ -128,7 +128,7 @@ TEST_F(ServerTest, MaxTokensLimitsAndMaxCompletionTokensWins) {
 }
 
 TEST_F(ServerTest, MaxTokensBeyondTheContextIs400NotClamped) {
-  start({}, FakeEngineOptions{"m", 10, 0});
+  start({}, FakeEngineOptions{"fake-model", 10, 0});
   // Prompt "user: a b\nassistant:" is 4 tokens; 10 - 4 = 6 may be generated.
   for (const char* field : {"max_tokens", "max_completion_tokens"}) {
     auto r = post("/v1/chat/completions", chat_body("a b", std::string(", \"") + field + "\": 7"));
@@ -155,7 +155,7 @@ TEST_F(ServerTest, MaxTokensBeyondTheContextIs400NotClamped) {
 TEST_F(ServerTest, ServerDefaultMaxTokensIsACapClampedToTheRoom) {
   ServerOptions o;
   o.default_max_tokens = 3;
-  start(o, FakeEngineOptions{"m", 6, 0});
+  start(o, FakeEngineOptions{"fake-model", 6, 0});
   ASSERT_EQ(post("/v1/chat/completions", chat_body("a"))->status, 200);  // 3 prompt tokens, room 3
   EXPECT_EQ(engine_->last_request().max_tokens.value(), 3);
   ASSERT_EQ(post("/v1/chat/completions", chat_body("a b"))->status, 200);  // room 2: the default is lowered
@@ -393,7 +393,7 @@ TEST_F(ServerTest, AdapterRouteErrorsCarryParamAndCode) {
 
 TEST_F(ServerTest, PromptLongerThanTheContextIs400ContextLengthExceeded) {
   // OpenAI and vLLM: 400, type invalid_request_error, code context_length_exceeded, the input as param.
-  start({}, FakeEngineOptions{"m", 8, 0});
+  start({}, FakeEngineOptions{"fake-model", 8, 0});
   for (const char* extra : {"", R"(, "stream": true)"}) {
     auto r = post("/v1/chat/completions", chat_body("one two three four five six seven", extra));
     expect_error(r, 400, "messages", "context_length_exceeded");
@@ -410,7 +410,7 @@ TEST_F(ServerTest, PromptLongerThanTheContextIs400ContextLengthExceeded) {
 TEST_F(ServerTest, FullQueueIs429) {
   ServerOptions o;
   o.max_queue = 1;
-  start(o, FakeEngineOptions{"m", 4096, 30});
+  start(o, FakeEngineOptions{"fake-model", 4096, 30});
   const std::string slow = chat_body("emit:" + std::string(60, 'x'));  // 20 tokens * 30 ms
   std::thread a([&] { EXPECT_EQ(post("/v1/chat/completions", slow)->status, 200); });
   for (int i = 0; i < 200 && !engine_->busy(); ++i) std::this_thread::sleep_for(5ms);
@@ -472,7 +472,7 @@ TEST_F(ServerTest, AQueuedStreamingRequestGetsItsHeadersAndFirstChunkAtOnce) {
 }
 
 TEST_F(ServerTest, ClientDisconnectMidStreamStopsGeneration) {
-  start({}, FakeEngineOptions{"m", 4096, 20});
+  start({}, FakeEngineOptions{"fake-model", 4096, 20});
   httplib::Request req;
   req.method = "POST";
   req.path = "/v1/chat/completions";
@@ -493,7 +493,7 @@ TEST_F(ServerTest, ClientDisconnectMidStreamStopsGeneration) {
 
 TEST_F(ServerTest, StopEndsAStreamAndFailsQueuedRequestsPromptly) {
   ServerOptions o;
-  start(o, FakeEngineOptions{"m", 4096, 20});
+  start(o, FakeEngineOptions{"fake-model", 4096, 20});
   const std::string slow = chat_body("emit:" + std::string(300, 'z'), R"(, "stream": true)");
   std::optional<httplib::Result> ra, rb;
   std::thread a([&] { ra.emplace(post("/v1/chat/completions", slow)); });
@@ -518,7 +518,7 @@ TEST_F(ServerTest, StopEndsAStreamAndFailsQueuedRequestsPromptly) {
 }
 
 TEST_F(ServerTest, StopDuringANonStreamingAnswerReportsAbortWithThePartialText) {
-  start({}, FakeEngineOptions{"m", 4096, 20});
+  start({}, FakeEngineOptions{"fake-model", 4096, 20});
   const std::string text(300, 'w');  // 100 tokens of "www", 2 s
   std::optional<httplib::Result> r;
   std::thread a([&] { r.emplace(post("/v1/chat/completions", chat_body("emit:" + text))); });

@@ -47,7 +47,7 @@ class ServerTest : public ::testing::Test {
     return client().Post(path.c_str(), h, body, "application/json");
   }
   static std::string chat_body(const std::string& user, const std::string& extra = "") {
-    return R"({"model": "gpt-4o", "messages": [{"role": "user", "content": )" + J(user).dump() + "}]" + extra + "}";
+    return R"({"model": "fake-model", "messages": [{"role": "user", "content": )" + J(user).dump() + "}]" + extra + "}";
   }
   // Checks SSE framing and returns the JSON payloads (without the final [DONE]).
   static std::vector<J> sse_events(const std::string& body, bool expect_done = true) {
@@ -66,6 +66,30 @@ class ServerTest : public ::testing::Test {
       else out.push_back(J::parse(ev.substr(6)));
     }
     EXPECT_EQ(done, expect_done);
+    return out;
+  }
+  // Named SSE events ("event: <name>\ndata: <json>\n\n", as Anthropic and the Responses API
+  // send them): (name, payload) in order; checks the framing and that each payload's "type" is
+  // its event name.
+  static std::vector<std::pair<std::string, J>> named_sse_events(const std::string& body) {
+    std::vector<std::pair<std::string, J>> out;
+    size_t pos = 0;
+    while (pos < body.size()) {
+      size_t end = body.find("\n\n", pos);
+      EXPECT_NE(end, std::string::npos) << "unterminated event at " << pos;
+      if (end == std::string::npos) break;
+      std::string ev = body.substr(pos, end - pos);
+      pos = end + 2;
+      size_t nl = ev.find('\n');
+      EXPECT_EQ(ev.rfind("event: ", 0), 0u) << ev;
+      EXPECT_NE(nl, std::string::npos) << ev;
+      if (nl == std::string::npos) break;
+      EXPECT_EQ(ev.compare(nl + 1, 6, "data: "), 0) << ev;
+      std::string name = ev.substr(7, nl - 7);
+      J data = J::parse(ev.substr(nl + 7));
+      EXPECT_EQ(data["type"], name) << ev;
+      out.emplace_back(std::move(name), std::move(data));
+    }
     return out;
   }
   // Sends `raw` bytes on a fresh connection, keeps it open, and returns what the server answers

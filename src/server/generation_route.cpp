@@ -1,0 +1,234 @@
+// One generation request from submit to its last byte, for every API (see generation_route.h).
+// Not the engine thread (engine_loop.cpp) and not any API's JSON shapes (the writers).
+#include "server/generation_route.h"
+
+#include <c10/util/Exception.h>
+
+#include <optional>
+#include <vector>
+
+#include "core/error.h"
+#include "server/api_error.h"
+#include "server/openai_format.h"
+
+namespace hearth::server {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// Records one request's metrics from its events; ends its "running" span when destroyed.
+class RequestMetrics {
+ public:
+  RequestMetrics(Metrics& m, Clock::time_point arrived) : m_(m), arrived_(arrived) {}
+  ~RequestMetrics() { stop_running(); }
+  RequestMetrics(const RequestMetrics&) = delete;
+  RequestMetrics& operator=(const RequestMetrics&) = delete;
+
+  void on_event(const StreamEvent& ev) {
+    const auto now = Clock::now();
+    switch (ev.kind) {
+      case StreamEvent::Kind::kStarted:
+        m_.add_prompt_tokens(ev.prompt_tokens);
+        m_.add_running(+1);
+        running_ = true;
+        break;
+      case StreamEvent::Kind::kDelta:
+        if (!first_ && (!ev.text.empty() || !ev.reasoning.empty())) first_output(now);
+        break;
+      case StreamEvent::Kind::kDone: {
+        if (!first_ && ev.completion_tokens > 0) first_output(now);  // all output was held (a tool call)
+        if (first_ && ev.completion_tokens >= 2)
+          m_.observe_itl(seconds_between(*first_, now) / static_cast<double>(ev.completion_tokens - 1),
+                         static_cast<uint64_t>(ev.completion_tokens - 1));
+        m_.observe_duration(seconds_between(arrived_, now));
+        m_.add_generation(GenerationSample{ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens});
+        stop_running();
+        break;
+      }
+      case StreamEvent::Kind::kError:
+        stop_running();
+        break;
+    }
+  }
+
+ private:
+  void first_output(Clock::time_point now) {
+    first_ = now;
+    m_.observe_ttft(seconds_between(arrived_, now));
+  }
+  void stop_running() {
+    if (running_) m_.add_running(-1);
+    running_ = false;
+  }
+
+  Metrics& m_;
+  Clock::time_point arrived_;
+  std::optional<Clock::time_point> first_;
+  bool running_ = false;
+};
+
+// Streaming state shared by the content provider and its releaser.
+struct StreamState {
+  std::shared_ptr<Job> job;
+  std::shared_ptr<ResponseWriter> writer;
+  std::unique_ptr<RequestMetrics> metrics;
+  StreamEvent started;
+  bool began = false;
+  bool finished = false;
+  Clock::time_point last_write = Clock::now();  // SSE keep-alive comments after 5 s of silence
+};
+
+}  // namespace
+
+void send_api_error(httplib::Response& res, int status, const std::string& message, const std::string& param,
+                    const std::string& code) {
+  res.status = status;
+  res.set_content(dump_json(error_json(status, message, param, code)), "application/json");
+}
+
+std::string resolve_model(const Engine& engine, CompletionRequest& req) {
+  if (req.model.empty() || req.model == engine.model_id()) return engine.model_id();
+  for (const auto& a : engine.list_adapters()) {
+    if (a.id != req.model) continue;
+    if (!req.adapter) req.adapter = a.id;
+    return a.id;
+  }
+  throw ApiError(404, "The model `" + req.model + "` does not exist.", "model", "model_not_found");
+}
+
+uint64_t request_text_bytes(const CompletionRequest& req) {
+  if (!req.chat) return req.prompt.size();
+  uint64_t n = 0;
+  for (const auto& m : req.messages) {
+    n += m.content ? m.content->size() : 0;
+    n += m.name.size() + m.tool_call_id.size() + (m.reasoning_content ? m.reasoning_content->size() : 0);
+    for (const auto& tc : m.tool_calls) n += tc.name.size() + tc.arguments_json.size();
+  }
+  if (!req.tools.empty()) n += req.tools.dump().size();
+  if (!req.chat_template_kwargs.empty()) n += req.chat_template_kwargs.dump().size();
+  return n;
+}
+
+Prompt count_prompt(Engine& engine, const CompletionRequest& req) {
+  const int64_t ctx = engine.context_length();
+  if (const int64_t per_token = engine.max_token_bytes(); per_token > 0) {
+    const uint64_t bytes = request_text_bytes(req);
+    if (bytes > static_cast<uint64_t>(ctx) * static_cast<uint64_t>(per_token))
+      throw ApiError(400, cat("This model's maximum context length is ", ctx, " tokens. However, your messages hold ", bytes,
+                              " bytes of text, more than ", ctx, " tokens can cover (one token is at most ", per_token,
+                              " bytes). Please reduce the length of the messages."),
+                     "messages", "context_length_exceeded");
+  }
+  try {
+    return engine.prepare(req);
+  } catch (const ApiError&) {
+    throw;
+  } catch (const Error& e) {
+    throw ApiError(400, e.what());
+  } catch (const c10::Error& e) {
+    throw ApiError(500, std::string("Internal error while building the prompt: ") + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    throw ApiError(500, std::string("Internal error while building the prompt: ") + e.what());
+  }
+}
+
+void serve_generation(const GenerationContext& ctx, CompletionRequest req, std::shared_ptr<ResponseWriter> writer,
+                      httplib::Response& res, Clock::time_point arrived) {
+  const bool stream = req.stream;
+  std::shared_ptr<Job> job = ctx.loop.submit(std::move(req));
+  if (!job) {
+    if (ctx.stopped) return send_api_error(res, 503, "The server is shutting down.");
+    res.set_header("Retry-After", "1");
+    return send_api_error(res, 429, "Too many requests waiting (" + std::to_string(ctx.max_queue) + " queued); retry later.",
+                          "", "queue_full");
+  }
+  auto metrics = std::make_unique<RequestMetrics>(ctx.metrics, arrived);
+  // The first event decides the status: kStarted (200) or kError (4xx/5xx before any output). A
+  // streaming request still waiting in the queue gets its headers and first chunk at once (then SSE
+  // keep-alive comments) instead, so a proxy with a short idle timeout does not drop it; an error
+  // after that (rare: its adapter unmounted meanwhile, shutdown) arrives as an error event.
+  std::optional<StreamEvent> first;
+  while (!(first = job->events.pop(stream ? 50ms : 200ms)) && !stream) {
+  }
+  if (first) {
+    metrics->on_event(*first);
+    if (first->kind == StreamEvent::Kind::kError)
+      return send_api_error(res, first->status, first->message, first->param, first->code);
+  } else {
+    first.emplace();  // still queued: begin with what is already known (the prompt was built at submit)
+    first->kind = StreamEvent::Kind::kStarted;
+    first->prompt_tokens = static_cast<int64_t>(job->prompt.ids.size());
+  }
+
+  if (!stream) {
+    std::vector<StreamEvent> deltas;
+    for (;;) {
+      auto ev = job->events.pop(200ms);
+      if (!ev) continue;
+      metrics->on_event(*ev);
+      if (ev->kind == StreamEvent::Kind::kDelta) {
+        deltas.push_back(std::move(*ev));
+      } else if (ev->kind == StreamEvent::Kind::kDone) {
+        res.set_content(writer->full(deltas, *ev), "application/json");
+        return;
+      } else {
+        return send_api_error(res, ev->status, ev->message, ev->param, ev->code);
+      }
+    }
+  }
+
+  auto st = std::make_shared<StreamState>();
+  st->job = job;
+  st->writer = std::move(writer);
+  st->metrics = std::move(metrics);
+  st->started = std::move(*first);
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [st](size_t, httplib::DataSink& sink) {
+        std::string out;
+        if (!st->began) {
+          st->began = true;
+          out += st->writer->begin(st->started);
+        }
+        // Wait briefly for an event, then take every event already queued (one write).
+        auto ev = st->job->events.pop(out.empty() ? 200ms : 0ms);
+        const auto now = Clock::now();
+        if (!ev && out.empty() && now - st->last_write > std::chrono::seconds(5)) out = ": keep-alive\n\n";
+        bool end = false;
+        while (ev) {
+          st->metrics->on_event(*ev);
+          if (ev->kind == StreamEvent::Kind::kDelta) {
+            out += st->writer->delta(*ev);
+          } else if (ev->kind == StreamEvent::Kind::kDone) {
+            out += st->writer->end(*ev);
+            end = true;
+            break;
+          } else if (ev->kind == StreamEvent::Kind::kError) {
+            out += st->writer->error(*ev);
+            end = true;
+            break;
+          }
+          ev = st->job->events.pop(0ms);
+        }
+        if (!out.empty()) st->last_write = now;
+        if (!out.empty() && !sink.write(out.data(), out.size())) {
+          st->job->cancelled = true;  // the client went away: stop generating
+          return false;
+        }
+        if (end) {
+          st->finished = true;
+          sink.done();
+        }
+        return true;
+      },
+      [st](bool) {
+        if (!st->finished) st->job->cancelled = true;
+      });
+}
+
+}  // namespace hearth::server
