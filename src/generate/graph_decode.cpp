@@ -24,7 +24,7 @@ bool env_is(const char* name, const char* value) {
 
 bool greedy_without_processors(const SamplingParams& s) {
   return s.temperature == 0.0 && (s.repetition_penalty == 0.0 || s.repetition_penalty == 1.0) &&
-         s.presence_penalty == 0.0 && s.frequency_penalty == 0.0 && s.logit_bias.empty();
+         s.presence_penalty == 0.0 && s.frequency_penalty == 0.0 && s.logit_bias.empty() && !s.constraint;
 }
 
 int64_t round_up(int64_t n, int64_t step) { return (n + step - 1) / step * step; }

@@ -150,14 +150,18 @@ at::Tensor Sampler::process(const at::Tensor& logits_in, const std::vector<int64
     logits.index_add_(0, at::tensor(ids, at::kLong).to(logits.device()),
                       at::tensor(bias, at::kFloat).to(logits.device()));
   }
-  if (tokens.empty()) return logits;
   // mlx-lm: "if repetition_penalty" (0 = off); 1 changes nothing, so it is skipped too.
-  if (p.repetition_penalty != 0 && p.repetition_penalty != 1)
+  if (!tokens.empty() && p.repetition_penalty != 0 && p.repetition_penalty != 1)
     logits = apply_repetition_penalty(logits, window(tokens, p.repetition_context_size), p.repetition_penalty);
-  if (p.presence_penalty != 0)
+  if (!tokens.empty() && p.presence_penalty != 0)
     logits = apply_presence_penalty(logits, window(tokens, p.presence_context_size), p.presence_penalty);
-  if (p.frequency_penalty != 0)
+  if (!tokens.empty() && p.frequency_penalty != 0)
     logits = apply_frequency_penalty(logits, window(tokens, p.frequency_context_size), p.frequency_penalty);
+  // Last, so forbidden tokens are exactly -inf (the penalties clamp to finite values).
+  if (p.constraint) {
+    if (logits.data_ptr() == logits_in.data_ptr()) logits = logits.clone();
+    p.constraint->mask(logits);
+  }
   return logits;
 }
 
@@ -166,6 +170,12 @@ int64_t Sampler::sample(const at::Tensor& logits, const std::vector<int64_t>& to
 }
 
 int64_t Sampler::sample_processed(const at::Tensor& logits) {
+  const int64_t token = draw(logits);
+  if (params_.constraint) params_.constraint->accept(token);
+  return token;
+}
+
+int64_t Sampler::draw(const at::Tensor& logits) {
   HEARTH_CHECK(logits.dim() == 1, "Sampler: logits must be [V], got ", logits.sizes());
   const SamplingParams& p = params_;
   if (p.temperature == 0) return logits.argmax(-1).item<int64_t>();

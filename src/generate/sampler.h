@@ -7,10 +7,13 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <random>
 #include <utility>
 #include <vector>
+
+#include "generate/constraint.h"
 
 namespace hearth::generate {
 
@@ -30,6 +33,10 @@ struct SamplingParams {
   /// OpenAI logit_bias / mlx-lm make_logits_processors(logit_bias): (token id, bias) pairs added
   /// to the logits first, every step. Ids must lie in [0, V) (the engine checks).
   std::vector<std::pair<int64_t, double>> logit_bias;
+  /// Structured outputs (src/grammar/): when set, process() masks the tokens it forbids (last, so
+  /// they are exactly -inf and logprobs are the constrained distribution) and
+  /// sample_processed() tells it the token drawn. Stateful: one per sequence.
+  std::shared_ptr<TokenConstraint> constraint;
 };
 
 /// y = logits with the penalty applied to the ids in `context` (each id once): positive logits
@@ -62,17 +69,20 @@ class Sampler {
   /// 0 = all). Same as sample_processed(process(logits, tokens)).
   int64_t sample(const at::Tensor& logits, const std::vector<int64_t>& tokens);
 
-  /// The logits processors alone, in mlx-lm's order (logit bias → repetition → presence → frequency):
+  /// The logits processors alone, in mlx-lm's order (logit bias → repetition → presence → frequency),
+  /// then the constraint's mask:
   /// logits [V] → float32 logits [V] on the same device. Their log-softmax is the distribution
   /// mlx-lm reports as logprobs (before top-p/min-p/top-k truncation and temperature).
   at::Tensor process(const at::Tensor& logits, const std::vector<int64_t>& tokens) const;
   /// The sampler alone on processed logits [V]: argmax at temperature 0, else top-p → min-p →
-  /// top-k → categorical over softmax(logprobs / temperature).
+  /// top-k → categorical over softmax(logprobs / temperature). The token drawn is passed to
+  /// params.constraint->accept when a constraint is set (which throws for a token it forbids).
   int64_t sample_processed(const at::Tensor& processed);
 
   const SamplingParams& params() const { return params_; }
 
  private:
+  int64_t draw(const at::Tensor& processed);
   SamplingParams params_;
   std::mt19937_64 rng_;
 };

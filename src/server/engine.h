@@ -16,6 +16,9 @@ namespace hearth::chat {
 struct ParsedToolCalls;
 class ReasoningSplitter;
 }
+namespace hearth::grammar {
+class Grammar;
+}
 
 namespace hearth::server {
 
@@ -73,6 +76,10 @@ struct CompletionRequest {
   int top_logprobs = 0;               ///< and this many alternatives (0..20)
   std::optional<std::string> adapter;  ///< LoRA adapter id(s): "id", "a+b" (stacked), "none" = base
   nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
+  /// response_format.type: "text" | "json_object" | "json_schema" (server/structured_output.h).
+  std::string response_format = "text";
+  /// The compiled response_format grammar (nullptr for "text"); shared, immutable.
+  std::shared_ptr<const grammar::Grammar> response_grammar;
 
   /// True when tools were given and tool_choice is not "none" (tool-call parsing is on).
   bool tools_active() const { return !tools.empty() && tool_choice != "none"; }

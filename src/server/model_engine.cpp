@@ -21,6 +21,7 @@
 #include "server/api_error.h"
 #include "generate/batch.h"
 #include "server/marker_decoder.h"
+#include "server/structured_output.h"
 #include "tokenizer/unicode.h"
 
 namespace hearth::server {
@@ -230,6 +231,7 @@ void ModelEngine::check_logit_bias(const CompletionRequest& req) const {
 Prompt ModelEngine::prepare(const CompletionRequest& req) {
   selected_adapters(req);
   check_logit_bias(req);  // here, so the client gets a 400 before generation starts
+  check_structured_output(req, tool_format_);
   Prompt p;
   if (req.chat) {
     HEARTH_CHECK_T(InvalidArgument, chat_template_, "model '", model_id_,
@@ -282,6 +284,7 @@ generate::SamplingParams ModelEngine::resolve_sampling(const CompletionRequest& 
   check_logit_bias(req);
   sp.logit_bias = r.logit_bias;
   sp.seed = r.seed ? static_cast<uint64_t>(*r.seed) : fresh_seed();
+  sp.constraint = make_constraint(req, tokenizer_, eos_ids_, tool_format_);
   return sp;
 }
 

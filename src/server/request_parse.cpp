@@ -10,6 +10,7 @@
 #include "core/json_nesting.h"
 #include "server/api_error.h"
 #include "server/json_fields.h"
+#include "server/structured_output.h"
 
 namespace hearth::server {
 namespace {
@@ -141,6 +142,9 @@ void parse_tools(const json& body, CompletionRequest& req) {
       bad_type("tool_choice", *tc, "a string or an object");
     }
   }
+  // A forced call is compiled now so a bad parameters schema is a 400 before queueing (the
+  // engine checks its own tool-call format in prepare()).
+  (void)tool_call_grammar(req, chat::ToolCallFormat::Hermes);
 }
 
 // Fields shared by both endpoints.
@@ -197,6 +201,7 @@ void parse_common(const json& body, CompletionRequest& req) {
     }
   }
   req.adapter = string_field(body, "adapter", "adapter");
+  parse_response_format(body, req);
 }
 
 }  // namespace

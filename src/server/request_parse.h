@@ -18,7 +18,8 @@ nlohmann::ordered_json parse_body(std::string_view body);
 /// (string or text-part content; an assistant's reasoning_content or reasoning string), max_tokens / max_completion_tokens (the latter wins), temperature
 /// [0,2], top_p [0,1], top_k >= 0, min_p [0,1], seed, stop (string or list), repetition_penalty
 /// (> 0), presence/frequency_penalty [-2,2], logit_bias ({"id": bias in [-100,100]}), n (1 only), stream, stream_options.include_usage,
-/// logprobs + top_logprobs [0,20], tools, tool_choice, adapter, chat_template_kwargs. Explicit
+/// logprobs + top_logprobs [0,20], tools, tool_choice (a forced call's parameters schemas are compiled: 400
+/// when unsupported), adapter, chat_template_kwargs, response_format (server/structured_output.h). Explicit
 /// nulls count as absent; unknown fields are ignored. Throws ApiError(400) naming the field.
 CompletionRequest parse_chat_request(const nlohmann::ordered_json& body);
 

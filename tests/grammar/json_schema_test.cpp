@@ -1,0 +1,166 @@
+// JSON Schema → grammar: exact strings accepted and refused by the automaton (objects in property
+// order, optional and extra keys, arrays with bounds, strings with escapes and UTF-8, numbers,
+// formats, $ref recursion, anyOf, bounded whitespace), tool-call grammars, and 400-worthy errors.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "grammar/json_schema.h"
+
+namespace hearth::grammar {
+namespace {
+
+using J = nlohmann::ordered_json;
+
+bool accepts(const std::shared_ptr<Grammar>& g, const std::string& text) {
+  Automaton a(g);
+  return a.accepting(a.walk(a.start(), text));
+}
+
+std::shared_ptr<Grammar> schema(const char* text) { return compile_json_schema(J::parse(text)); }
+
+TEST(JsonSchemaGrammar, ObjectPropertiesInOrderRequiredEnumAndNoExtras) {
+  auto g = schema(R"({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                      "tag": {"enum": ["a", "b"]}}, "required": ["name", "age"], "additionalProperties": false})");
+  EXPECT_TRUE(accepts(g, R"({"name": "x", "age": 3})"));
+  EXPECT_TRUE(accepts(g, R"({"name":"x","age":-12,"tag":"b"})"));
+  EXPECT_TRUE(accepts(g, "{\n  \"name\": \"\",\n  \"age\": 0\n}"));
+  EXPECT_FALSE(accepts(g, R"({"age": 3, "name": "x"})"));           // schema order
+  EXPECT_FALSE(accepts(g, R"({"name": "x"})"));                     // required age missing
+  EXPECT_FALSE(accepts(g, R"({"name": "x", "age": 3, "tag": "c"})"));  // not in the enum
+  EXPECT_FALSE(accepts(g, R"({"name": "x", "age": 3, "other": 1})"));  // additionalProperties false
+  EXPECT_FALSE(accepts(g, R"({"name": "x", "age": 3.5})"));         // not an integer
+  EXPECT_FALSE(accepts(g, R"({"name": "x", "age": 3,})"));          // trailing comma
+  EXPECT_FALSE(accepts(g, R"({"name": "x", "age": 3} )"));          // nothing after the value
+}
+
+TEST(JsonSchemaGrammar, ExtraKeysDifferFromDeclaredOnes) {
+  auto g = schema(R"({"type": "object", "properties": {"name": {"type": "string"}}})");
+  EXPECT_TRUE(accepts(g, R"({})"));
+  EXPECT_TRUE(accepts(g, R"({"name": "a", "zzz": [1, {"q": null}]})"));
+  EXPECT_TRUE(accepts(g, R"({"nam": 1, "names": 2, "": 3, "é": 4})"));
+  EXPECT_FALSE(accepts(g, R"({"name": "a", "name": "b"})"));  // the declared key again as an extra
+  EXPECT_FALSE(accepts(g, R"({"name": 1})"));                 // declared key with a wrong type
+}
+
+TEST(JsonSchemaGrammar, ArrayBounds) {
+  auto g = schema(R"({"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 2})");
+  EXPECT_FALSE(accepts(g, "[]"));
+  EXPECT_TRUE(accepts(g, "[1]"));
+  EXPECT_TRUE(accepts(g, "[1, 22]"));
+  EXPECT_FALSE(accepts(g, "[1, 2, 3]"));
+  EXPECT_FALSE(accepts(g, "[\"1\"]"));
+  auto free = schema(R"({"type": "array", "minItems": 2})");
+  EXPECT_FALSE(accepts(free, "[1]"));
+  EXPECT_TRUE(accepts(free, R"([1, "a", {}, []])"));
+}
+
+TEST(JsonSchemaGrammar, StringsEscapesUtf8AndLengths) {
+  auto g = schema(R"({"type": "string"})");
+  EXPECT_TRUE(accepts(g, R"("a\"b\\\u00e9\n")"));
+  EXPECT_TRUE(accepts(g, "\"caf\xC3\xA9 \xF0\x9F\x98\x80\""));
+  EXPECT_FALSE(accepts(g, "\"a\x01\""));        // raw control character
+  EXPECT_FALSE(accepts(g, "\"\xC3(\""));        // broken UTF-8
+  EXPECT_FALSE(accepts(g, "\"\xED\xA0\x80\""));  // a surrogate
+  EXPECT_FALSE(accepts(g, R"("\x")"));           // unknown escape
+  auto len = schema(R"({"type": "string", "minLength": 2, "maxLength": 3})");
+  EXPECT_FALSE(accepts(len, R"("a")"));
+  EXPECT_TRUE(accepts(len, "\"a\xC3\xA9\""));
+  EXPECT_FALSE(accepts(len, R"("abcd")"));
+}
+
+TEST(JsonSchemaGrammar, NumbersAndBoundedWhitespace) {
+  auto n = schema(R"({"type": "number"})");
+  for (const char* ok : {"0", "-0.5e+10", "12.25", "1E3"}) EXPECT_TRUE(accepts(n, ok)) << ok;
+  for (const char* bad : {"01", "1.", ".5", "+1", "1e", "--1"}) EXPECT_FALSE(accepts(n, bad)) << bad;
+  EXPECT_FALSE(accepts(n, std::string(17, '9')));  // 16 digits at most
+  auto o = schema(R"({"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"]})");
+  EXPECT_TRUE(accepts(o, "{\"a\":" + std::string(20, ' ') + "true}"));
+  EXPECT_FALSE(accepts(o, "{\"a\":" + std::string(21, ' ') + "true}"));
+}
+
+TEST(JsonSchemaGrammar, FormatsRefsAndAnyOf) {
+  auto date = schema(R"({"type": "string", "format": "date"})");
+  EXPECT_TRUE(accepts(date, R"("2024-02-29")"));
+  EXPECT_FALSE(accepts(date, R"("2024-13-01")"));
+  EXPECT_FALSE(accepts(date, R"("2024-1-01")"));
+  auto uuid = schema(R"({"format": "uuid"})");
+  EXPECT_TRUE(accepts(uuid, R"("123e4567-e89b-12d3-a456-426614174000")"));
+  EXPECT_FALSE(accepts(uuid, R"("123e4567-e89b-12d3-a456-42661417400")"));
+  auto dt = schema(R"({"type": "string", "format": "date-time"})");
+  EXPECT_TRUE(accepts(dt, R"("2024-05-01T13:45:00.123Z")"));
+  EXPECT_TRUE(accepts(dt, R"("2024-05-01T23:59:59+02:00")"));
+  EXPECT_FALSE(accepts(dt, R"("2024-05-01T24:00:00Z")"));
+  auto email = schema(R"({"type": "string", "format": "email"})");
+  EXPECT_TRUE(accepts(email, R"("a.b+c@example.co.uk")"));
+  EXPECT_FALSE(accepts(email, R"("a@localhost")"));
+  auto tree = schema(R"({"$ref": "#/$defs/node", "$defs": {"node": {"type": "object",
+      "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+      "required": ["v", "kids"], "additionalProperties": false}}})");
+  EXPECT_TRUE(accepts(tree, R"({"v": 1, "kids": [{"v": 2, "kids": []}, {"v": 3, "kids": [{"v": 4, "kids": []}]}]})"));
+  EXPECT_FALSE(accepts(tree, R"({"v": 1, "kids": [{"v": 2}]})"));
+  auto any = schema(R"({"anyOf": [{"type": "string"}, {"type": "null"}], "description": "x"})");
+  EXPECT_TRUE(accepts(any, "null"));
+  EXPECT_TRUE(accepts(any, R"("s")"));
+  EXPECT_FALSE(accepts(any, "1"));
+  auto types = schema(R"({"type": ["integer", "boolean"]})");
+  EXPECT_TRUE(accepts(types, "false"));
+  EXPECT_FALSE(accepts(types, "null"));
+  auto c = schema(R"({"const": {"k": [1, "two"]}})");
+  EXPECT_TRUE(accepts(c, R"({"k":[1,"two"]})"));
+}
+
+TEST(JsonSchemaGrammar, JsonObjectAndFinalState) {
+  auto g = json_object_grammar();
+  EXPECT_TRUE(accepts(g, R"({"a": {"b": [1, true, null, "x", -2.5e3]}})"));
+  EXPECT_TRUE(accepts(g, "{}"));
+  EXPECT_FALSE(accepts(g, "[1]"));
+  EXPECT_FALSE(accepts(g, "\"x\""));
+  Automaton a(g);
+  const int32_t s = a.walk(a.start(), R"({"a": 1})");
+  EXPECT_TRUE(a.final(s));
+  const int32_t open = a.walk(a.start(), R"({"a": 1)");
+  EXPECT_FALSE(a.accepting(open));
+  // An integer at the top level accepts but may still grow: not final.
+  auto n = schema(R"({"type": "integer"})");
+  Automaton b(n);
+  EXPECT_TRUE(b.accepting(b.walk(b.start(), "12")));
+  EXPECT_FALSE(b.final(b.walk(b.start(), "12")));
+}
+
+TEST(JsonSchemaGrammar, ToolCallGrammar) {
+  auto g = tool_call_grammar({{"get_weather", J::parse(R"({"type": "object", "properties": {"city": {"type": "string"}},
+                                                            "required": ["city"], "additionalProperties": false})")},
+                              {"now", J()}},
+                             "<tool_call>", "</tool_call>", "arguments");
+  EXPECT_TRUE(accepts(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"));
+  EXPECT_TRUE(accepts(g, "<tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call>"));
+  EXPECT_FALSE(accepts(g, "<tool_call>{\"name\": \"get_weather\", \"arguments\": {}}</tool_call>"));
+  EXPECT_FALSE(accepts(g, "<tool_call>{\"name\": \"other\", \"arguments\": {}}</tool_call>"));
+  EXPECT_FALSE(accepts(g, "{\"name\": \"now\", \"arguments\": {}}"));
+}
+
+TEST(JsonSchemaGrammar, UnsupportedFeaturesAreNamed) {
+  auto message = [](const char* s) {
+    try {
+      compile_json_schema(J::parse(s));
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message(R"({"type": "object", "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}}})"),
+            "unsupported JSON Schema keyword 'pattern' at #/properties/zip");
+  EXPECT_EQ(message(R"({"type": "integer", "minimum": 0})"), "unsupported JSON Schema keyword 'minimum' at #");
+  EXPECT_EQ(message(R"({"type": "string", "format": "hostname"})"),
+            "unsupported JSON Schema format 'hostname' (supported: date, time, date-time, uuid, email, ipv4) at #");
+  EXPECT_EQ(message(R"({"allOf": [{"type": "string"}, {"maxLength": 2}]})"),
+            "unsupported JSON Schema 'allOf' with more than one schema at #");
+  EXPECT_EQ(message(R"({"$ref": "https://example.com/s.json"})"),
+            "unsupported JSON Schema $ref 'https://example.com/s.json' (only local references like #/$defs/name) at #");
+  EXPECT_EQ(message(R"({"$ref": "#/$defs/missing"})"), "invalid JSON Schema: $ref '#/$defs/missing' points nowhere at #");
+  EXPECT_EQ(message(R"({"type": "yaml"})"), "invalid JSON Schema: unknown type 'yaml' at #");
+  EXPECT_EQ(message(R"({"type": "array", "maxItems": 100000})"), "unsupported JSON Schema 'maxItems' above 4096 at #");
+}
+
+}  // namespace
+}  // namespace hearth::grammar
