@@ -29,23 +29,6 @@ size_t prepare_slots(size_t asked) {
   return std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8);
 }
 
-// Bytes of request text that any prompt built from it contains (message contents, tool-call
-// names and arguments; the raw prompt for completions): a lower bound on the rendered prompt.
-// Every byte of request text a chat template may render: message contents, names, ids, thoughts
-// and tool calls, the tools and the template kwargs (as JSON text; their depth is already bounded).
-uint64_t text_bytes(const CompletionRequest& req) {
-  if (!req.chat) return req.prompt.size();
-  uint64_t n = 0;
-  for (const auto& m : req.messages) {
-    n += m.content ? m.content->size() : 0;
-    n += m.name.size() + m.tool_call_id.size() + (m.reasoning_content ? m.reasoning_content->size() : 0);
-    for (const auto& tc : m.tool_calls) n += tc.name.size() + tc.arguments_json.size();
-  }
-  if (!req.tools.empty()) n += req.tools.dump().size();
-  if (!req.chat_template_kwargs.empty()) n += req.chat_template_kwargs.dump().size();
-  return n;
-}
-
 // Holds one of the prepare slots for a scope.
 class SlotGuard {
  public:
@@ -59,6 +42,19 @@ class SlotGuard {
 };
 
 }  // namespace
+
+uint64_t request_text_bytes(const CompletionRequest& req) {
+  if (!req.chat) return req.prompt.size();
+  uint64_t n = 0;
+  for (const auto& m : req.messages) {
+    n += m.content ? m.content->size() : 0;
+    n += m.name.size() + m.tool_call_id.size() + (m.reasoning_content ? m.reasoning_content->size() : 0);
+    for (const auto& tc : m.tool_calls) n += tc.name.size() + tc.arguments_json.size();
+  }
+  if (!req.tools.empty()) n += req.tools.dump().size();
+  if (!req.chat_template_kwargs.empty()) n += req.chat_template_kwargs.dump().size();
+  return n;
+}
 
 EngineLoop::EngineLoop(Engine& engine, EngineLoopOptions opts)
     : engine_(engine), opts_(opts), prepare_slots_(static_cast<std::ptrdiff_t>(prepare_slots(opts.max_concurrent_prepares))) {
@@ -83,7 +79,7 @@ bool EngineLoop::prepare(Job& job) {
   const int64_t ctx = engine_.context_length();
   const char* what = req.chat ? "messages" : "prompt";
   if (const int64_t per_token = engine_.max_token_bytes(); per_token > 0) {
-    const uint64_t bytes = text_bytes(req);
+    const uint64_t bytes = request_text_bytes(req);
     const uint64_t most = static_cast<uint64_t>(ctx) * static_cast<uint64_t>(per_token);
     if (bytes > most) {
       job.events.push(error_event(400, cat("This model's maximum context length is ", ctx, " tokens. However, your ", what,
@@ -352,6 +348,8 @@ void EngineLoop::step_all(std::list<Slot>& slots) {
       ++it;
       continue;
     }
+    // Its budget is free before its client hears it is done.
+    release(it->reserved);
     try {
       Finish f = engine_.finish_sequence(*it->seq);
       if (it->cut && f.reason == Finish::Reason::kStopped) f.reason = Finish::Reason::kAborted;
@@ -359,7 +357,6 @@ void EngineLoop::step_all(std::list<Slot>& slots) {
     } catch (const std::exception& e) {
       it->job->events.push(error_event(500, std::string("Generation failed: ") + e.what()));
     }
-    release(it->reserved);
     it = slots.erase(it);
   }
 }

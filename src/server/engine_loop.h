@@ -49,6 +49,11 @@ struct EngineLoopOptions {
 /// `cancelled` flag is set is skipped, or stopped at its next token and finished with
 /// finish_reason "abort" (the partial answer is delivered; a cut answer never claims "stop").
 /// kError events carry the ApiError's status, param and code.
+/// Bytes of request text any prompt built from `req` contains (message contents, names, ids,
+/// thoughts, tool calls, tools, template kwargs; the prompt of a completion): more than
+/// context_length() * max_token_bytes() cannot fit whatever the tokenizer does.
+uint64_t request_text_bytes(const CompletionRequest& req);
+
 class EngineLoop {
  public:
   EngineLoop(Engine& engine, EngineLoopOptions opts);

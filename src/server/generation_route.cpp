@@ -99,19 +99,6 @@ std::string resolve_model(const Engine& engine, CompletionRequest& req) {
   throw ApiError(404, "The model `" + req.model + "` does not exist.", "model", "model_not_found");
 }
 
-uint64_t request_text_bytes(const CompletionRequest& req) {
-  if (!req.chat) return req.prompt.size();
-  uint64_t n = 0;
-  for (const auto& m : req.messages) {
-    n += m.content ? m.content->size() : 0;
-    n += m.name.size() + m.tool_call_id.size() + (m.reasoning_content ? m.reasoning_content->size() : 0);
-    for (const auto& tc : m.tool_calls) n += tc.name.size() + tc.arguments_json.size();
-  }
-  if (!req.tools.empty()) n += req.tools.dump().size();
-  if (!req.chat_template_kwargs.empty()) n += req.chat_template_kwargs.dump().size();
-  return n;
-}
-
 Prompt count_prompt(Engine& engine, const CompletionRequest& req) {
   const int64_t ctx = engine.context_length();
   if (const int64_t per_token = engine.max_token_bytes(); per_token > 0) {

@@ -37,10 +37,6 @@ struct GenerationContext {
 /// param "model", code "model_not_found") otherwise.
 std::string resolve_model(const Engine& engine, CompletionRequest& req);
 
-/// Bytes of request text any prompt built from `req` contains (message contents, names, ids,
-/// thoughts, tool calls, tools, template kwargs; the prompt of a completion): more than
-/// context_length() * max_token_bytes() cannot fit whatever the tokenizer does.
-uint64_t request_text_bytes(const CompletionRequest& req);
 
 /// Builds `req`'s prompt without generating (token counting): the early size check above (400
 /// context_length_exceeded, param "messages"), then Engine::prepare on the calling thread.

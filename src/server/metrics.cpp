@@ -105,7 +105,7 @@ void Metrics::add_running(int delta) {
   running_ += delta;
 }
 
-std::string Metrics::render(size_t queue_length) const {
+std::string Metrics::render(size_t queue_length, int64_t cache_reserved_bytes) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
   header(out, "hearth_requests_total", "counter", "HTTP requests answered, by route and status code.");
@@ -125,6 +125,9 @@ std::string Metrics::render(size_t queue_length) const {
   sample(out, "hearth_queue_length", static_cast<double>(queue_length));
   header(out, "hearth_running_sequences", "gauge", "Requests generating now.");
   sample(out, "hearth_running_sequences", static_cast<double>(running_));
+  header(out, "hearth_cache_reserved_bytes", "gauge",
+         "Cache bytes the running requests reserved (prompt + max_tokens each) against --memory-budget.");
+  sample(out, "hearth_cache_reserved_bytes", static_cast<double>(cache_reserved_bytes));
   histogram(out, "hearth_time_to_first_token_seconds", "Seconds from a request's arrival to its first output text.", ttft_);
   histogram(out, "hearth_inter_token_latency_seconds",
             "Seconds between generated tokens (each request's mean gap after its first output, once per gap).", itl_);

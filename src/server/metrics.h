@@ -56,9 +56,10 @@ class Metrics {
   /// Sequences generating now: +1 when one starts, -1 when it ends.
   void add_running(int delta);
 
-  /// The exposition text: # HELP / # TYPE lines, then samples; `queue_length` is read by the
-  /// caller (EngineLoop::queued()) at scrape time.
-  std::string render(size_t queue_length) const;
+  /// The exposition text: # HELP / # TYPE lines, then samples; `queue_length` and
+  /// `cache_reserved_bytes` (hearth_cache_reserved_bytes: the cache bytes the running requests
+  /// reserved against --memory-budget) are read by the caller (EngineLoop) at scrape time.
+  std::string render(size_t queue_length, int64_t cache_reserved_bytes = 0) const;
 
  private:
   mutable std::mutex mu_;

@@ -7,6 +7,7 @@
 #include "server/api_error.h"
 #include "server/json_fields.h"
 #include "server/responses_api.h"
+#include "server/structured_output.h"
 
 namespace hearth::server {
 namespace {
@@ -206,8 +207,24 @@ ResponsesRequest parse_responses_request(const json& body) {
     if (const json* f = json_field(*text, "format")) {
       if (!f->is_object()) bad_type("text.format", *f, "an object");
       const std::string type = string_field(*f, "type", "text.format.type").value_or("text");
-      if (type != "text")
-        bad_value("text.format.type", "Unsupported 'text.format.type': '" + type + "'; this server produces plain text only.");
+      if (type == "json_object" || type == "json_schema") {
+        // Structured outputs: the Responses form is flat ({"type", "name", "schema", "strict"}).
+        json rf = {{"type", type}};
+        if (type == "json_schema") {
+          json js = json::object();
+          for (const char* k : {"name", "schema", "strict", "description"})
+            if (f->contains(k)) js[k] = (*f)[k];
+          rf["json_schema"] = std::move(js);
+        }
+        try {
+          parse_response_format(json{{"response_format", std::move(rf)}}, req);
+        } catch (const ApiError& e) {
+          throw ApiError(e.status(), e.what(), "text.format", e.code());
+        }
+      } else if (type != "text") {
+        bad_value("text.format.type", "Unsupported 'text.format.type': '" + type +
+                                          "'; supported: 'text', 'json_object', 'json_schema'.");
+      }
     }
   }
   if (const json* reasoning = json_field(body, "reasoning")) {

@@ -20,12 +20,6 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-// Number of leading ids a and b share.
-int64_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-  size_t n = 0;
-  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
-  return static_cast<int64_t>(n);
-}
 
 DataFormat detect(const ojson& row) {
   if (row.contains("prompt") && row.contains("completion")) return DataFormat::kCompletion;
@@ -185,6 +179,12 @@ Example row_example(DataFormat f, const ojson& row, const tokenizer::Tokenizer& 
 }
 
 }  // namespace
+
+int64_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return static_cast<int64_t>(n);
+}
 
 Dataset load_jsonl(const std::filesystem::path& path, const tokenizer::Tokenizer& tok, const DataOptions& opts) {
   HEARTH_CHECK(opts.max_seq_length >= 2, "data: max_seq_length must be >= 2, got ", opts.max_seq_length);

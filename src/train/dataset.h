@@ -42,6 +42,10 @@ struct Dataset {
   int64_t skipped_no_target = 0;
 };
 
+/// Number of leading ids `a` and `b` share (where a rendered prompt stops matching the whole
+/// rendered conversation: the prompt/response boundary of a training row).
+int64_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b);
+
 /// Tokenizes one jsonl file, following mlx-lm's tuner/datasets.py:
 /// - {"messages": [...], "tools"?}: full = chat template over all messages
 ///   (add_generation_prompt=false); prompt = the template over the messages before the LAST

@@ -10,6 +10,7 @@
 #include "chat/chat_template.h"
 #include "core/error.h"
 #include "core/json_nesting.h"
+#include "train/dataset.h"
 #include "train/loss.h"
 
 namespace hearth::train {
@@ -18,11 +19,6 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-int64_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-  size_t n = 0;
-  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
-  return static_cast<int64_t>(n);
-}
 
 bool starts_with(const std::vector<int32_t>& v, const std::vector<int32_t>& prefix) {
   return prefix.size() <= v.size() && std::equal(prefix.begin(), prefix.end(), v.begin());

@@ -99,6 +99,8 @@ TEST_F(ServerTest, MetricsCountRequestsTokensAndLatencies) {
   EXPECT_EQ(s["hearth_generation_tokens_total"], 3 + 4 + 3 + 2);
   EXPECT_EQ(s["hearth_queue_length"], 0);
   EXPECT_EQ(s["hearth_running_sequences"], 0);
+  EXPECT_EQ(s.count("hearth_cache_reserved_bytes"), 1u);
+  EXPECT_EQ(s["hearth_cache_reserved_bytes"], 0);  // no memory budget: nothing reserved
   EXPECT_EQ(s["hearth_prompt_cache_hits_total"], 0);
   EXPECT_EQ(s["hearth_prompt_cache_hit_tokens_total"], 0);
   EXPECT_EQ(s["hearth_request_duration_seconds_count"], 4);

@@ -85,6 +85,16 @@ TEST(ResponsesParse, MapsInputItems) {
   EXPECT_EQ(c.req.messages[1].tool_calls.size(), 1u);
 }
 
+TEST(ResponsesParse, TextFormatJsonSchemaIsAStructuredOutput) {
+  auto r = parse(
+      R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "p", "strict": true,
+          "schema": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": false}}}})");
+  EXPECT_EQ(r.req.response_format, "json_schema");
+  EXPECT_TRUE(r.req.response_grammar != nullptr);
+  auto o = parse(R"({"input": "x", "text": {"format": {"type": "json_object"}}})");
+  EXPECT_EQ(o.req.response_format, "json_object");
+}
+
 TEST(ResponsesParse, RefusesWhatItCannotServe) {
   EXPECT_EQ(refused(R"({"model": "m"})"), "input");
   EXPECT_EQ(refused(R"({"input": "x", "previous_response_id": "resp_1"})"), "previous_response_id");
@@ -100,7 +110,9 @@ TEST(ResponsesParse, RefusesWhatItCannotServe) {
   EXPECT_EQ(refused(R"({"input": "x", "tools": [{"type": "web_search"}]})"), "tools[0].type");
   EXPECT_EQ(refused(R"({"input": "x", "tools": [{"type": "function"}]})"), "tools[0].name");
   EXPECT_EQ(refused(R"({"input": "x", "tool_choice": "sometimes"})"), "tool_choice");
-  EXPECT_EQ(refused(R"({"input": "x", "text": {"format": {"type": "json_schema", "schema": {}}}})"), "text.format.type");
+  EXPECT_EQ(refused(R"({"input": "x", "text": {"format": {"type": "yaml"}}})"), "text.format.type");
+  EXPECT_EQ(refused(R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "string", "pattern": "a+"}}}})"),
+            "text.format");
   EXPECT_EQ(refused(R"({"input": "x", "max_output_tokens": 0})"), "max_output_tokens");
   EXPECT_EQ(refused(R"({"input": "x", "temperature": 3})"), "temperature");
   EXPECT_EQ(refused(R"({"input": []})"), "input");
