@@ -76,10 +76,20 @@ void Sequence::prefill_chunk(models::Model& model) {
 }
 
 void Sequence::sample_and_emit(const at::Tensor& last_logits) {
-  at::Tensor processed = sampler_.process(last_logits, tokens_);
+  int64_t next = -1;
   at::Tensor logprobs;
-  if (opts_.logprobs) logprobs = at::log_softmax(processed, -1);
-  emit(sampler_.sample_processed(processed), logprobs);
+  try {
+    at::Tensor processed = sampler_.process(last_logits, tokens_);
+    if (opts_.logprobs) logprobs = at::log_softmax(processed, -1);
+    next = sampler_.sample_processed(processed);
+  } catch (const std::exception& e) {
+    // This request's own processors (e.g. its grammar) failed: it alone ends, with the reason.
+    error_ = e.what();
+    pending_ = -1;
+    done_ = true;
+    return;
+  }
+  emit(next, logprobs);
 }
 
 void Sequence::emit(int64_t next, const at::Tensor& logprobs) {

@@ -29,8 +29,13 @@ class Sequence {
   Sequence(std::vector<int64_t> prompt, GenerateOptions opts, cache::Caches caches,
            std::vector<std::string> adapters, StepCallback on_step);
 
-  /// True once the sequence has ended (EOS, limit, or the callback said stop).
+  /// True once the sequence has ended (EOS, limit, the callback said stop, or its own sampling
+  /// failed: see error()).
   bool done() const { return done_; }
+  /// Why this sequence alone failed ("" when it did not): its sampling (a logits processor or a
+  /// TokenConstraint, e.g. a grammar that outgrew its limits) threw. Other sequences of the same
+  /// step are unaffected.
+  const std::string& error() const { return error_; }
   /// True while prompt tokens remain to be prefilled.
   bool prefilling() const { return !done_ && offset_ < static_cast<int64_t>(prompt_.size()); }
   /// Tokens generated so far and the stats (complete once done()).
@@ -52,7 +57,7 @@ class Sequence {
   friend void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t prefill_budget);
   void check_prompt(const models::Model& model);
   void prefill_chunk(models::Model& model);
-  void sample_and_emit(const at::Tensor& last_logits);  // last_logits [V]
+  void sample_and_emit(const at::Tensor& last_logits);  // last_logits [V]; a throw ends only this sequence
   void emit(int64_t next, const at::Tensor& logprobs);  // a sampled token: EOS, callback, limit
   void finish_stats(const models::Model& model);
 
@@ -67,6 +72,7 @@ class Sequence {
   int64_t offset_ = 0;   // tokens in the caches
   int64_t pending_ = -1; // sampled and emitted, not yet fed back
   bool started_ = false, done_ = false;
+  std::string error_;
   std::chrono::steady_clock::time_point t0_, t1_, t_last_;
 };
 
@@ -77,8 +83,9 @@ class Sequence {
 /// ragged batches (Model::ragged_batches: rows at their own positions via cache::rows_view, each
 /// with its own adapters via nn::RowAdapters), else one forward per sequence, and samples each
 /// row's next token with its own sampler. The results equal running each sequence alone up to
-/// floating-point summation order of the batched matmuls. Throws hearth::Error / c10::Error from
-/// the model (the sequences are then in an undefined state and must be dropped).
+/// floating-point summation order of the batched matmuls. A sequence whose own sampling throws ends
+/// with Sequence::error() set; the others go on. Throws hearth::Error / c10::Error from the model's
+/// forward (the sequences are then in an undefined state and must be dropped).
 void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t prefill_budget);
 
 }  // namespace hearth::generate

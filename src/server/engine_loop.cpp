@@ -260,6 +260,8 @@ void EngineLoop::run_job(Job& job) {
     });
     if (cut && f.reason == Finish::Reason::kStopped) f.reason = Finish::Reason::kAborted;
     out.finish(f, n_prompt);
+  } catch (const ApiError& e) {
+    job.events.push(error_event(e.status(), e.what(), e.param(), e.code()));
   } catch (const c10::Error& e) {
     job.events.push(error_event(500, std::string("Generation failed: ") + e.what_without_backtrace()));
   } catch (const std::exception& e) {
@@ -354,6 +356,8 @@ void EngineLoop::step_all(std::list<Slot>& slots) {
       Finish f = engine_.finish_sequence(*it->seq);
       if (it->cut && f.reason == Finish::Reason::kStopped) f.reason = Finish::Reason::kAborted;
       it->out->finish(f, it->n_prompt);
+    } catch (const ApiError& e) {
+      it->job->events.push(error_event(e.status(), e.what(), e.param(), e.code()));
     } catch (const std::exception& e) {
       it->job->events.push(error_event(500, std::string("Generation failed: ") + e.what()));
     }

@@ -300,6 +300,7 @@ struct ModelEngine::Running : ActiveSequence {
   bool logprobs = false;
   int top_logprobs = 0;
   bool stopped = false;          // on_token returned false
+  bool constrained = false;      // a TokenConstraint (structured output) restricts its sampling
   bool done() const override { return seq->done(); }
 };
 
@@ -319,6 +320,7 @@ std::unique_ptr<ActiveSequence> ModelEngine::start_sequence(const Prompt& prompt
   r->on_token = std::move(on_token);
   r->logprobs = req.logprobs;
   r->top_logprobs = req.top_logprobs;
+  r->constrained = o.sampling.constraint != nullptr;
   cache::Caches caches;
   if (prompt_cache_) caches = prompt_cache_->take(r->ns, prompt.ids).caches;
   // Generated text continues the prompt: each token is decoded against the ids before it
@@ -374,6 +376,15 @@ void ModelEngine::step(const std::vector<ActiveSequence*>& seqs) {
 
 Finish ModelEngine::finish_sequence(ActiveSequence& a) {
   Running& r = static_cast<Running&>(a);
+  if (const std::string& err = r.seq->error(); !err.empty()) {
+    // Its own sampling failed (the other requests of the batch went on). A grammar that outgrew
+    // its limits is the request's doing: a 400 naming response_format; anything else is ours.
+    if (r.constrained)
+      throw ApiError(400, "The response_format / forced tool call could not be followed: " + err +
+                              ". Simplify the schema (fewer or shorter enum values, smaller maxLength).",
+                     "response_format", "response_format_too_complex");
+    throw Error("sampling failed: " + err);
+  }
   if (std::string rest = r.decoder->flush(); !rest.empty() && !r.stopped) {
     TokenEvent ev;
     ev.text_only = true;

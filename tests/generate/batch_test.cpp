@@ -11,6 +11,7 @@
 #include "models/registry.h"
 #include "test_paths.h"
 #include "generate/batch.h"
+#include "generate/constraint.h"
 #include "nn/linear.h"
 
 namespace hearth::generate {
@@ -171,6 +172,50 @@ TEST(Batch, HybridStateRowsOfQwen3_5EqualEachAlone) {
     auto got = batched(*model, prompts, opts, {0, 0, 3}, {{}, {}, {}}, &together);
     EXPECT_GE(together, 3);
     expect_same(got, want);
+  }
+}
+
+// A constraint that gives up after `steps` tokens, as a grammar that outgrows its limits does.
+class FailingConstraint : public TokenConstraint {
+ public:
+  explicit FailingConstraint(int steps) : left_(steps) {}
+  void mask(at::Tensor&) override {
+    if (left_-- <= 0) throw Error("grammar: the automaton needs more states than allowed");
+  }
+  void accept(int64_t) override {}
+  bool complete() const override { return false; }
+
+ private:
+  int left_;
+};
+
+TEST(Batch, ASequenceWhoseSamplingFailsEndsAloneAndTheOthersGoOn) {
+  auto model = random_llama(tiny_llama_config(), at::kFloat, 9);
+  std::vector<std::vector<int64_t>> prompts{prompt_of(6, 1), prompt_of(9, 2), prompt_of(4, 3)};
+  std::vector<GenerateOptions> opts{options(10), options(10), options(10)};
+  std::vector<Trace> want{alone(*model, prompts[0], opts[0]), {}, alone(*model, prompts[2], opts[2])};
+  opts[1].sampling.constraint = std::make_shared<FailingConstraint>(3);
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  std::vector<Trace> got(3);
+  for (size_t i = 0; i < 3; ++i)
+    seqs.push_back(std::make_unique<Sequence>(prompts[i], opts[i], cache::Caches{}, std::vector<std::string>{},
+                                              [&got, i](int64_t, const at::Tensor& lp) {
+                                                got[i].logprobs.push_back(lp.clone());
+                                                return true;
+                                              }));
+  for (;;) {
+    std::vector<Sequence*> live;
+    for (auto& s : seqs)
+      if (!s->done()) live.push_back(s.get());
+    if (live.empty()) break;
+    ASSERT_NO_THROW(step(*model, live, 8));
+  }
+  EXPECT_NE(seqs[1]->error().find("grammar"), std::string::npos);
+  EXPECT_EQ(seqs[1]->result().tokens.size(), 3u);  // three tokens, then its fourth mask threw
+  for (size_t i : {0u, 2u}) {
+    EXPECT_TRUE(seqs[i]->error().empty());
+    got[i].tokens = seqs[i]->result().tokens;
+    expect_same({got[i]}, {want[i]});
   }
 }
 

@@ -16,10 +16,6 @@ using namespace hearth::train::testing;
 
 namespace {
 
-void zero(const std::vector<TrainableParam>& ps) {
-  for (const auto& p : ps) p.tensor.mutable_grad() = at::Tensor();
-}
-
 }  // namespace
 
 TEST(FullFineTuneParity, GradsMatchTransformers) {

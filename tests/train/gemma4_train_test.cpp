@@ -21,20 +21,6 @@ using namespace hearth::train::testing;
 
 namespace {
 
-std::vector<TrainableParam> lora_params(const hearth::adapters::Adapter& a) {
-  std::vector<TrainableParam> out;
-  for (const auto& [path, ad] : a.modules) {
-    const int64_t layer = hearth::adapters::layer_index(path);
-    out.push_back({path + ".lora_A", ad.a, layer, false, layer < 0});
-    out.push_back({path + ".lora_B", ad.b, layer, false, layer < 0});
-  }
-  return out;
-}
-
-void zero(const std::vector<TrainableParam>& ps) {
-  for (const auto& p : ps) p.tensor.mutable_grad() = at::Tensor();
-}
-
 std::vector<at::Tensor> grads_of(const std::vector<TrainableParam>& ps) {
   std::vector<at::Tensor> g;
   for (const auto& p : ps) g.push_back(p.tensor.grad().defined() ? p.tensor.grad().clone() : at::Tensor());

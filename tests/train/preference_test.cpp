@@ -23,20 +23,6 @@ using namespace hearth::train::testing;
 
 namespace {
 
-std::vector<TrainableParam> lora_params(const hearth::adapters::Adapter& a) {
-  std::vector<TrainableParam> out;
-  for (const auto& [path, ad] : a.modules) {
-    const int64_t layer = hearth::adapters::layer_index(path);
-    out.push_back({path + ".lora_A", ad.a, layer, false, layer < 0});
-    out.push_back({path + ".lora_B", ad.b, layer, false, layer < 0});
-  }
-  return out;
-}
-
-void zero(const std::vector<TrainableParam>& ps) {
-  for (const auto& p : ps) p.tensor.mutable_grad() = at::Tensor();
-}
-
 at::Tensor rows_tensor(const nlohmann::json& rows) {
   const int64_t B = rows.size(), T = rows[0].size();
   at::Tensor t = at::empty({B, T}, at::kLong);

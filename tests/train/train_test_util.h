@@ -9,12 +9,32 @@
 #include <memory>
 #include <string>
 
+#include "adapters/adapter.h"
+#include "adapters/mount.h"
 #include "io/hf_config.h"
 #include "models/registry.h"
 #include "nn/param_source.h"
 #include "test_paths.h"
+#include "train/trainer.h"
 
 namespace hearth::train::testing {
+
+/// Every LoRA A and B tensor of `a` as trainable parameters (layer from the module path; -1 = not in
+/// a decoder layer, then part of the head segment).
+inline std::vector<TrainableParam> lora_params(const adapters::Adapter& a) {
+  std::vector<TrainableParam> out;
+  for (const auto& [path, ad] : a.modules) {
+    const int64_t layer = adapters::layer_index(path);
+    out.push_back({path + ".lora_A", ad.a, layer, false, layer < 0});
+    out.push_back({path + ".lora_B", ad.b, layer, false, layer < 0});
+  }
+  return out;
+}
+
+/// Clears the gradients of `ps`.
+inline void zero(const std::vector<TrainableParam>& ps) {
+  for (const auto& p : ps) p.tensor.mutable_grad() = at::Tensor();
+}
 
 inline std::filesystem::path golden(const std::string& rel) {
   return std::filesystem::path(HEARTH_SOURCE_DIR) / "tests/golden" / rel;
