@@ -14,6 +14,9 @@ namespace {
 
 using json = nlohmann::ordered_json;
 constexpr int64_t kMaxUnroll = 4096;  // minItems/maxItems/minLength/maxLength limit
+// Grammar nodes one schema may compile to (~150 bytes each): bounds the memory a request can make
+// the server spend (many properties with large maxLength unroll to millions of nodes otherwise).
+constexpr size_t kMaxGrammarNodes = 500000;
 
 const std::set<std::string> kAnnotations = {"title",    "description", "default",  "examples", "$schema",
                                             "$id",      "$comment",    "deprecated", "readOnly", "writeOnly"};
@@ -415,6 +418,9 @@ class Compiler {
   // The nodes of `s` (at JSON pointer `p` from the current root), then `next`.
   int32_t build(const json& s, const std::string& p, int32_t next) {
     if (++depth_ > 200) unsupported("nesting deeper than 200 schemas", path(p));
+    if (g_->size() > kMaxGrammarNodes)
+      throw InvalidArgument(cat("the schema is too large to enforce (over ", kMaxGrammarNodes,
+                                " grammar states at ", path(p), "; fewer properties or smaller maxLength/maxItems)"));
     struct Leave { int& d; ~Leave() { --d; } } leave{depth_};
     if (s.is_boolean()) {
       if (!s.get<bool>()) unsupported("schema 'false'", path(p));

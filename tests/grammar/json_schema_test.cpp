@@ -164,3 +164,26 @@ TEST(JsonSchemaGrammar, UnsupportedFeaturesAreNamed) {
 
 }  // namespace
 }  // namespace hearth::grammar
+
+namespace hearth::grammar {
+namespace {
+
+// Found by the attack run: 1,500 properties with maxLength 4096 (a 79 KB body) compiled to
+// millions of grammar states and ~1 GB of server memory. The compile now stops at a bound.
+TEST(JsonSchemaGrammar, AHugeUnrolledSchemaIsRefusedBeforeItEatsMemory) {
+  nlohmann::ordered_json s = {{"type", "object"}, {"properties", nlohmann::ordered_json::object()}};
+  for (int i = 0; i < 1500; ++i) s["properties"]["p" + std::to_string(i)] = {{"type", "string"}, {"maxLength", 4096}};
+  try {
+    compile_json_schema(s);
+    ADD_FAILURE() << "a schema of ~6M grammar states was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("too large"), std::string::npos) << e.what();
+  }
+  // A modest schema of the same kind still compiles.
+  nlohmann::ordered_json ok = {{"type", "object"}, {"properties", nlohmann::ordered_json::object()}};
+  for (int i = 0; i < 20; ++i) ok["properties"]["p" + std::to_string(i)] = {{"type", "string"}, {"maxLength", 4096}};
+  EXPECT_NO_THROW(compile_json_schema(ok));
+}
+
+}  // namespace
+}  // namespace hearth::grammar
