@@ -9,6 +9,7 @@
 #include <typeinfo>
 
 #include "cache/static_kv_cache.h"
+#include "cache/static_recurrent_cache.h"
 #include "core/cuda_graph.h"
 #include "core/error.h"
 #include "generate/batch.h"
@@ -36,8 +37,8 @@ bool Sequence::run_static(models::Model& model) {
   if (env_is("HEARTH_CUDA_GRAPHS", "0")) return false;
   if (!device.is_cuda() && !env_is("HEARTH_STATIC_DECODE", "1")) return false;
   if (!greedy_without_processors(opts_.sampling)) return false;
-  for (const auto& c : caches_)
-    if (!c || typeid(*c) != typeid(cache::KVCache)) return false;
+  for (const auto& c : caches_)  // growing KV caches and recurrent states have static forms
+    if (!c || (typeid(*c) != typeid(cache::KVCache) && typeid(*c) != typeid(cache::RecurrentCache))) return false;
   c10::NoGradGuard no_grad;
   nn::ActiveAdapters adapters(adapters_);
   const auto lopt = at::TensorOptions().dtype(at::kLong).device(device);
@@ -53,8 +54,12 @@ bool Sequence::run_static(models::Model& model) {
     st->host_offset = offset_;
     st->positions = at::full({1}, offset_, lopt);
     cache::Caches stat;
-    for (const auto& c : caches_)
-      stat.push_back(std::make_unique<cache::StaticKVCache>(st, static_cast<const cache::KVCache&>(*c)));
+    for (const auto& c : caches_) {
+      if (auto* rc = dynamic_cast<const cache::RecurrentCache*>(c.get()))
+        stat.push_back(std::make_unique<cache::StaticRecurrentCache>(st, *rc));
+      else
+        stat.push_back(std::make_unique<cache::StaticKVCache>(st, static_cast<const cache::KVCache&>(*c)));
+    }
     at::Tensor logits, next;
     auto fn = [&] {
       at::Tensor lg = model.forward(ids, st->host_offset, &stat)[0][-1].to(at::kFloat);
@@ -94,8 +99,12 @@ bool Sequence::run_static(models::Model& model) {
       st->positions.add_(1);
     }
     // Back to growing caches: the eager loop, the prompt cache and the next stretch read them.
-    for (size_t i = 0; i < caches_.size(); ++i)
-      caches_[i] = static_cast<const cache::StaticKVCache&>(*stat[i]).to_kv_cache(offset_);
+    for (size_t i = 0; i < caches_.size(); ++i) {
+      if (auto* rc = dynamic_cast<const cache::StaticRecurrentCache*>(stat[i].get()))
+        caches_[i] = rc->to_recurrent_cache(offset_);
+      else
+        caches_[i] = static_cast<const cache::StaticKVCache&>(*stat[i]).to_kv_cache(offset_);
+    }
   }
   finish_stats(model);
   return true;

@@ -31,7 +31,7 @@ at::Tensor RMSNormGated::forward(const at::Tensor& hidden, const at::Tensor& gat
 }
 
 at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
-                              cache::KVCacheBase* cache) const {
+                              cache::KVCacheBase* cache, const at::Tensor& mask) const {
   const int64_t B = x.size(0), T = x.size(1), D = head_dim;
   // q_proj → [B, T, H, 2D], split per head into queries [.., :D] and the output gate [.., D:].
   at::Tensor qg = q_proj.forward(x).view({B, T, -1, 2 * D});
@@ -49,6 +49,7 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
   p.q_pos0 = offset;
   p.k_pos0 = kv.pos0;
   p.backend = backend;
+  p.mask = mask;
   at::Tensor out = nn::attention(q, kv.keys, kv.values, p);  // [B, H, T, D]
   out = out.transpose(1, 2).contiguous().reshape({B, T, -1});
   out = out * at::sigmoid(gate);
@@ -95,7 +96,8 @@ at::Tensor GatedDeltaNet::forward(const at::Tensor& x, cache::RecurrentCache* ca
                             ? nn::recurrent_gated_delta_rule(query, key, value, g, beta, cache->recurrent_state())
                             : nn::chunk_gated_delta_rule(query, key, value, g, beta,
                                                          has_state ? cache->recurrent_state() : at::Tensor());
-  if (cache) cache->update(new_conv_state, r.state, T);
+  if (auto* st = dynamic_cast<cache::StaticRecurrentCache*>(cache)) st->write(new_conv_state, r.state);
+  else if (cache) cache->update(new_conv_state, r.state, T);
 
   at::Tensor core = r.out.reshape({-1, Dv});
   core = norm.forward(core, z.reshape({-1, Dv}));
@@ -119,6 +121,13 @@ Boundary Qwen3_5Model::forward_layers(const Boundary& in, int64_t begin, int64_t
                caches ? caches->size() : 0, " caches for ", num_layers(), " layers");
   // One group of all rows, or (a ragged batch: continuous batching) one group per row, each with its
   // own position and caches; the token mixers run per group, the MLPs on all rows at once.
+  if (caches)
+    for (int64_t i = begin; i < end; ++i) {
+      cache::LayerCache* c = (*caches)[i].get();
+      if (auto* kv = dynamic_cast<cache::StaticKVCache*>(c)) return forward_static(in, begin, end, *kv->state(), *caches);
+      if (auto* rc = dynamic_cast<cache::StaticRecurrentCache*>(c))
+        return forward_static(in, begin, end, *rc->state(), *caches);
+    }
   const std::vector<RowGroup> groups = row_groups(pos, caches, who.c_str());
   const int64_t T = hidden.size(1);
   std::vector<std::pair<at::Tensor, at::Tensor>> rope(groups.size());
@@ -151,6 +160,46 @@ Boundary Qwen3_5Model::forward_layers(const Boundary& in, int64_t begin, int64_t
       }
     }
     x = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
+    h = residual + x;
+    residual = h;
+    x = l.post_attention_layernorm.forward(h);
+    x = l.mlp.forward(x);
+    h = residual + x;
+  }
+  return Boundary(h);
+}
+
+Boundary Qwen3_5Model::forward_static(const Boundary& in, int64_t begin, int64_t end, cache::StaticState& st,
+                                      cache::Caches& caches) {
+  const std::string& who = model_type();
+  const at::Tensor& hidden = in.hidden;
+  const int64_t B = hidden.size(0), S = st.capacity;
+  HEARTH_CHECK(hidden.size(1) == 1, who, ": a static step takes one token per row, got ", hidden.size(1));
+  HEARTH_CHECK(st.positions.defined() && st.positions.numel() == B, who, ": static positions for ",
+               st.positions.defined() ? st.positions.numel() : 0, " rows, batch ", B);
+  const auto dtype = hidden.scalar_type();
+  if (!st.cos_table.defined()) std::tie(st.cos_table, st.sin_table) = rotary_emb_.cos_sin(0, S, dtype);
+  st.family_ran_static = true;
+  // Device-side only (graph-safe): each row's RoPE row and its additive mask over the capacity.
+  at::Tensor cos = st.cos_table.index_select(0, st.positions).view({B, 1, 1, -1});
+  at::Tensor sin = st.sin_table.index_select(0, st.positions).view({B, 1, 1, -1});
+  at::Tensor allowed = at::arange(S, st.positions.options()).view({1, S}) <= st.positions.view({B, 1});
+  at::Tensor mask = at::where(allowed, at::zeros({}, hidden.options()), at::full({}, nn::mask_min(dtype), hidden.options()))
+                        .view({B, 1, 1, S});
+  at::Tensor h = hidden;
+  for (int64_t i = begin; i < end; ++i) {
+    DecoderLayer& l = layers_[i];
+    at::Tensor residual = h;
+    at::Tensor x = l.input_layernorm.forward(h);
+    if (l.kind == LayerKind::kLinear) {
+      auto* rc = dynamic_cast<cache::StaticRecurrentCache*>(caches[i].get());
+      HEARTH_CHECK(rc, who, ": layer ", i, " (linear attention) is not a static recurrent cache in a static step");
+      x = l.linear_attn->forward(x, rc);
+    } else {
+      auto* kv = dynamic_cast<cache::StaticKVCache*>(caches[i].get());
+      HEARTH_CHECK(kv, who, ": layer ", i, " (full attention) is not a static KV cache in a static step");
+      x = l.self_attn->forward(x, cos, sin, st.host_offset, kv, mask);
+    }
     h = residual + x;
     residual = h;
     x = l.post_attention_layernorm.forward(h);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cache/recurrent_cache.h"
+#include "cache/static_recurrent_cache.h"
 #include "models/model.h"
 #include "models/qwen3_5/config.h"
 #include "models/registry.h"
@@ -49,9 +50,11 @@ struct Attention {
   int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
   double scaling = 1.0;
   nn::AttentionBackend backend = nn::AttentionBackend::kAuto;
-  /// x [B, T, C], cos/sin [T, rotary_dim] → [B, T, C]; `cache` may be null.
+  /// x [B, T, C], cos/sin [T, rotary_dim] (a static step: [B, 1, 1, rotary_dim]) → [B, T, C];
+  /// `cache` may be null. `mask`, when defined, is the additive mask [B, 1, T, S] over the keys the
+  /// cache returns (a static step's; otherwise causal masking from the offsets).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
-                     cache::KVCacheBase* cache) const;
+                     cache::KVCacheBase* cache, const at::Tensor& mask = at::Tensor()) const;
 };
 
 /// Qwen3_5GatedDeltaNet: projections, causal conv1d with state, L2-normalised q/k, the gated delta
@@ -70,7 +73,8 @@ struct GatedDeltaNet {
   int64_t key_dim() const { return num_k_heads * head_k_dim; }
   int64_t value_dim() const { return num_v_heads * head_v_dim; }
   /// x [B, T, C] → [B, T, C]; `cache` (may be null) holds conv_state [B, convDim, K-1] and the
-  /// float32 recurrent state [B, Hv, Dk, Dv], both advanced by T tokens.
+  /// float32 recurrent state [B, Hv, Dk, Dv], both advanced by T tokens (a
+  /// cache::StaticRecurrentCache is overwritten in place: a captured decode step).
   at::Tensor forward(const at::Tensor& x, cache::RecurrentCache* cache) const;
 };
 
@@ -102,7 +106,9 @@ class Qwen3_5Model : public Model {
 
   Boundary embed(const at::Tensor& input_ids) override;
   /// Takes ragged batches (rows at their own positions through a cache::rows_view): the token
-  /// mixers run per row, the MLPs on all rows at once.
+  /// mixers run per row, the MLPs on all rows at once. With static caches (cache::StaticKVCache for
+  /// full layers, cache::StaticRecurrentCache for linear ones: generate/graph_decode.cpp) one
+  /// token per row at the device-held positions, graph-capturable.
   Boundary forward_layers(const Boundary& in, int64_t begin, int64_t end, const Positions& pos,
                           cache::Caches* caches) override;
   at::Tensor head(const at::Tensor& hidden) override;
@@ -140,6 +146,10 @@ class Qwen3_5Model : public Model {
   ZeroCenteredRMSNorm norm_;
   nn::Linear lm_head_;
   nn::RotaryEmbedding rotary_emb_;
+
+  // The one-token step over static caches: RoPE rows and masks from the device positions.
+  Boundary forward_static(const Boundary& in, int64_t begin, int64_t end, cache::StaticState& st,
+                          cache::Caches& caches);
 };
 
 /// Finds the WeightLayout of `weights` (see WeightLayout); throws hearth::Error naming `origin`
