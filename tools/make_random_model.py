@@ -4,7 +4,9 @@ download needed). Writes an HF folder (config.json, safetensors, generation_conf
 tiny test tokenizer's files copied in (ids stay < 512, so text output is meaningless by design).
 
   python3 tools/make_random_model.py --shape llama-3.2-1b --out /tmp/l1b [--dtype bfloat16] [--mlx-q4]
-Shapes: llama-3.2-1b, llama-3.1-8b. --mlx-q4 also writes OUT-mlx4 (MLX affine 4-bit, group 64).
+Shapes: llama-3.2-1b, llama-3.1-8b, qwen3.5-0.8b (Qwen3.5-0.8B's text model: 24 layers, 3 linear :
+1 full), gemma4-e4b (Gemma 4 e4b's text model: 42 layers, 5 sliding : 1 full, 18 KV-shared layers,
+per-layer inputs of 256). --mlx-q4 also writes OUT-mlx4 (MLX affine 4-bit, group 64).
 """
 import argparse
 import json
@@ -12,7 +14,7 @@ import os
 import shutil
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoConfig, AutoModelForCausalLM
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = {
@@ -28,7 +30,35 @@ SHAPES = {
                          rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
                                           "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                           "original_max_position_embeddings": 8192}),
+    # Qwen/Qwen3.5-0.8B's text_config (random weights).
+    "qwen3.5-0.8b": dict(model_type="qwen3_5_text", hidden_size=1024, intermediate_size=3584, num_hidden_layers=24,
+                         layer_types=["linear_attention"] * 3 + ["full_attention"],  # repeated below
+                         num_attention_heads=8, num_key_value_heads=2, head_dim=256,
+                         linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
+                         linear_value_head_dim=128, linear_conv_kernel_dim=4, vocab_size=248320,
+                         tie_word_embeddings=True, max_position_embeddings=262144, rms_norm_eps=1e-6,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                                          "partial_rotary_factor": 0.25}),
+    # google/gemma-4-e4b's text_config as mlx-bun's inventory describes it (random weights).
+    "gemma4-e4b": dict(model_type="gemma4_text", hidden_size=2560, intermediate_size=10240, num_hidden_layers=42,
+                       layer_types=["sliding_attention"] * 5 + ["full_attention"],  # repeated below
+                       num_attention_heads=8, num_key_value_heads=2, head_dim=256, global_head_dim=512,
+                       num_kv_shared_layers=18, hidden_size_per_layer_input=256, vocab_size=262144,
+                       vocab_size_per_layer_input=262144, sliding_window=512, final_logit_softcapping=30.0,
+                       hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, attention_k_eq_v=False,
+                       use_double_wide_mlp=False, max_position_embeddings=131072, rms_norm_eps=1e-6,
+                       rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                           "rope_theta": 1000000.0}}),
 }
+
+
+def make_config(shape):
+    kw = dict(SHAPES[shape])
+    model_type = kw.pop("model_type", "llama")
+    if "layer_types" in kw:
+        kw["layer_types"] = (kw["layer_types"] * kw["num_hidden_layers"])[: kw["num_hidden_layers"]]
+    return AutoConfig.for_model(model_type, bos_token_id=1, eos_token_id=0, pad_token_id=0, **kw)
 
 
 def main():
@@ -40,13 +70,13 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     torch.manual_seed(a.seed)
-    cfg = LlamaConfig(bos_token_id=1, eos_token_id=0, **SHAPES[a.shape])
+    cfg = make_config(a.shape)
     dtype = getattr(torch, a.dtype)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
         with torch.no_grad():
             for name, p in model.named_parameters():
-                if name.endswith("norm.weight"):
+                if name.endswith("norm.weight") or name.endswith("layer_scalar"):
                     p.copy_(1.0 + 0.1 * torch.randn_like(p))
                 else:
                     p.normal_(0.0, 0.02)
@@ -64,7 +94,7 @@ def main():
             module = key[:-7] if key.endswith(".weight") else None
             if key == "lm_head.weight" and cfg.tie_word_embeddings:
                 continue
-            if module and w.dim() == 2:
+            if module and w.dim() == 2 and w.shape[1] % 64 == 0:
                 packed, scales, biases, _ = mlx_quantize(w.float().cpu(), 4, 64)
                 tensors[key] = packed
                 tensors[module + ".scales"] = torch.from_numpy(scales).to(dtype).float().numpy()

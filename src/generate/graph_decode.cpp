@@ -7,6 +7,8 @@
 #include <cstring>
 #include <memory>
 #include <typeinfo>
+#include <utility>
+#include <vector>
 
 #include "cache/static_kv_cache.h"
 #include "cache/static_recurrent_cache.h"
@@ -60,6 +62,12 @@ bool Sequence::run_static(models::Model& model) {
       else
         stat.push_back(std::make_unique<cache::StaticKVCache>(st, static_cast<const cache::KVCache&>(*c)));
     }
+    // A recurrent state advances each time the step runs, unlike a KV write (the same position
+    // rewritten): the capture's warm-up runs the step once more, so its states are kept to rewind.
+    std::vector<std::pair<cache::StaticRecurrentCache*, std::pair<at::Tensor, at::Tensor>>> rewind;
+    for (auto& c : stat)
+      if (auto* rc = dynamic_cast<cache::StaticRecurrentCache*>(c.get()))
+        rewind.push_back({rc, {rc->conv_state().clone(), rc->recurrent_state().clone()}});
     at::Tensor logits, next;
     auto fn = [&] {
       at::Tensor lg = model.forward(ids, st->host_offset, &stat)[0][-1].to(at::kFloat);
@@ -75,7 +83,8 @@ bool Sequence::run_static(models::Model& model) {
     first_round = false;
     // HEARTH_CUDA_GRAPHS=nocapture: the same static step, replayed eagerly (tests compare the two).
     std::unique_ptr<compat::RecordedStep> recorded;
-    if (!env_is("HEARTH_CUDA_GRAPHS", "nocapture")) {
+    const bool capture = !env_is("HEARTH_CUDA_GRAPHS", "nocapture");
+    if (capture) {
       try {
         recorded = std::make_unique<compat::RecordedStep>(fn, device, /*warmup=*/1);
       } catch (const Error&) {
@@ -83,6 +92,13 @@ bool Sequence::run_static(models::Model& model) {
       }
     }
     if (!recorded) recorded = std::make_unique<compat::RecordedStep>(fn, at::Device(at::kCPU), 0);
+    if (capture && device.is_cuda() && !rewind.empty()) {
+      // The warm-up advanced the recurrent states past this step: back to before it, then the step
+      // again (through the recording), which leaves logits/next and the states as the eager call did.
+      for (auto& [rc, saved] : rewind) rc->write(saved.first, saved.second);
+      recorded->replay();
+    }
+    rewind.clear();
     result_.stats.static_decode = true;
     result_.stats.cuda_graph = recorded->captured();
     bool fresh = true;  // logits/next hold the step for `ids` already

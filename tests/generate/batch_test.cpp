@@ -80,13 +80,15 @@ std::vector<Trace> batched(models::Model& model, const std::vector<std::vector<i
   return runs;
 }
 
-void expect_same(const std::vector<Trace>& got, const std::vector<Trace>& want) {
+// `tol` bounds the logprob difference: batched rows run the same ops on a [B, ...] tensor, which a
+// BLAS may sum in another order; 1e-5 holds for the llama family on both libtorch builds.
+void expect_same(const std::vector<Trace>& got, const std::vector<Trace>& want, double tol = 1e-5) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) {
     EXPECT_EQ(got[i].tokens, want[i].tokens) << "sequence " << i;
     ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size()) << "sequence " << i;
     for (size_t t = 0; t < got[i].logprobs.size(); ++t)
-      EXPECT_LT((got[i].logprobs[t] - want[i].logprobs[t]).abs().max().item<double>(), 1e-5)
+      EXPECT_LT((got[i].logprobs[t] - want[i].logprobs[t]).abs().max().item<double>(), tol)
           << "sequence " << i << " token " << t;
   }
 }
@@ -171,7 +173,9 @@ TEST(Batch, HybridStateRowsOfQwen3_5EqualEachAlone) {
     int together = 0;
     auto got = batched(*model, prompts, opts, {0, 0, 3}, {{}, {}, {}}, &together);
     EXPECT_GE(together, 3);
-    expect_same(got, want);
+    // These random models' logits are large (|logit| ~ 8): PyTorch 2.11's CPU kernels (MKL) put
+    // batched rows 3.3e-5 from alone ones (libtorch 1.13 + OpenBLAS: < 1e-5); tokens stay identical.
+    expect_same(got, want, 1e-4);
   }
 }
 

@@ -70,8 +70,10 @@ TEST(StaticDecodeHybrid, Qwen3_5GreedyEqualsTheEagerLoop) {
     for (size_t t = 0; t < stat.logprobs.size(); ++t)
       worst = std::max(worst, (stat.logprobs[t] - eager.logprobs[t]).abs().max().item<double>());
     // Same ops, but the static attention reads the whole capacity under a mask (another summation
-    // order): measured 2.6e-5 at worst over 300 steps (q35_untied_hv1_mqa, logprobs of ~-10).
-    EXPECT_LE(worst, 5e-5);
+    // order), amplified over 300 steps by these random models' large logits: measured 2.6e-5 at
+    // worst (q35_untied_hv1_mqa) with libtorch 1.13 + OpenBLAS, 1.8e-4 with PyTorch 2.11's CPU
+    // kernels — within the 5e-4 these models keep to transformers (qwen3_5_parity_test.cpp).
+    EXPECT_LE(worst, 5e-4);
     std::set<int64_t> distinct(eager.tokens.begin(), eager.tokens.end());
     EXPECT_GE(distinct.size(), 5u) << "a continuation of one repeated token checks little";
   }

@@ -276,9 +276,9 @@ TEST_F(AnthropicServerTest, ThinkingAndToolUseBothWays) {
   ASSERT_EQ(seen.messages.size(), 3u);
   EXPECT_EQ(seen.messages[1].reasoning_content.value(), "plan it");
   ASSERT_EQ(seen.messages[1].tool_calls.size(), 1u);
-  EXPECT_EQ(seen.messages[1].tool_calls[0].id, tu["id"]);
+  EXPECT_EQ(seen.messages[1].tool_calls[0].id, tu["id"].get<std::string>());
   EXPECT_EQ(seen.messages[2].role, "tool");
-  EXPECT_EQ(seen.messages[2].tool_call_id, tu["id"]);
+  EXPECT_EQ(seen.messages[2].tool_call_id, tu["id"].get<std::string>());
   EXPECT_EQ(seen.messages[2].name, "get_weather");
 }
 
