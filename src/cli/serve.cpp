@@ -169,6 +169,10 @@ std::function<int()> setup_serve(CLI::App& app) {
                  "Prompt cache budget in bytes of KV reused across requests (0 = off; default 2 GiB on CUDA, "
                  "512 MiB on CPU)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
+  app.add_option("--prompt-cache-snapshot-every", a->engine.prompt_cache_snapshot_every,
+                 "Hybrid models (Qwen3.5): also keep a prompt-cache snapshot every N tokens of a long prompt "
+                 "(default 4096; 0 = only at each prompt's end)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_option("--temp,--temperature", a->engine.defaults.temperature,
                  "Default temperature (else generation_config.json, else 0.7)")
       ->check(CLI::Range(0.0, 2.0));

@@ -47,7 +47,8 @@ void Sequence::check_prompt(const models::Model& model) {
 void Sequence::prefill_chunk(models::Model& model) {
   if (!started_) check_prompt(model);
   const int64_t n = static_cast<int64_t>(prompt_.size());
-  const int64_t len = std::min(opts_.prefill_step_size, n - offset_);
+  int64_t len = std::min(opts_.prefill_step_size, n - offset_);
+  if (on_snapshot_ && snapshot_every_ > 0) len = std::min(len, snapshot_every_ - offset_ % snapshot_every_);
   at::Tensor ids = at::tensor(std::vector<int64_t>(prompt_.begin() + offset_, prompt_.begin() + offset_ + len),
                               at::TensorOptions().dtype(at::kLong))
                        .view({1, len})
@@ -58,6 +59,11 @@ void Sequence::prefill_chunk(models::Model& model) {
     logits = model.forward(ids, offset_, &caches_, /*logits_to_keep=*/offset_ + len == n ? 1 : 0);
   }
   offset_ += len;
+  if (on_snapshot_ && (offset_ == n || (snapshot_every_ > 0 && offset_ % snapshot_every_ == 0))) {
+    cache::Caches copy;
+    for (const auto& c : caches_) copy.push_back(c ? c->clone() : nullptr);
+    on_snapshot_(offset_, std::move(copy));
+  }
   if (offset_ < n) return;
   GenerationStats& st = result_.stats;
   const int64_t prefilled = n - st.cached_tokens;
@@ -107,6 +113,11 @@ void Sequence::emit(int64_t next, const at::Tensor& logprobs) {
     return;
   }
   pending_ = next;
+}
+
+void Sequence::on_snapshot(int64_t every, SnapshotFn fn) {
+  snapshot_every_ = every;
+  on_snapshot_ = std::move(fn);
 }
 
 void Sequence::finish_stats(const models::Model& model) {

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -53,6 +54,16 @@ class Sequence {
   /// of attention over the padded static length).
   bool run_static(models::Model& model);
 
+  /// Receives a snapshot of the caches (LayerCache::clone of every layer) holding `tokens` prompt
+  /// tokens, taken during prefill.
+  using SnapshotFn = std::function<void(int64_t tokens, cache::Caches snapshot)>;
+  /// Asks for snapshots during prefill: each time the caches hold a multiple of `every` prompt
+  /// tokens (every <= 0: never) and once when the whole prompt is in, before the first token is
+  /// sampled. Prefill chunks are cut at those multiples. For hybrid models, whose recurrent states
+  /// cannot be trimmed back to a shared prefix, the server's prompt cache keeps these (issue 9:
+  /// "snapshots at the end of each cached prompt, plus every N tokens of long prompts").
+  void on_snapshot(int64_t every, SnapshotFn fn);
+
  private:
   friend void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t prefill_budget);
   void check_prompt(const models::Model& model);
@@ -73,6 +84,8 @@ class Sequence {
   int64_t pending_ = -1; // sampled and emitted, not yet fed back
   bool started_ = false, done_ = false;
   std::string error_;
+  int64_t snapshot_every_ = 0;
+  SnapshotFn on_snapshot_;
   std::chrono::steady_clock::time_point t0_, t1_, t_last_;
 };
 

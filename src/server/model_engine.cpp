@@ -189,6 +189,7 @@ ModelEngine::ModelEngine(ModelEngineOptions opts)
     double per_token = 0;
     for (const auto& c : probe) {
       if (!c) continue;
+      hybrid_ = hybrid_ || c->kind() == "recurrent";
       if (const auto* kv = dynamic_cast<const cache::KVCache*>(c.get()); kv && kv->capacity() > 0)
         per_token += static_cast<double>(kv->nbytes()) / static_cast<double>(kv->capacity());
       else
@@ -333,6 +334,12 @@ std::unique_ptr<ActiveSequence> ModelEngine::start_sequence(const Prompt& prompt
   Running* self = r.get();
   r->seq = std::make_unique<generate::Sequence>(prompt.ids, std::move(o), std::move(caches), selection,
                                                 [this, self](int64_t id, const at::Tensor& lp) { return on_step(*self, id, lp); });
+  if (prompt_cache_ && hybrid_)
+    // Recurrent states cannot be trimmed back to a shared prefix: keep them where one may be wanted.
+    r->seq->on_snapshot(opts_.prompt_cache_snapshot_every,
+                        [this, ns = r->ns, ids = prompt.ids](int64_t n, cache::Caches snapshot) {
+                          prompt_cache_->put(ns, std::vector<int64_t>(ids.begin(), ids.begin() + n), std::move(snapshot));
+                        });
   return r;
 }
 

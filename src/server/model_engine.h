@@ -51,6 +51,11 @@ struct ModelEngineOptions {
   /// (2 GiB on CUDA, 512 MiB on CPU), 0 = off. Always off for models with dynamic-NTK RoPE (see
   /// ModelEngine::prompt_cache()).
   int64_t prompt_cache_bytes = -1;
+  /// Hybrid models (a layer with a recurrent state, e.g. Qwen3.5): besides each prompt's end, the
+  /// prompt cache keeps a snapshot every this many tokens of a long prompt, so a request sharing
+  /// part of it resumes from the last multiple inside the shared part (`hearth serve
+  /// --prompt-cache-snapshot-every`; 0 = at the prompt's end only).
+  int64_t prompt_cache_snapshot_every = 4096;
   /// `hearth serve --thinking on|off`: chat_template_kwargs.enable_thinking for chat requests that
   /// do not set it (unset: the template's own default).
   std::optional<bool> thinking;
@@ -182,6 +187,7 @@ class ModelEngine : public Engine {
   std::vector<AdapterInfo> adapters_;
   generate::GenerationStats last_stats_;
   std::unique_ptr<cache::PromptCache> prompt_cache_;
+  bool hybrid_ = false;    // a layer keeps a recurrent state: snapshots for the prompt cache
   bool batching_ = true;  // off for dynamic-NTK RoPE (its tables depend on the longest row seen)
   int64_t kv_bytes_per_token_ = 0, fixed_state_bytes_ = 0;  // state_bytes()' probe
 };
