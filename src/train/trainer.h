@@ -8,6 +8,7 @@
 #include <atomic>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -18,6 +19,8 @@
 #include "train/segmented.h"
 
 namespace hearth::train {
+
+class DataParallel;
 
 /// Every knob of a run (names follow mlx_lm.lora's flags; defaults are mlx-lm's).
 struct TrainConfig {
@@ -59,6 +62,8 @@ struct TrainConfig {
   /// ("weights", "optimizer", "manifest", "cleanup"); throwing there leaves the folder as a crash
   /// at that point would. Empty in normal runs.
   std::function<void(const std::string&)> checkpoint_hook;
+  /// Data-parallel rank (distributed.h); null = one process. batch_size stays the global batch.
+  std::shared_ptr<DataParallel> data_parallel;
 };
 
 /// One progress report (also a metrics.jsonl line).
