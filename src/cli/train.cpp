@@ -142,7 +142,7 @@ std::function<int()> setup_train(CLI::App& app) {
     hearth::train::check_config(c);  // bad flags fail before the model loads
     const auto env = hearth::train::dist_env_from();  // torchrun's variables: this process is one rank
     hearth::cli::check_dist_options(a->dist);
-    hearth::train::check_global_batch(c.batch_size, env ? env->world_size : a->dist.nproc_per_node);
+    hearth::train::check_data_parallel(c.batch_size, c.method, env ? env->world_size : a->dist.nproc_per_node);
     if (!env && a->dist.nproc_per_node > 1) return hearth::cli::launch_workers(a->dist);
     const bool dp = env && env->world_size > 1;
     return hearth::cli::with_rank_prefix(dp ? env->rank : -1, [&] { return run(*a, dp ? &*env : nullptr); });

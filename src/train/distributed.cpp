@@ -110,6 +110,13 @@ void check_global_batch(int64_t batch_size, int64_t world_size) {
                " data-parallel processes (--nproc-per-node / WORLD_SIZE); use a multiple of ", world_size);
 }
 
+void check_data_parallel(int64_t batch_size, const std::string& method, int64_t world_size) {
+  check_global_batch(batch_size, world_size);
+  HEARTH_CHECK(world_size <= 1 || method != "orpo", "--method orpo: data-parallel training (--nproc-per-node / "
+               "WORLD_SIZE > 1) supports sft and dpo (ORPO's NLL term is a token mean over the whole batch); run ORPO "
+               "in one process");
+}
+
 std::string resolve_backend(const std::string& backend, const at::Device& device) {
   if (backend == "auto") return device.is_cuda() ? "nccl" : "gloo";
   HEARTH_CHECK(backend == "gloo" || backend == "nccl", "--backend: '", backend, "' is not auto, gloo or nccl");

@@ -141,17 +141,20 @@ std::vector<double> reference_table(models::Model& model, const PreferenceDatase
 }
 
 // Mean preference loss over up to `max_batches` batches of `data` (no graph, no shuffling).
+// Data-parallel: each rank scores its (equal) share of every batch; the share means are averaged.
 double evaluate_preference(models::Model& model, const PreferenceDataset& data, int64_t batch_size,
-                           int64_t max_batches, const PreferenceOptions& popt, const std::vector<double>& ref_table) {
+                           int64_t max_batches, const PreferenceOptions& popt, const std::vector<double>& ref_table,
+                           DataParallel* dp) {
   Batcher b(data.lengths(), batch_size, 0, /*shuffle=*/false);
   const int64_t n = max_batches < 0 ? b.num_batches() : std::min(max_batches, b.num_batches());
   double sum = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const auto idx = b.next_indices();
+    const auto idx = dp ? dp->share(b.next_indices()) : b.next_indices();
     PreferenceBatch pb = make_preference_batch(data, idx);
     at::Tensor ref = popt.method == Method::kDpo ? batch_reference(model, pb, idx, ref_table, popt.loss_chunk) : at::Tensor();
     sum += preference_eval(model, pb, ref, popt).loss;
   }
+  if (dp) sum = dp->sum(sum) / static_cast<double>(dp->world_size());
   return n > 0 ? sum / static_cast<double>(n) : 0.0;
 }
 
@@ -423,11 +426,7 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
   const bool pref = method != Method::kSft;
   DataParallel* dp = cfg.data_parallel.get();  // null: one process
   const bool writer = !dp || dp->is_writer();  // rank 0 alone writes files
-  if (dp) {
-    check_global_batch(cfg.batch_size, dp->world_size());
-    HEARTH_CHECK(!pref, "--method ", cfg.method, ": data-parallel training (--nproc-per-node / WORLD_SIZE > 1) "
-                 "supports --method sft only for now; run preference training in one process");
-  }
+  if (dp) check_data_parallel(cfg.batch_size, cfg.method, dp->world_size());
   PreferenceOptions popt;
   popt.method = method;
   popt.beta = cfg.beta;
@@ -526,7 +525,7 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
     }
     if ((valid || pvalid) && (step == 1 || step % cfg.steps_per_eval == 0 || step == cfg.iters)) {
       if (lora) lora->set_training(false);
-      pending_val = pref ? evaluate_preference(model, *pvalid, cfg.batch_size, cfg.val_batches, popt, ref_valid)
+      pending_val = pref ? evaluate_preference(model, *pvalid, cfg.batch_size, cfg.val_batches, popt, ref_valid, dp)
                          : evaluate(model, *valid, cfg.batch_size, cfg.val_batches, cfg.loss_chunk, dp);
       if (lora) lora->set_training(true);
     }
@@ -541,20 +540,23 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
         LoraRun::reseed(seed);
       };
       if (pref) {
-        const auto idx = batcher.next_indices();
+        const auto idx = dp ? dp->share(batcher.next_indices()) : batcher.next_indices();
         PreferenceBatch pb = make_preference_batch(*ptrain, idx);
+        const double ranks = dp ? static_cast<double>(dp->world_size()) : 1.0;  // a share's pair mean weighs 1/ranks
         at::Tensor ref =
             method == Method::kDpo ? batch_reference(model, pb, idx, ref_train, cfg.loss_chunk) : at::Tensor();
         PreferenceStats st;
         BackwardResult r = backward_with_head(
             stack, pb.input_ids,
             preference_head(pb, ref, popt, stack.head, stack.head_params,
-                            1.0 / static_cast<double>(cfg.grad_accumulation_steps), &st),
+                            1.0 / (static_cast<double>(cfg.grad_accumulation_steps) * ranks), &st),
             bopt);
-        step_loss += st.loss;
-        ++counted;
-        window_tokens += r.n_tokens;
         auto named = st.named(method);
+        if (dp)
+          for (auto& [k, v] : named) v = dp->sum(v) / ranks;  // equal shares: the mean of means is the batch's
+        step_loss += named.front().second;
+        ++counted;
+        window_tokens += dp ? dp->sum(r.n_tokens) : r.n_tokens;
         named.erase(named.begin());  // the loss is reported as train_loss
         if (step_metrics.empty()) step_metrics = named;
         else

@@ -104,25 +104,45 @@ class DataParallelCli : public ::testing::Test {
     }
     train.close();
     valid.close();
+    const fs::path pairs = tmp_->path() / "pairs";
+    fs::create_directories(pairs);
+    std::ofstream ptrain(pairs / "train.jsonl"), pvalid(pairs / "valid.jsonl");
+    for (int i = 0; i < 8; ++i) {
+      const json row = {{"prompt", std::string("Q: ") + words[i] + "?"},
+                        {"chosen", std::string(" ") + words[(i + 1) % 8]},
+                        {"rejected", std::string(" ") + words[(i + 3) % 8] + " " + words[(i + 5) % 8]}};
+      ptrain << row.dump() << "\n";
+      if (i < 4) pvalid << row.dump() << "\n";
+    }
+    ptrain.close();
+    pvalid.close();
     common_ = "train --model " + q(fs::path(HEARTH_SOURCE_DIR) / "tests/golden/models/llama_mha") + " --data " +
-              q(data) + " --batch-size 4 --grad-accumulation-steps 2 --segment-size 1 --lora-rank 4 " +
+              q(data) + " --grad-accumulation-steps 2 --segment-size 1 --lora-rank 4 " +
               "--learning-rate 2e-3 --steps-per-report 1 --steps-per-eval 2 --val-batches -1 --max-seq-length 64 " +
-              "--device cpu --seed 3 --save-every 0 --dist-timeout 60";
-    one_ = run("", common_ + " --iters 4 --adapter-path " + q(tmp_->path() / "one"));
-    two_ = run("", common_ + " --iters 4 --nproc-per-node 2 --adapter-path " + q(tmp_->path() / "two"));
-    half_ = run("", common_ + " --iters 2 --nproc-per-node 2 --adapter-path " + q(tmp_->path() / "resumed"));
-    resumed_ = run("", common_ + " --iters 4 --nproc-per-node 2 --resume " + q(tmp_->path() / "resumed"));
+              "--device cpu --seed 3 --save-every 0";
+    const std::string args = common_ + " --batch-size 4 --dist-timeout 60";
+    one_ = run("", args + " --iters 4 --adapter-path " + q(tmp_->path() / "one"));
+    two_ = run("", args + " --iters 4 --nproc-per-node 2 --adapter-path " + q(tmp_->path() / "two"));
+    half_ = run("", args + " --iters 2 --nproc-per-node 2 --adapter-path " + q(tmp_->path() / "resumed"));
+    resumed_ = run("", args + " --iters 4 --nproc-per-node 2 --resume " + q(tmp_->path() / "resumed"));
+    const std::string dpo = "train --method dpo --model " +
+                            q(fs::path(HEARTH_SOURCE_DIR) / "tests/golden/models/llama_mha") + " --data " + q(pairs) +
+                            " --batch-size 4 --grad-accumulation-steps 2 --segment-size 1 --lora-rank 4 " +
+                            "--learning-rate 2e-3 --steps-per-report 1 --steps-per-eval 2 --max-seq-length 64 " +
+                            "--device cpu --seed 5 --iters 3 --dist-timeout 60";
+    dpo_one_ = run("", dpo + " --adapter-path " + q(tmp_->path() / "dpo_one"));
+    dpo_two_ = run("", dpo + " --nproc-per-node 2 --adapter-path " + q(tmp_->path() / "dpo_two"));
   }
   static void TearDownTestSuite() { delete tmp_; }
 
   static hearth::testing::TempDir* tmp_;
-  static std::string common_;
-  static hearth::testing::CliResult one_, two_, half_, resumed_;
+  static std::string common_;  // all but --batch-size and --dist-timeout
+  static hearth::testing::CliResult one_, two_, half_, resumed_, dpo_one_, dpo_two_;
 };
 hearth::testing::TempDir* DataParallelCli::tmp_ = nullptr;
 std::string DataParallelCli::common_;
 hearth::testing::CliResult DataParallelCli::one_, DataParallelCli::two_, DataParallelCli::half_,
-    DataParallelCli::resumed_;
+    DataParallelCli::resumed_, DataParallelCli::dpo_one_, DataParallelCli::dpo_two_;
 
 TEST_F(DataParallelCli, TwoProcessesPrintTheLossesOfOne) {
   ASSERT_EQ(one_.rc, 0) << one_.out;
@@ -174,29 +194,51 @@ TEST_F(DataParallelCli, ResumedTwoProcessRunEqualsOneProcess) {
   for (int step : {3, 4}) EXPECT_NEAR(b.at({step, "train"}), a.at({step, "train"}), 1.01e-4) << resumed_.out;
 }
 
-TEST_F(DataParallelCli, BatchThatDoesNotSplitIsRefusedNamingBoth) {
+TEST_F(DataParallelCli, DpoTwoProcessesEqualOne) {
+  ASSERT_EQ(dpo_one_.rc, 0) << dpo_one_.out;
+  ASSERT_EQ(dpo_two_.rc, 0) << dpo_two_.out;
+  const auto ma = metrics(tmp_->path() / "dpo_one"), mb = metrics(tmp_->path() / "dpo_two");
+  ASSERT_EQ(ma.size(), 3u);
+  ASSERT_EQ(mb.size(), 3u);
+  for (size_t i = 0; i < ma.size(); ++i)
+    for (const char* k : {"train_loss", "accuracy", "margin"})
+      EXPECT_NEAR(mb[i][k].get<double>(), ma[i][k].get<double>(), 5e-6) << "line " << i << " " << k;
+  EXPECT_NEAR(mb[1]["val_loss"].get<double>(), ma[1]["val_loss"].get<double>(), 5e-6);
+  const double d =
+      max_diff(tmp_->path() / "dpo_one" / "adapters.safetensors", tmp_->path() / "dpo_two" / "adapters.safetensors");
+  std::printf("DPO: max |adapter(2 processes) - adapter(1 process)| = %.3g\n", d);
+  EXPECT_LE(d, 1e-5);
+}
+
+TEST_F(DataParallelCli, BatchThatDoesNotSplitAndOrpoAreRefusedBeforeStarting) {
   auto r = run("", common_ + " --iters 1 --batch-size 3 --nproc-per-node 2 --adapter-path " + q(tmp_->path() / "x"));
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.out.find("--batch-size 3 (the global batch) is not divisible by the 2 data-parallel processes"),
             std::string::npos)
       << r.out;
   EXPECT_EQ(r.out.find("data-parallel: starting"), std::string::npos) << "no worker should start: " << r.out;
+  r = run("", common_ + " --method orpo --iters 1 --batch-size 4 --nproc-per-node 2 --adapter-path " +
+                 q(tmp_->path() / "x"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("hearth: error: --method orpo: data-parallel training"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("data-parallel: starting"), std::string::npos) << "no worker should start: " << r.out;
 }
 
 TEST_F(DataParallelCli, BadTorchrunVariablesAreOneLine) {
   auto r = run("RANK=0 WORLD_SIZE=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500",
-               common_ + " --iters 1 --adapter-path " + q(tmp_->path() / "x"));
+               common_ + " --batch-size 4 --iters 1 --adapter-path " + q(tmp_->path() / "x"));
   EXPECT_EQ(r.rc, 1) << r.out;
   EXPECT_NE(r.out.find("hearth: error: WORLD_SIZE=0 must be >= 1"), std::string::npos) << r.out;
-  r = run("RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1", common_ + " --iters 1 --adapter-path " + q(tmp_->path() / "x"));
+  r = run("RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1",
+          common_ + " --batch-size 4 --iters 1 --adapter-path " + q(tmp_->path() / "x"));
   EXPECT_EQ(r.rc, 1) << r.out;
   EXPECT_NE(r.out.find("MASTER_PORT is not set"), std::string::npos) << r.out;
 }
 
 TEST_F(DataParallelCli, FailingRankEndsTheJobWithItsExitCode) {
   const auto t0 = std::chrono::steady_clock::now();
-  auto r = run("HEARTH_TEST_FAIL_RANK=1", common_ + " --iters 3 --nproc-per-node 2 --adapter-path " +
-                                              q(tmp_->path() / "failed"));
+  auto r = run("HEARTH_TEST_FAIL_RANK=1", common_ + " --batch-size 4 --dist-timeout 60 --iters 3 --nproc-per-node 2 " +
+                                              "--adapter-path " + q(tmp_->path() / "failed"));
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(r.rc, 1) << r.out;
   EXPECT_NE(r.out.find("hearth: error: rank 1: failing on purpose"), std::string::npos) << r.out;
@@ -208,8 +250,8 @@ TEST_F(DataParallelCli, FailingRankEndsTheJobWithItsExitCode) {
 TEST_F(DataParallelCli, RendezvousWithNobodyThereTimesOut) {
   const auto t0 = std::chrono::steady_clock::now();
   // rank 1 of 2 whose rank 0 never comes: the store connect gives up after --dist-timeout
-  auto r = run("RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=9", common_ + " --iters 1 --dist-timeout 2 " +
-                                                                             "--adapter-path " + q(tmp_->path() / "x"));
+  auto r = run("RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=9",
+               common_ + " --batch-size 4 --iters 1 --dist-timeout 2 --adapter-path " + q(tmp_->path() / "x"));
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(r.rc, 1) << r.out;
   EXPECT_NE(r.out.find("hearth: error: rank 1: rendezvous at 127.0.0.1:9 (rank 1 of 2)"), std::string::npos) << r.out;
