@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "cli/launch.h"
 #include "cli/verb.h"
 #include "core/error.h"
 #include "core/torch_compat.h"
@@ -24,6 +25,7 @@ struct TrainArgs {
   std::string model, data, adapter_path, resume, device, dtype = "float32", lora_keys;
   bool grad_checkpoint = false, mask_prompt = false;  // --mask-prompt: accepted, always on (see dataset.h)
   hearth::train::TrainConfig cfg;
+  hearth::cli::DistOptions dist;
 };
 
 std::vector<std::string> split_commas(const std::string& s) {
@@ -43,6 +45,44 @@ void print_report(const hearth::train::Report& r, int64_t iters) {
   if (r.train_loss) std::printf("  %.1f tok/s", r.tokens_per_second);
   std::printf("  peak mem %.3f GB\n", static_cast<double>(r.peak_memory_bytes) / 1e9);
   std::fflush(stdout);
+}
+
+// One process of a run (a rank of a data-parallel job when `env` is set: only rank 0 prints).
+int run(TrainArgs& args, const hearth::train::DistEnv* env) {
+  TrainArgs* a = &args;
+  auto& c = a->cfg;
+  const bool quiet = env && env->rank != 0;
+  if (env) hearth::cli::prepare_worker(*env, a->device);
+  const hearth::nn::LoadOptions where = hearth::nn::resolve_placement(a->device, a->dtype, a->model);
+  auto tok = hearth::tokenizer::Tokenizer::from_dir(a->model);
+  auto model = hearth::models::load_model(a->model, where);
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  c.stop = &g_stop;
+  if (env) c.data_parallel = hearth::cli::join_workers(*env, a->dist, where.device);
+  c.on_note = [quiet](const std::string& note) {
+    if (quiet) return;
+    std::printf("%s\n", note.c_str());
+    std::fflush(stdout);
+  };
+  if (!quiet)
+    std::printf("training %s (%s, %lld layers) on %s, %s fine-tune, method %s, %lld steps\n", a->model.c_str(),
+                model->model_type().c_str(), static_cast<long long>(model->num_layers()), where.device.str().c_str(),
+                c.fine_tune_type.c_str(), c.method.c_str(), static_cast<long long>(c.iters));
+  std::fflush(stdout);
+  const int64_t iters = c.iters;
+  auto res = hearth::train::run_training(c, *model, tok, [iters, quiet](const hearth::train::Report& r) {
+    if (!quiet) print_report(r, iters);
+  });
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  if (quiet) return 0;
+  if (res.interrupted)
+    std::printf("interrupted: checkpoint at step %lld in %s\n", static_cast<long long>(res.steps_done),
+                c.adapter_path.c_str());
+  else
+    std::printf("saved adapter to %s\n", c.adapter_path.c_str());
+  return 0;
 }
 
 std::function<int()> setup_train(CLI::App& app) {
@@ -86,6 +126,7 @@ std::function<int()> setup_train(CLI::App& app) {
   app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
   app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default float32)");
   app.add_option("--adapter-format", c.adapter_format, "mlx | peft (default mlx)");
+  hearth::cli::add_dist_options(app, a->dist);
   return [a] {
     auto& c = a->cfg;
     c.data_dir = a->data;
@@ -99,30 +140,12 @@ std::function<int()> setup_train(CLI::App& app) {
       c.segment_size = 1;
     }
     hearth::train::check_config(c);  // bad flags fail before the model loads
-    const hearth::nn::LoadOptions where = hearth::nn::resolve_placement(a->device, a->dtype, a->model);
-    auto tok = hearth::tokenizer::Tokenizer::from_dir(a->model);
-    auto model = hearth::models::load_model(a->model, where);
-    std::signal(SIGINT, on_signal);
-    std::signal(SIGTERM, on_signal);
-    c.stop = &g_stop;
-    c.on_note = [](const std::string& note) {
-      std::printf("%s\n", note.c_str());
-      std::fflush(stdout);
-    };
-    std::printf("training %s (%s, %lld layers) on %s, %s fine-tune, method %s, %lld steps\n", a->model.c_str(),
-                model->model_type().c_str(), static_cast<long long>(model->num_layers()), where.device.str().c_str(),
-                c.fine_tune_type.c_str(), c.method.c_str(), static_cast<long long>(c.iters));
-    std::fflush(stdout);
-    const int64_t iters = c.iters;
-    auto res = hearth::train::run_training(c, *model, tok, [iters](const hearth::train::Report& r) { print_report(r, iters); });
-    std::signal(SIGINT, SIG_DFL);
-    std::signal(SIGTERM, SIG_DFL);
-    if (res.interrupted)
-      std::printf("interrupted: checkpoint at step %lld in %s\n", static_cast<long long>(res.steps_done),
-                  c.adapter_path.c_str());
-    else
-      std::printf("saved adapter to %s\n", c.adapter_path.c_str());
-    return 0;
+    const auto env = hearth::train::dist_env_from();  // torchrun's variables: this process is one rank
+    hearth::cli::check_dist_options(a->dist);
+    hearth::train::check_data_parallel(c.batch_size, c.method, env ? env->world_size : a->dist.nproc_per_node);
+    if (!env && a->dist.nproc_per_node > 1) return hearth::cli::launch_workers(a->dist);
+    const bool dp = env && env->world_size > 1;
+    return hearth::cli::with_rank_prefix(dp ? env->rank : -1, [&] { return run(*a, dp ? &*env : nullptr); });
   };
 }
 

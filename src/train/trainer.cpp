@@ -19,6 +19,7 @@
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "train/dataset.h"
+#include "train/distributed.h"
 #include "train/loss.h"
 #include "train/lora_params.h"
 #include "train/optimizer.h"
@@ -86,14 +87,16 @@ void check_config(const TrainConfig& c) {
 namespace {
 
 // Token-mean CE over up to `max_batches` batches of `data` (no graph, no shuffling).
-double evaluate(models::Model& model, const Dataset& data, int64_t batch_size, int64_t max_batches, int64_t chunk) {
+// Data-parallel: each rank scores its share of every batch; the sums are reduced over the ranks.
+double evaluate(models::Model& model, const Dataset& data, int64_t batch_size, int64_t max_batches, int64_t chunk,
+                DataParallel* dp) {
   c10::NoGradGuard no_grad;
   Batcher b(data, batch_size, 0, /*shuffle=*/false);
   const int64_t n = max_batches < 0 ? b.num_batches() : std::min(max_batches, b.num_batches());
   double sum = 0;
   int64_t count = 0;
   for (int64_t i = 0; i < n; ++i) {
-    Batch batch = b.next();
+    Batch batch = dp ? dp->next_share(b, data) : b.next();
     const models::Positions start = models::Positions::uniform(0, batch.input_ids.size(0));
     at::Tensor h = model.forward_layers(model.embed(batch.input_ids), 0, model.num_layers(), start, nullptr).hidden;
     HeadVjp r = chunked_cross_entropy(h, shift_labels(batch.labels), [&](const at::Tensor& x) { return model.head(x); },
@@ -101,6 +104,7 @@ double evaluate(models::Model& model, const Dataset& data, int64_t batch_size, i
     sum += r.loss_sum;
     count += r.n_tokens;
   }
+  if (dp) sum = dp->sum(sum), count = dp->sum(count);
   return count > 0 ? sum / static_cast<double>(count) : 0.0;
 }
 
@@ -137,17 +141,20 @@ std::vector<double> reference_table(models::Model& model, const PreferenceDatase
 }
 
 // Mean preference loss over up to `max_batches` batches of `data` (no graph, no shuffling).
+// Data-parallel: each rank scores its (equal) share of every batch; the share means are averaged.
 double evaluate_preference(models::Model& model, const PreferenceDataset& data, int64_t batch_size,
-                           int64_t max_batches, const PreferenceOptions& popt, const std::vector<double>& ref_table) {
+                           int64_t max_batches, const PreferenceOptions& popt, const std::vector<double>& ref_table,
+                           DataParallel* dp) {
   Batcher b(data.lengths(), batch_size, 0, /*shuffle=*/false);
   const int64_t n = max_batches < 0 ? b.num_batches() : std::min(max_batches, b.num_batches());
   double sum = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const auto idx = b.next_indices();
+    const auto idx = dp ? dp->share(b.next_indices()) : b.next_indices();
     PreferenceBatch pb = make_preference_batch(data, idx);
     at::Tensor ref = popt.method == Method::kDpo ? batch_reference(model, pb, idx, ref_table, popt.loss_chunk) : at::Tensor();
     sum += preference_eval(model, pb, ref, popt).loss;
   }
+  if (dp) sum = dp->sum(sum) / static_cast<double>(dp->world_size());
   return n > 0 ? sum / static_cast<double>(n) : 0.0;
 }
 
@@ -417,6 +424,9 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
   };
   const Method method = parse_method(cfg.method);
   const bool pref = method != Method::kSft;
+  DataParallel* dp = cfg.data_parallel.get();  // null: one process
+  const bool writer = !dp || dp->is_writer();  // rank 0 alone writes files
+  if (dp) check_data_parallel(cfg.batch_size, cfg.method, dp->world_size());
   PreferenceOptions popt;
   popt.method = method;
   popt.beta = cfg.beta;
@@ -487,12 +497,15 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
   TrainResult res;
   int64_t start = 0;
   if (!cfg.resume.empty()) start = load_checkpoint(cfg, batcher, opt, params);
+  if (dp) dp->broadcast_from_rank0(tensors);  // as DDP: every rank starts from rank 0's values
   res.steps_done = start;
-  std::filesystem::create_directories(cfg.adapter_path);
-  if (const int64_t n = io::remove_stale_temporaries(cfg.adapter_path); n > 0)
-    note(cat(cfg.adapter_path.string(), ": removed ", n, " temporary file(s) left by a killed run"));
   const auto metrics = cfg.adapter_path / "metrics.jsonl";
-  truncate_metrics(metrics, start);  // the killed run's lines after its checkpoint (all of them on a fresh run)
+  if (writer) {
+    std::filesystem::create_directories(cfg.adapter_path);
+    if (const int64_t n = io::remove_stale_temporaries(cfg.adapter_path); n > 0)
+      note(cat(cfg.adapter_path.string(), ": removed ", n, " temporary file(s) left by a killed run"));
+    truncate_metrics(metrics, start);  // the killed run's lines after its checkpoint (all of them on a fresh run)
+  }
   if (lora) lora->set_training(true);
   const at::Device device = model.placement().device;
 
@@ -505,14 +518,15 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
   int64_t window_steps = 0, window_tokens = 0, trained_tokens = 0;
   std::optional<double> pending_val;
   for (int64_t step = start + 1; step <= cfg.iters; ++step) {
-    if (cfg.stop && cfg.stop->load()) {
+    const bool stop = cfg.stop && cfg.stop->load();
+    if (dp ? dp->any(stop) : stop) {  // every rank stops at the same step
       res.interrupted = true;
       break;
     }
     if ((valid || pvalid) && (step == 1 || step % cfg.steps_per_eval == 0 || step == cfg.iters)) {
       if (lora) lora->set_training(false);
-      pending_val = pref ? evaluate_preference(model, *pvalid, cfg.batch_size, cfg.val_batches, popt, ref_valid)
-                         : evaluate(model, *valid, cfg.batch_size, cfg.val_batches, cfg.loss_chunk);
+      pending_val = pref ? evaluate_preference(model, *pvalid, cfg.batch_size, cfg.val_batches, popt, ref_valid, dp)
+                         : evaluate(model, *valid, cfg.batch_size, cfg.val_batches, cfg.loss_chunk, dp);
       if (lora) lora->set_training(true);
     }
     const auto tic = std::chrono::steady_clock::now();
@@ -521,46 +535,51 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
     std::vector<std::pair<std::string, double>> step_metrics;
     for (int64_t m = 0; m < cfg.grad_accumulation_steps; ++m) {
       bopt.on_segment = [&, step, m](size_t s, bool) {
-        const uint64_t seed = rng_seed(cfg.seed, step, m, s);
+        const uint64_t seed = rng_seed(cfg.seed, step, dp ? m * dp->world_size() + dp->rank() : m, s);
         at::manual_seed(seed);
         LoraRun::reseed(seed);
       };
       if (pref) {
-        const auto idx = batcher.next_indices();
+        const auto idx = dp ? dp->share(batcher.next_indices()) : batcher.next_indices();
         PreferenceBatch pb = make_preference_batch(*ptrain, idx);
+        const double ranks = dp ? static_cast<double>(dp->world_size()) : 1.0;  // a share's pair mean weighs 1/ranks
         at::Tensor ref =
             method == Method::kDpo ? batch_reference(model, pb, idx, ref_train, cfg.loss_chunk) : at::Tensor();
         PreferenceStats st;
         BackwardResult r = backward_with_head(
             stack, pb.input_ids,
             preference_head(pb, ref, popt, stack.head, stack.head_params,
-                            1.0 / static_cast<double>(cfg.grad_accumulation_steps), &st),
+                            1.0 / (static_cast<double>(cfg.grad_accumulation_steps) * ranks), &st),
             bopt);
-        step_loss += st.loss;
-        ++counted;
-        window_tokens += r.n_tokens;
         auto named = st.named(method);
+        if (dp)
+          for (auto& [k, v] : named) v = dp->sum(v) / ranks;  // equal shares: the mean of means is the batch's
+        step_loss += named.front().second;
+        ++counted;
+        window_tokens += dp ? dp->sum(r.n_tokens) : r.n_tokens;
         named.erase(named.begin());  // the loss is reported as train_loss
         if (step_metrics.empty()) step_metrics = named;
         else
           for (size_t i = 0; i < named.size(); ++i) step_metrics[i].second += named[i].second;
         continue;
       }
-      Batch batch = batcher.next();
+      Batch batch = dp ? dp->next_share(batcher, *train) : batcher.next();
       at::Tensor targets = shift_labels(batch.labels);
-      const int64_t ntok = targets.ne(kIgnoreIndex).sum().item<int64_t>();
+      const int64_t own = targets.ne(kIgnoreIndex).sum().item<int64_t>();
+      const int64_t ntok = dp ? dp->sum(own) : own;  // the global batch's target tokens
       if (ntok == 0) continue;  // a batch of prompts only: nothing to learn from
       bopt.scale = 1.0 / (static_cast<double>(ntok) * static_cast<double>(cfg.grad_accumulation_steps));
-      BackwardResult r = backward(stack, batch.input_ids, targets, bopt);
-      step_loss += r.loss_sum / static_cast<double>(r.n_tokens);
+      BackwardResult r = own > 0 ? backward(stack, batch.input_ids, targets, bopt) : BackwardResult{};
+      step_loss += (dp ? dp->sum(r.loss_sum) : r.loss_sum) / static_cast<double>(ntok);
       ++counted;
-      window_tokens += r.n_tokens;
+      window_tokens += ntok;
     }
     if (counted > 0) step_loss /= static_cast<double>(counted);
     for (auto& [k, v] : step_metrics) v /= static_cast<double>(std::max<int64_t>(counted, 1));
     if (window_metrics.empty()) window_metrics = step_metrics;
     else
       for (size_t i = 0; i < step_metrics.size(); ++i) window_metrics[i].second += step_metrics[i].second;
+    if (dp && counted > 0) dp->all_reduce_grads(tensors);  // Σ of token-weighted shares = the global gradient
     clip_grad_norm(tensors, cfg.grad_clip);
     const double lr = sched.lr(step);
     opt.set_lr(lr);
@@ -590,14 +609,14 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
       rep.trained_tokens = trained_tokens;
       rep.peak_memory_bytes = compat::peak_memory_bytes(device);
       pending_val.reset();
-      append_metrics(metrics, rep);
+      if (writer) append_metrics(metrics, rep);
       if (on_report) on_report(rep);
       res.reports.push_back(rep);
     }
-    if (cfg.save_every > 0 && step % cfg.save_every == 0 && step < cfg.iters)
+    if (writer && cfg.save_every > 0 && step % cfg.save_every == 0 && step < cfg.iters)
       save_checkpoint(cfg, step, batcher, opt, params, lora.get());
   }
-  save_checkpoint(cfg, res.steps_done, batcher, opt, params, lora.get());
+  if (writer) save_checkpoint(cfg, res.steps_done, batcher, opt, params, lora.get());
   return res;
 }
 

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -18,6 +19,8 @@
 #include "train/segmented.h"
 
 namespace hearth::train {
+
+class DataParallel;
 
 /// Every knob of a run (names follow mlx_lm.lora's flags; defaults are mlx-lm's).
 struct TrainConfig {
@@ -59,6 +62,8 @@ struct TrainConfig {
   /// ("weights", "optimizer", "manifest", "cleanup"); throwing there leaves the folder as a crash
   /// at that point would. Empty in normal runs.
   std::function<void(const std::string&)> checkpoint_hook;
+  /// Data-parallel rank (distributed.h); null = one process. batch_size stays the global batch.
+  std::shared_ptr<DataParallel> data_parallel;
 };
 
 /// One progress report (also a metrics.jsonl line).
@@ -120,6 +125,11 @@ void check_config(const TrainConfig& cfg);
 /// step's gradient is the average over micro-batches (Σ_m ∇mean_m / N). Reports go to
 /// `on_report` (may be empty) and to <adapter_path>/metrics.jsonl. Throws hearth::Error on bad
 /// config, data or checkpoint.
+/// With cfg.data_parallel (distributed.h), each rank trains on its share of every global batch of
+/// cfg.batch_size, scaled by the global normalizer (SFT: 1 / global target tokens; DPO: 1 / ranks
+/// per share's pair mean), gradients summed over the ranks after the last micro-batch, so the steps
+/// equal one process's; validation is split and reduced; the stop flag is OR-reduced per step; rank 0
+/// alone writes files. Throws for a batch not divisible by the ranks and for ORPO.
 TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tokenizer::Tokenizer& tok,
                          const std::function<void(const Report&)>& on_report = {});
 

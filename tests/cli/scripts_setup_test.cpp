@@ -21,7 +21,8 @@ using hearth::testing::shell_quote;
 
 const std::set<std::string> kRunPackages = {"build-essential", "cmake",       "ninja-build",        "pkg-config",
                                             "libtorch-dev",    "libcpp-httplib-dev", "nlohmann-json3-dev",
-                                            "libpcre2-dev",    "libicu-dev",  "libcli11-dev",       "libopenblas0-pthread"};
+                                            "libpcre2-dev",    "libicu-dev",  "libcli11-dev",       "libopenblas0-pthread",
+                                            "libgloo-dev"};
 
 struct SetupRun {
   int rc;

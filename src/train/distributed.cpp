@@ -1,0 +1,200 @@
+// Data-parallel training pieces (distributed.h): torchrun environment, batch shares, bucketed
+// gradient all-reduce and the start-of-run parameter broadcast.
+#include "train/distributed.h"
+
+#include <c10/core/GradMode.h>
+
+#include <cstdlib>
+#include <limits>
+#include <map>
+
+#include "core/error.h"
+
+namespace hearth::train {
+
+namespace {
+
+// The integer value of variable `name` = `v`; throws naming both when it is not one.
+int64_t env_int(const char* name, const char* v) {
+  const std::string s = v;
+  size_t used = 0;
+  int64_t out = 0;
+  try {
+    out = std::stoll(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  HEARTH_CHECK(!s.empty() && used == s.size(), name, "='", s.substr(0, 40), "' is not an integer");
+  return out;
+}
+
+// Flattens `ts` (same dtype) into buckets of about `bucket_bytes` on `dev` in `dtype`, runs `op`
+// on all buckets at once, and copies the results back into `ts` when `write_back`.
+void bucketed(const std::vector<at::Tensor>& ts, at::ScalarType dtype, const at::Device& dev, int64_t bucket_bytes,
+              const std::function<void(std::vector<at::Tensor>&)>& op) {
+  std::vector<std::vector<at::Tensor>> groups(1);
+  const int64_t elem = static_cast<int64_t>(at::elementSize(dtype));
+  int64_t bytes = 0;
+  for (const auto& t : ts) {
+    if (bytes > 0 && bytes + t.numel() * elem > bucket_bytes) {
+      groups.emplace_back();
+      bytes = 0;
+    }
+    groups.back().push_back(t);
+    bytes += t.numel() * elem;
+  }
+  std::vector<at::Tensor> flat;
+  for (const auto& g : groups) {
+    if (g.empty()) continue;
+    std::vector<at::Tensor> pieces;
+    for (const auto& t : g) pieces.push_back(t.detach().reshape({-1}).to(dev, dtype));
+    flat.push_back(at::cat(pieces).contiguous());
+  }
+  if (flat.empty()) return;
+  op(flat);
+  c10::NoGradGuard no_grad;
+  size_t k = 0;
+  for (const auto& g : groups) {
+    if (g.empty()) continue;
+    int64_t off = 0;
+    for (const auto& t : g) {
+      const int64_t n = t.numel();
+      at::Tensor dst = t;
+      dst.copy_(flat[k].narrow(0, off, n).view(t.sizes()));
+      off += n;
+    }
+    ++k;
+  }
+}
+
+// The dtype a tensor of `t`'s type is reduced in (fp16/bf16 in fp32).
+at::ScalarType wire_dtype(at::ScalarType t) {
+  return (t == at::kHalf || t == at::kBFloat16) ? at::kFloat : t;
+}
+
+}  // namespace
+
+std::optional<DistEnv> dist_env_from(const std::function<const char*(const char*)>& get_in) {
+  const auto get = [&](const char* name) -> const char* {
+    const char* v = get_in ? get_in(name) : std::getenv(name);
+    return v;
+  };
+  const char* rank = get("RANK");
+  const char* world = get("WORLD_SIZE");
+  if (!rank && !world) return std::nullopt;
+  const auto need = [&](const char* name) {
+    const char* v = get(name);
+    HEARTH_CHECK(v != nullptr, name, " is not set (with RANK / WORLD_SIZE set, hearth joins a torch.distributed job as "
+                 "torchrun describes it and needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)");
+    return v;
+  };
+  DistEnv e;
+  e.rank = env_int("RANK", need("RANK"));
+  e.world_size = env_int("WORLD_SIZE", need("WORLD_SIZE"));
+  HEARTH_CHECK(e.world_size >= 1, "WORLD_SIZE=", e.world_size, " must be >= 1");
+  HEARTH_CHECK(e.rank >= 0 && e.rank < e.world_size, "RANK=", e.rank, " is outside [0, WORLD_SIZE=", e.world_size, ")");
+  e.local_rank = get("LOCAL_RANK") ? env_int("LOCAL_RANK", get("LOCAL_RANK")) : e.rank;
+  HEARTH_CHECK(e.local_rank >= 0, "LOCAL_RANK=", e.local_rank, " must be >= 0");
+  e.master_addr = need("MASTER_ADDR");
+  HEARTH_CHECK(!e.master_addr.empty(), "MASTER_ADDR is empty");
+  e.master_port = env_int("MASTER_PORT", need("MASTER_PORT"));
+  HEARTH_CHECK(e.master_port >= 1 && e.master_port <= 65535, "MASTER_PORT=", e.master_port, " is not a port (1-65535)");
+  if (const char* a = get("TORCHELASTIC_USE_AGENT_STORE")) e.agent_store = std::string(a) == "True" || std::string(a) == "1";
+  if (const char* r = get("TORCHELASTIC_RESTART_COUNT")) e.restart_count = env_int("TORCHELASTIC_RESTART_COUNT", r);
+  return e;
+}
+
+void check_global_batch(int64_t batch_size, int64_t world_size) {
+  HEARTH_CHECK(world_size >= 1 && batch_size % world_size == 0, "--batch-size ", batch_size,
+               " (the global batch) is not divisible by the ", world_size,
+               " data-parallel processes (--nproc-per-node / WORLD_SIZE); use a multiple of ", world_size);
+}
+
+void check_data_parallel(int64_t batch_size, const std::string& method, int64_t world_size) {
+  check_global_batch(batch_size, world_size);
+  HEARTH_CHECK(world_size <= 1 || method != "orpo", "--method orpo: data-parallel training (--nproc-per-node / "
+               "WORLD_SIZE > 1) supports sft and dpo (ORPO's NLL term is a token mean over the whole batch); run ORPO "
+               "in one process");
+}
+
+std::string resolve_backend(const std::string& backend, const at::Device& device) {
+  if (backend == "auto") return device.is_cuda() ? "nccl" : "gloo";
+  HEARTH_CHECK(backend == "gloo" || backend == "nccl", "--backend: '", backend, "' is not auto, gloo or nccl");
+  return backend;
+}
+
+DataParallel::DataParallel(std::unique_ptr<Collectives> comm, int64_t rank, int64_t world_size)
+    : comm_(std::move(comm)), rank_(rank), world_(world_size) {
+  HEARTH_CHECK(comm_ != nullptr, "DataParallel: no collectives");
+  HEARTH_CHECK(world_ >= 1 && rank_ >= 0 && rank_ < world_, "DataParallel: rank ", rank_, " of ", world_);
+}
+
+std::shared_ptr<DataParallel> DataParallel::join(const DistEnv& env, const std::string& backend,
+                                                 const at::Device& device, std::chrono::milliseconds timeout) {
+  RendezvousSpec s;
+  s.rank = env.rank;
+  s.world_size = env.world_size;
+  s.master_addr = env.master_addr;
+  s.master_port = env.master_port;
+  s.agent_store = env.agent_store;
+  s.restart_count = env.restart_count;
+  s.timeout = timeout;
+  return std::make_shared<DataParallel>(connect_collectives(s, backend, device), env.rank, env.world_size);
+}
+
+std::vector<int64_t> DataParallel::share(const std::vector<int64_t>& idx) const {
+  const int64_t n = static_cast<int64_t>(idx.size());
+  HEARTH_CHECK(n % world_ == 0, "a batch of ", n, " items does not split among ", world_, " ranks");
+  std::vector<int64_t> out;
+  for (int64_t i = rank_; i < n; i += world_) out.push_back(idx[i]);
+  return out;
+}
+
+Batch DataParallel::next_share(Batcher& b, const Dataset& data) const {
+  std::vector<const Example*> rows;
+  for (int64_t i : share(b.next_indices())) rows.push_back(&data.examples[i]);
+  return make_batch(rows);
+}
+
+double DataParallel::sum(double v) {
+  std::vector<at::Tensor> t{at::full({1}, v, at::TensorOptions().dtype(at::kDouble).device(comm_->device()))};
+  comm_->all_reduce_sum(t);
+  return t[0].cpu().item<double>();
+}
+
+int64_t DataParallel::sum(int64_t v) { return static_cast<int64_t>(sum(static_cast<double>(v))); }
+
+bool DataParallel::any(bool flag) { return sum(flag ? 1.0 : 0.0) > 0.5; }
+
+void DataParallel::all_reduce_grads(const std::vector<at::Tensor>& params, int64_t bucket_bytes) {
+  if (params.empty()) return;
+  // Which parameters have a gradient on some rank.
+  at::Tensor has = at::zeros({static_cast<int64_t>(params.size())}, at::kDouble);
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i].grad().defined()) has[i] = 1.0;
+  std::vector<at::Tensor> hv{has.to(comm_->device())};
+  comm_->all_reduce_sum(hv);
+  has = hv[0].cpu();
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (has[i].item<double>() < 0.5) continue;
+    at::Tensor p = params[i];
+    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+    by_dtype[p.grad().scalar_type()].push_back(p.grad());
+  }
+  for (auto& [dtype, grads] : by_dtype)
+    bucketed(grads, wire_dtype(dtype), comm_->device(), bucket_bytes, [&](std::vector<at::Tensor>& flat) {
+      comm_->all_reduce_sum(flat);
+    });
+}
+
+void DataParallel::broadcast_from_rank0(const std::vector<at::Tensor>& tensors, int64_t bucket_bytes) {
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
+  for (const auto& t : tensors) by_dtype[t.scalar_type()].push_back(t);
+  for (auto& [dtype, ts] : by_dtype)
+    bucketed(ts, wire_dtype(dtype), comm_->device(), bucket_bytes, [&](std::vector<at::Tensor>& flat) {
+      comm_->broadcast(flat, 0);
+    });
+}
+
+}  // namespace hearth::train

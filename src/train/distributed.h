@@ -1,0 +1,94 @@
+// Data-parallel training over torch.distributed (collectives.h): the torchrun environment, each
+// rank's share of a global batch, and the gradient all-reduce (bucketed, token-weighted by the
+// caller's scale) that makes N ranks step exactly as one process over the global batch. Follows
+// PyTorch's DistributedDataParallel (25 MB buckets, parameters broadcast from rank 0 at start).
+// Not the process launcher (cli/launch.h) or the training loop (trainer.h).
+#pragma once
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "train/collectives.h"
+#include "train/dataset.h"
+
+namespace hearth::train {
+
+/// The torchrun variables of one worker (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT,
+/// plus torchrun's TORCHELASTIC_USE_AGENT_STORE and TORCHELASTIC_RESTART_COUNT).
+struct DistEnv {
+  int64_t rank = 0, world_size = 1, local_rank = 0;
+  std::string master_addr;
+  int64_t master_port = 0;
+  bool agent_store = false;
+  int64_t restart_count = 0;
+};
+
+/// Reads the torchrun variables through `get` (getenv by default). None of RANK / WORLD_SIZE set:
+/// std::nullopt (a plain single process). Otherwise all of RANK, WORLD_SIZE, MASTER_ADDR and
+/// MASTER_PORT must be set; LOCAL_RANK defaults to RANK. Throws hearth::Error naming the variable
+/// and its value for a missing one, a non-integer, WORLD_SIZE < 1, RANK outside [0, WORLD_SIZE),
+/// LOCAL_RANK < 0 or MASTER_PORT outside 1-65535.
+std::optional<DistEnv> dist_env_from(const std::function<const char*(const char*)>& get = {});
+
+/// Checks that the global --batch-size divides evenly among `world_size` ranks; throws
+/// hearth::Error naming both numbers otherwise.
+void check_global_batch(int64_t batch_size, int64_t world_size);
+
+/// check_global_batch, and the training methods data-parallel runs support (sft, dpo; ORPO's NLL
+/// term is a token mean over the whole batch, not split across ranks): throws hearth::Error naming
+/// the flag when world_size > 1 and `method` is "orpo".
+void check_data_parallel(int64_t batch_size, const std::string& method, int64_t world_size);
+
+/// "auto" → "nccl" on a CUDA device, else "gloo"; "gloo" / "nccl" pass; throws naming --backend otherwise.
+std::string resolve_backend(const std::string& backend, const at::Device& device);
+
+/// One rank's view of a data-parallel job.
+class DataParallel {
+ public:
+  /// Wraps collectives already joined as `rank` of `world_size`.
+  DataParallel(std::unique_ptr<Collectives> comm, int64_t rank, int64_t world_size);
+  /// Joins the job described by `env` with `backend` ("gloo" | "nccl"; see resolve_backend) for
+  /// a model on `device`; every rendezvous and collective times out after `timeout`. Throws as
+  /// connect_collectives.
+  static std::shared_ptr<DataParallel> join(const DistEnv& env, const std::string& backend, const at::Device& device,
+                                            std::chrono::milliseconds timeout);
+
+  int64_t rank() const { return rank_; }
+  int64_t world_size() const { return world_; }
+  /// Rank 0 writes the adapter, checkpoints and metrics; the others write nothing.
+  bool is_writer() const { return rank_ == 0; }
+
+  /// This rank's items of a global batch `idx` (its size a multiple of world_size): every
+  /// world_size-th item starting at rank (strided, so the length-sorted windows split evenly).
+  std::vector<int64_t> share(const std::vector<int64_t>& idx) const;
+  /// The next global batch of `b` (over `data`), cut to this rank's share.
+  Batch next_share(Batcher& b, const Dataset& data) const;
+
+  /// Σ over the ranks (fp64; exact for integers below 2^53).
+  double sum(double v);
+  int64_t sum(int64_t v);
+  /// Whether `flag` is true on any rank (e.g. a stop request, so all ranks stop at the same step).
+  bool any(bool flag);
+
+  /// Sums the .grad of `params` over the ranks in place (the caller scaled each rank's loss by the
+  /// global normalizer, e.g. 1 / global target tokens, so the sum is the one-process gradient).
+  /// Gradients are flattened into buckets of about `bucket_bytes` per dtype (fp16/bf16 reduced in
+  /// fp32) on the collectives' device, all issued, then copied back. A parameter whose .grad is
+  /// undefined on every rank stays undefined (the optimizer skips it, as one process would); one
+  /// defined on some ranks only gets zeros where it was undefined before the sum.
+  void all_reduce_grads(const std::vector<at::Tensor>& params, int64_t bucket_bytes = 25 << 20);
+  /// Copies rank 0's values of `tensors` into every rank's (no grad; bucketed as above).
+  void broadcast_from_rank0(const std::vector<at::Tensor>& tensors, int64_t bucket_bytes = 25 << 20);
+
+ private:
+  std::unique_ptr<Collectives> comm_;
+  int64_t rank_, world_;
+};
+
+}  // namespace hearth::train
