@@ -13,6 +13,7 @@
 #include "models/registry.h"
 #include "nn/param_source.h"
 #include "tokenizer/tokenizer.h"
+#include "train/mixed_precision.h"
 #include "train/trainer.h"
 
 namespace {
@@ -56,6 +57,12 @@ int run(TrainArgs& args, const hearth::train::DistEnv* env) {
   const hearth::nn::LoadOptions where = hearth::nn::resolve_placement(a->device, a->dtype, a->model);
   auto tok = hearth::tokenizer::Tokenizer::from_dir(a->model);
   auto model = hearth::models::load_model(a->model, where);
+  if (where.dtype == at::kBFloat16 && c.mixed_precision != "none" && c.fine_tune_type == "full" && c.resume.empty() &&
+      hearth::nn::checkpoint_dtype(a->model) == at::kFloat) {
+    // An fp32 checkpoint: its own tensors (read on the CPU) start the masters, not their bf16 rounding.
+    auto f32 = hearth::models::load_model(a->model, hearth::nn::LoadOptions{at::kCPU, at::kFloat});
+    for (auto& [name, t] : f32->named_parameters()) c.master_init[name] = t.detach();
+  }
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   c.stop = &g_stop;
@@ -127,6 +134,10 @@ std::function<int()> setup_train(CLI::App& app) {
   app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default float32)");
   app.add_option("--adapter-format", c.adapter_format, "mlx | peft (default mlx)");
   hearth::cli::add_dist_options(app, a->dist);
+  app.add_option("--mixed-precision", c.mixed_precision,
+                 "none | bf16 (default none). bf16: the model computes in bfloat16 while the optimizer keeps fp32 "
+                 "master weights, gradients and state; the loss is taken in fp32. LoRA: fp32 A/B over a bf16 base. "
+                 "fp16 is refused (it needs loss scaling)");
   return [a] {
     auto& c = a->cfg;
     c.data_dir = a->data;
@@ -140,6 +151,12 @@ std::function<int()> setup_train(CLI::App& app) {
       c.segment_size = 1;
     }
     hearth::train::check_config(c);  // bad flags fail before the model loads
+    if (hearth::train::parse_mixed_precision(c.mixed_precision)) {
+      // The model is loaded as the bf16 copy it computes with; the trainer makes the fp32 masters.
+      HEARTH_CHECK(a->dtype == "float32" || a->dtype == "bfloat16", "train: --mixed-precision ", c.mixed_precision,
+                   " computes in bfloat16 with fp32 masters; --dtype ", a->dtype, " contradicts it (leave --dtype out)");
+      a->dtype = "bfloat16";
+    }
     const auto env = hearth::train::dist_env_from();  // torchrun's variables: this process is one rank
     hearth::cli::check_dist_options(a->dist);
     hearth::train::check_data_parallel(c.batch_size, c.method, env ? env->world_size : a->dist.nproc_per_node);

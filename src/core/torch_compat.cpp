@@ -75,6 +75,19 @@ int64_t active_memory_bytes(const at::Device& device) {
   return static_cast<int64_t>(mi.uordblks + mi.hblkhd);
 }
 
+bool fused_adamw(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                 at::TensorList steps, double lr, double beta1, double beta2, double weight_decay, double eps) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, at::TensorList(), steps, lr, beta1, beta2, weight_decay, eps,
+                    /*amsgrad=*/false, /*maximize=*/false);
+  return true;
+#else
+  (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)steps;
+  (void)lr, (void)beta1, (void)beta2, (void)weight_decay, (void)eps;
+  return false;
+#endif
+}
+
 void synchronize(const at::Device& device) {
 #ifdef HEARTH_WITH_CUDA
   if (device.is_cuda()) c10::cuda::device_synchronize();

@@ -19,6 +19,12 @@ constexpr bool kHasSdpa = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 &
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& mask,
                 bool is_causal, double scale);
 
+/// One at::_fused_adamw_ (multi-tensor AdamW, PyTorch >= 2.4) over same-device, same-dtype lists;
+/// `steps` are float32 scalars on that device, already incremented. Returns false, touching nothing,
+/// on builds without it (the caller then loops). Throws what the kernel throws.
+bool fused_adamw(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                 at::TensorList steps, double lr, double beta1, double beta2, double weight_decay, double eps);
+
 /// True when the build links CUDA-enabled Torch and a CUDA device is present at run time.
 bool cuda_available();
 

@@ -24,33 +24,43 @@ void check_args(const at::Tensor& hidden, const at::Tensor& targets, int64_t chu
   HEARTH_CHECK(chunk >= 1, "cross_entropy: chunk must be >= 1, got ", chunk);
 }
 
-// Σ CE over supervised positions of one chunk: logits [B, t, V] (any float dtype), tgt [B, t].
+// Σ CE over supervised positions of one chunk: logits [B, t, V] (any float dtype, upcast to at least
+// fp32), tgt [B, t] on the logits' device. Unsupervised positions are masked, not gathered out,
+// so no step waits for the device (nonzero would).
 at::Tensor chunk_ce_sum(const at::Tensor& logits, const at::Tensor& tgt) {
   at::Tensor lf = logits.to(at::promote_types(logits.scalar_type(), at::kFloat)).reshape({-1, logits.size(-1)});
   at::Tensor t = tgt.reshape({-1});
   at::Tensor keep = t.ne(kIgnoreIndex);
-  at::Tensor idx = keep.nonzero().squeeze(1);
-  at::Tensor sel = lf.index_select(0, idx);
-  at::Tensor tsel = t.index_select(0, idx);
-  at::Tensor lse = at::logsumexp(sel, -1);
-  at::Tensor picked = sel.gather(1, tsel.unsqueeze(1)).squeeze(1);
-  return (lse - picked).sum();
+  at::Tensor lse = at::logsumexp(lf, -1);
+  at::Tensor picked = lf.gather(1, t.clamp_min(0).unsqueeze(1)).squeeze(1);
+  return at::where(keep, lse - picked, at::zeros({}, lse.options())).sum();
+}
+
+// Supervised positions of each chunk of `targets` [B, T] (read on the CPU: free for CPU targets).
+std::vector<int64_t> chunk_counts(const at::Tensor& targets, int64_t chunk) {
+  at::Tensor per_pos = targets.ne(kIgnoreIndex).sum(0).cpu();  // [T]
+  std::vector<int64_t> out;
+  for (int64_t s = 0; s < targets.size(1); s += chunk)
+    out.push_back(per_pos.narrow(0, s, std::min(chunk, targets.size(1) - s)).sum().item<int64_t>());
+  return out;
 }
 
 }  // namespace
 
 HeadVjp chunked_cross_entropy_vjp(const at::Tensor& hidden, const at::Tensor& targets,
                                   const std::function<at::Tensor(const at::Tensor&)>& head, int64_t chunk,
-                                  double scale, const std::vector<at::Tensor>& head_params) {
+                                  double scale, const std::vector<at::Tensor>& head_params, bool defer_loss) {
   check_args(hidden, targets, chunk);
   HeadVjp r;
   r.grad_hidden = at::zeros_like(hidden);
+  r.loss = at::zeros({}, hidden.options().dtype(at::kDouble));
   const int64_t T = hidden.size(1);
-  at::Tensor tg = targets.to(hidden.device());
-  for (int64_t s = 0; s < T; s += chunk) {
+  const std::vector<int64_t> counts = chunk_counts(targets, chunk);
+  at::Tensor tg = to_device_async(targets, hidden.device());
+  for (int64_t s = 0, c = 0; s < T; s += chunk, ++c) {
     const int64_t n = std::min(chunk, T - s);
     at::Tensor t = tg.narrow(1, s, n);
-    const int64_t count = t.ne(kIgnoreIndex).sum().item<int64_t>();
+    const int64_t count = counts[c];
     if (count == 0) continue;  // no supervised position: zero gradient, skip the head entirely
     at::Tensor h = hidden.narrow(1, s, n).detach().requires_grad_(true);
     c10::AutoGradMode enable_grad(true);
@@ -66,10 +76,17 @@ HeadVjp chunked_cross_entropy_vjp(const at::Tensor& hidden, const at::Tensor& ta
       if (p.grad().defined()) p.mutable_grad().add_(grads[i + 1]);
       else p.mutable_grad() = grads[i + 1].clone();
     }
-    r.loss_sum += loss.item<double>();
+    r.loss.add_(loss.detach().to(at::kDouble));
     r.n_tokens += count;
   }
+  if (!defer_loss) r.loss_sum = r.loss.item<double>();
   return r;
+}
+
+at::Tensor to_device_async(const at::Tensor& t, const at::Device& device) {
+  if (t.device() == device) return t;
+  if (device.is_cuda() && t.is_cpu()) return t.pin_memory().to(device, /*non_blocking=*/true);
+  return t.to(device);
 }
 
 HeadVjp chunked_cross_entropy(const at::Tensor& hidden, const at::Tensor& targets,

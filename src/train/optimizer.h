@@ -1,6 +1,7 @@
 // The optimizer side of training: learning-rate schedules, global-norm gradient clipping, and
-// libtorch's AdamW over named parameters with its state saved to / restored from safetensors.
-// Not the trainer loop (trainer.h).
+// AdamW over named parameters (PyTorch's fused multi-tensor kernel where the build has it, else
+// libtorch's per-tensor math) with its state saved to / restored from safetensors.
+// Not the trainer loop (trainer.h) or the mixed-precision masters (mixed_precision.h).
 #pragma once
 #include <ATen/ATen.h>
 
@@ -9,10 +10,6 @@
 #include <string>
 #include <utility>
 #include <vector>
-
-namespace torch::optim {
-class AdamW;
-}
 
 namespace hearth::train {
 
@@ -37,14 +34,25 @@ struct Schedule {
 /// together (fp64 accumulation). Returns the norm before clipping. max_norm <= 0: no clipping.
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
 
+/// As clip_grad_norm, without waiting for the device: the norm comes back as a 0-dim fp64 tensor
+/// on the gradients' device and the scale min(1, max_norm / (‖g‖₂ + 1e-6)) is applied there
+/// (torch.nn.utils.clip_grad_norm_'s form). Undefined tensor when no parameter has a gradient.
+at::Tensor clip_grad_norm_async(const std::vector<at::Tensor>& params, double max_norm);
+
 /// AdamW hyper-parameters (PyTorch defaults; weight decay decoupled: p ← p − lr·wd·p).
 struct AdamWConfig {
   double lr = 1e-5;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double weight_decay = 0.0;
+  /// Use at::_fused_adamw_ (one kernel for all tensors of a device and dtype) when the build
+  /// has it (PyTorch >= 2.4); otherwise, or when false, libtorch AdamW's per-tensor ops.
+  bool fused = true;
 };
 
-/// libtorch's AdamW over named trainable leaves, with named state I/O.
+/// AdamW over named trainable leaves, with named state I/O. The per-tensor path does exactly
+/// torch::optim::AdamW's ops (p ← p(1 − lr·wd); m ← β₁m + (1−β₁)g; v ← β₂v + (1−β₂)g²;
+/// p ← p − lr/(1−β₁ᵗ) · m / (√v / √(1−β₂ᵗ) + ε)); the fused kernel is the same update within
+/// float rounding. State tensors have the parameter's dtype and device.
 class NamedAdamW {
  public:
   /// `params` are requires_grad leaves, each named (names unique). Throws on an empty list.
@@ -55,7 +63,10 @@ class NamedAdamW {
 
   void set_lr(double lr);
   /// One AdamW update from the current .grad of each parameter (parameters with no grad skip).
+  /// Never waits for the device.
   void step();
+  /// True when the last step() ran the fused kernel (false before the first step).
+  bool fused() const { return fused_; }
   /// Clears every parameter's .grad.
   void zero_grad();
   /// Steps taken so far (0 before the first).
@@ -70,8 +81,18 @@ class NamedAdamW {
   const std::vector<std::pair<std::string, at::Tensor>>& params() const { return params_; }
 
  private:
+  // One parameter's state (undefined tensors until its first step, as libtorch's AdamW).
+  struct State {
+    at::Tensor exp_avg, exp_avg_sq;
+    int64_t step = 0;
+    at::Tensor step_t;  // float32 scalar on the parameter's device (fused path)
+  };
+  void step_plain(size_t i);
+
   std::vector<std::pair<std::string, at::Tensor>> params_;
-  std::unique_ptr<torch::optim::AdamW> opt_;
+  std::vector<State> state_;
+  AdamWConfig cfg_;
+  bool fused_ = false, fused_available_ = true;
   int64_t steps_ = 0;
 };
 

@@ -144,7 +144,8 @@ BackwardResult backward(const LayerStack& model, const at::Tensor& input_ids, co
   BackwardResult res = backward_with_head(
       model, input_ids,
       [&](const at::Tensor& hidden) {
-        return chunked_cross_entropy_vjp(hidden, targets, model.head, opts.loss_chunk, scale, model.head_params);
+        return chunked_cross_entropy_vjp(hidden, targets, model.head, opts.loss_chunk, scale, model.head_params,
+                                         opts.defer_loss);
       },
       opts);
   res.n_tokens = n_tokens;
@@ -178,6 +179,7 @@ BackwardResult backward_with_head(const LayerStack& model, const at::Tensor& inp
   if (opts.segment_size > 0) {
     HeadVjp head = loss_head(bounds.back().hidden);
     res.loss_sum = head.loss_sum;
+    res.loss = head.loss;
     res.n_tokens = head.n_tokens;
     d = {{"", head.grad_hidden}};
     bounds.pop_back();
@@ -197,6 +199,7 @@ BackwardResult backward_with_head(const LayerStack& model, const at::Tensor& inp
     Boundary top = model.layers(x, 0, model.num_layers);
     HeadVjp head = loss_head(top.hidden.detach());
     res.loss_sum = head.loss_sum;
+    res.loss = head.loss;
     res.n_tokens = head.n_tokens;
     d = vjp(top, x, model.layer_params(0, model.num_layers), {{"", head.grad_hidden}});
   }

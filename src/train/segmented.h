@@ -44,7 +44,8 @@ std::vector<std::pair<int64_t, int64_t>> plan_segments(int64_t num_layers, int64
 
 /// Result of one backward pass.
 struct BackwardResult {
-  double loss_sum = 0.0;   // Σ CE over supervised positions
+  double loss_sum = 0.0;   // Σ CE over supervised positions (0 when BackwardOptions::defer_loss)
+  at::Tensor loss;         // the same Σ as a 0-dim fp64 tensor on the model's device (undefined when the head gives none)
   int64_t n_tokens = 0;    // supervised positions
   int64_t peak_boundaries_bytes = 0;  // bytes held by saved boundaries (a shared stream counted once per edge)
 };
@@ -55,6 +56,9 @@ struct BackwardOptions {
   std::vector<int64_t> isolate;    // layers that get their own segment
   int64_t loss_chunk = 1024;       // positions per loss-head chunk
   double scale = 0.0;              // multiplies Σ CE before differentiation; 0 = 1 / n_tokens
+  /// backward(): leave loss_sum at 0 and return the loss only as BackwardResult::loss, so that with
+  /// CPU targets the call never waits for the device (the trainer reads losses at report time).
+  bool defer_loss = false;
   /// Called before each segment's forward and again before its recompute with the segment index,
   /// so stochastic layers (LoRA dropout) can replay the same randomness; may be empty.
   std::function<void(size_t segment, bool recompute)> on_segment;

@@ -22,6 +22,7 @@
 #include "train/distributed.h"
 #include "train/loss.h"
 #include "train/lora_params.h"
+#include "train/mixed_precision.h"
 #include "train/optimizer.h"
 #include "train/preference.h"
 
@@ -75,6 +76,7 @@ void check_config(const TrainConfig& c) {
   HEARTH_CHECK(c.grad_clip >= 0, "--grad-clip must be >= 0 (0 = off), got ", c.grad_clip);
   HEARTH_CHECK(c.val_batches == -1 || c.val_batches >= 1, "--val-batches must be -1 (all) or >= 1, got ",
                c.val_batches);
+  parse_mixed_precision(c.mixed_precision);
   HEARTH_CHECK(c.adapter_format == "mlx" || c.adapter_format == "peft", "--adapter-format: '", c.adapter_format,
                "' is not mlx or peft");
   HEARTH_CHECK(!c.adapter_path.empty(), "--adapter-path is required");
@@ -467,17 +469,21 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
     lora = std::make_unique<LoraRun>(model, cfg);
     params = lora->params();
   }
-  const LayerStack stack = make_layer_stack(model, params);
-  std::vector<std::pair<std::string, at::Tensor>> named;
-  std::vector<at::Tensor> tensors;
-  for (const auto& p : params) {
-    named.emplace_back(p.name, p.tensor);
-    tensors.push_back(p.tensor);
+  const bool mixed = parse_mixed_precision(cfg.mixed_precision);
+  if (mixed) {
+    HEARTH_CHECK(model.placement().dtype == at::kBFloat16, "--mixed-precision bf16: the model must be loaded in "
+                 "bfloat16 (the copy it computes with; the fp32 masters are made from it), it is ",
+                 model.placement().dtype);
+    if (lora) make_fp32(params);  // LoRA A/B are their own fp32 masters over the frozen bf16 base
   }
+  const LayerStack stack = make_layer_stack(model, params);
+  // The optimizer, clipping and checkpoints see the masters (the params themselves unless mixed).
+  MasterWeights mw(params, mixed, cfg.master_init);
+  const std::vector<at::Tensor> tensors = mw.tensors();
   AdamWConfig acfg;
   acfg.lr = cfg.learning_rate;
   acfg.weight_decay = cfg.weight_decay;
-  NamedAdamW opt(named, acfg);
+  NamedAdamW opt(mw.named(), acfg);
   Schedule sched;
   sched.kind = Schedule::parse(cfg.lr_schedule);
   sched.peak = cfg.learning_rate;
@@ -496,8 +502,9 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
 
   TrainResult res;
   int64_t start = 0;
-  if (!cfg.resume.empty()) start = load_checkpoint(cfg, batcher, opt, params);
+  if (!cfg.resume.empty()) start = load_checkpoint(cfg, batcher, opt, mw.masters());
   if (dp) dp->broadcast_from_rank0(tensors);  // as DDP: every rank starts from rank 0's values
+  if (!cfg.resume.empty() || dp) mw.copy_to_model();
   res.steps_done = start;
   const auto metrics = cfg.adapter_path / "metrics.jsonl";
   if (writer) {
@@ -513,10 +520,31 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
   bopt.segment_size = cfg.segment_size;
   bopt.isolate = model.isolated_layers();
   bopt.loss_chunk = cfg.loss_chunk;
+  bopt.defer_loss = true;  // losses stay on the device until a report reads them
   std::vector<std::pair<std::string, double>> window_metrics;  // sums over the window's steps
   double window_loss = 0, window_time = 0;
   int64_t window_steps = 0, window_tokens = 0, trained_tokens = 0;
   std::optional<double> pending_val;
+  // The hot loop never waits for the device: step losses are kept as device scalars and read at
+  // reports and checkpoints; training time is measured between those syncs (evaluation and
+  // checkpoint writing excluded).
+  std::vector<at::Tensor> pending_losses;
+  auto tic = std::chrono::steady_clock::now();
+  const auto pause = [&] {
+    compat::synchronize(device);
+    window_time += std::chrono::duration<double>(std::chrono::steady_clock::now() - tic).count();
+  };
+  const auto resume = [&] { tic = std::chrono::steady_clock::now(); };
+  const auto flush_losses = [&] {
+    for (const at::Tensor& l : pending_losses) {
+      const double v = l.item<double>();
+      res.step_losses.push_back(v);
+      window_loss += v;
+    }
+    pending_losses.clear();
+  };
+  compat::synchronize(device);
+  resume();
   for (int64_t step = start + 1; step <= cfg.iters; ++step) {
     const bool stop = cfg.stop && cfg.stop->load();
     if (dp ? dp->any(stop) : stop) {  // every rank stops at the same step
@@ -524,13 +552,15 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
       break;
     }
     if ((valid || pvalid) && (step == 1 || step % cfg.steps_per_eval == 0 || step == cfg.iters)) {
+      pause();
       if (lora) lora->set_training(false);
       pending_val = pref ? evaluate_preference(model, *pvalid, cfg.batch_size, cfg.val_batches, popt, ref_valid, dp)
                          : evaluate(model, *valid, cfg.batch_size, cfg.val_batches, cfg.loss_chunk, dp);
       if (lora) lora->set_training(true);
+      resume();
     }
-    const auto tic = std::chrono::steady_clock::now();
-    double step_loss = 0;
+    double pref_loss = 0;
+    at::Tensor step_loss;  // Σ over micro-batches of their token-mean loss (fp64, on the device)
     int64_t counted = 0;
     std::vector<std::pair<std::string, double>> step_metrics;
     for (int64_t m = 0; m < cfg.grad_accumulation_steps; ++m) {
@@ -551,10 +581,11 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
             preference_head(pb, ref, popt, stack.head, stack.head_params,
                             1.0 / (static_cast<double>(cfg.grad_accumulation_steps) * ranks), &st),
             bopt);
+        mw.accumulate_grads();
         auto named = st.named(method);
         if (dp)
           for (auto& [k, v] : named) v = dp->sum(v) / ranks;  // equal shares: the mean of means is the batch's
-        step_loss += named.front().second;
+        pref_loss += named.front().second;
         ++counted;
         window_tokens += dp ? dp->sum(r.n_tokens) : r.n_tokens;
         named.erase(named.begin());  // the loss is reported as train_loss
@@ -564,35 +595,47 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
         continue;
       }
       Batch batch = dp ? dp->next_share(batcher, *train) : batcher.next();
-      at::Tensor targets = shift_labels(batch.labels);
+      at::Tensor targets = shift_labels(batch.labels);  // CPU: counting its tokens needs no sync
       const int64_t own = targets.ne(kIgnoreIndex).sum().item<int64_t>();
       const int64_t ntok = dp ? dp->sum(own) : own;  // the global batch's target tokens
       if (ntok == 0) continue;  // a batch of prompts only: nothing to learn from
       bopt.scale = 1.0 / (static_cast<double>(ntok) * static_cast<double>(cfg.grad_accumulation_steps));
-      BackwardResult r = own > 0 ? backward(stack, batch.input_ids, targets, bopt) : BackwardResult{};
-      step_loss += (dp ? dp->sum(r.loss_sum) : r.loss_sum) / static_cast<double>(ntok);
+      BackwardResult r =
+          own > 0 ? backward(stack, to_device_async(batch.input_ids, device), targets, bopt) : BackwardResult{};
+      mw.accumulate_grads();
+      // The token mean over the global batch: data-parallel ranks sum their shares (a sync they
+      // make anyway for the token count); one process keeps it on the device.
+      at::Tensor mean = dp ? at::scalar_tensor(dp->sum(r.loss.defined() ? r.loss.item<double>() : 0.0) /
+                                                   static_cast<double>(ntok),
+                                               at::kDouble)
+                           : r.loss / static_cast<double>(ntok);
+      step_loss = step_loss.defined() ? step_loss + mean : mean;
       ++counted;
       window_tokens += ntok;
     }
-    if (counted > 0) step_loss /= static_cast<double>(counted);
+    if (pref || !step_loss.defined()) step_loss = at::scalar_tensor(pref_loss, at::kDouble);
+    pending_losses.push_back(counted > 0 ? step_loss / static_cast<double>(counted) : step_loss);
     for (auto& [k, v] : step_metrics) v /= static_cast<double>(std::max<int64_t>(counted, 1));
     if (window_metrics.empty()) window_metrics = step_metrics;
     else
       for (size_t i = 0; i < step_metrics.size(); ++i) window_metrics[i].second += step_metrics[i].second;
     if (dp && counted > 0) dp->all_reduce_grads(tensors);  // Σ of token-weighted shares = the global gradient
-    clip_grad_norm(tensors, cfg.grad_clip);
+    if (cfg.grad_clip > 0) clip_grad_norm_async(tensors, cfg.grad_clip);
     const double lr = sched.lr(step);
     opt.set_lr(lr);
     opt.step();
+    mw.copy_to_model();
     opt.zero_grad();
-    compat::synchronize(device);
-    window_time += std::chrono::duration<double>(std::chrono::steady_clock::now() - tic).count();
-    window_loss += step_loss;
     ++window_steps;
-    res.step_losses.push_back(step_loss);
     res.steps_done = step;
 
-    if (step % cfg.steps_per_report == 0 || step == cfg.iters || pending_val) {
+    const bool report = step % cfg.steps_per_report == 0 || step == cfg.iters || pending_val;
+    const bool save = cfg.save_every > 0 && step % cfg.save_every == 0 && step < cfg.iters;
+    if (report || save) {
+      pause();
+      flush_losses();
+    }
+    if (report) {
       Report rep;
       rep.step = step;
       rep.learning_rate = lr;
@@ -613,10 +656,11 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
       if (on_report) on_report(rep);
       res.reports.push_back(rep);
     }
-    if (writer && cfg.save_every > 0 && step % cfg.save_every == 0 && step < cfg.iters)
-      save_checkpoint(cfg, step, batcher, opt, params, lora.get());
+    if (writer && save) save_checkpoint(cfg, step, batcher, opt, mw.masters(), lora.get());
+    if (report || save) resume();
   }
-  if (writer) save_checkpoint(cfg, res.steps_done, batcher, opt, params, lora.get());
+  flush_losses();
+  if (writer) save_checkpoint(cfg, res.steps_done, batcher, opt, mw.masters(), lora.get());
   return res;
 }
 

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,6 +55,14 @@ struct TrainConfig {
   int64_t segment_size = 0;            // layers per backward segment; 0 = full backward
   int64_t loss_chunk = 1024;           // positions per loss-head chunk
   std::string adapter_format = "mlx";  // mlx | peft
+  /// none | bf16: fp32 master weights, grads and AdamW state; forward/backward in the model's bf16
+  /// (the model must be loaded in bfloat16); the loss over the vocabulary in fp32. LoRA: A/B fp32
+  /// over a frozen bf16 base. See mixed_precision.h. fp16 is refused (needs loss scaling).
+  std::string mixed_precision = "none";
+  /// Mixed precision: fp32 starting values of the masters by HF name (an fp32 checkpoint's own
+  /// tensors, so the masters do not start from their bf16 rounding); names absent here, and every
+  /// tensor when empty, start from the model's bf16 values upcast. A resumed run's come from its checkpoint.
+  std::map<std::string, at::Tensor> master_init;
   /// Checked between optimizer steps: when set, a last checkpoint is written and run() returns.
   const std::atomic<bool>* stop = nullptr;
   /// One-line notes for the person running (e.g. data rows skipped); the CLI prints them. May be empty.
