@@ -31,6 +31,50 @@ Sequence::Sequence(std::vector<int64_t> prompt, GenerateOptions opts, cache::Cac
   result_.stats.prompt_tokens = static_cast<int64_t>(prompt_.size());
 }
 
+Sequence::~Sequence() {
+  if (parent_) std::erase(parent_->forks_, this);
+  for (Sequence* c : forks_) {
+    c->parent_ = nullptr;
+    c->done_ = true;
+    c->error_ = "the sequence whose prompt prefill it shared was dropped before the prefill ended";
+  }
+}
+
+void Sequence::share_prefill(Sequence& child) {
+  HEARTH_CHECK(&child != this && !started_ && !child.started_ && !child.parent_ && child.forks_.empty(),
+               "generate: share_prefill needs two distinct sequences that have not started");
+  HEARTH_CHECK(child.prompt_ == prompt_, "generate: share_prefill needs the same prompt");
+  HEARTH_CHECK(child.adapters_ == adapters_, "generate: share_prefill needs the same adapters");
+  HEARTH_CHECK(child.caches_.empty(), "generate: a sequence sharing a prefill brings no caches");
+  child.parent_ = this;
+  forks_.push_back(&child);
+}
+
+void Sequence::release_forks(models::Model& model, const at::Tensor& last_logits) {
+  std::vector<Sequence*> forks;
+  forks.swap(forks_);
+  for (Sequence* c : forks) {
+    c->parent_ = nullptr;
+    c->caches_ = cache::clone(caches_);
+    c->offset_ = offset_;
+    c->started_ = true;
+    c->t0_ = t0_;
+    c->result_.stats.cached_tokens = result_.stats.cached_tokens;
+    GenerationStats& st = c->result_.stats;
+    const int64_t prefilled = offset_ - st.cached_tokens;
+    if (c->opts_.max_tokens <= 0) {
+      c->done_ = true;
+    } else {
+      c->sample_and_emit(last_logits);
+    }
+    c->t1_ = Clock::now();
+    c->t_last_ = c->t1_;
+    st.ttft_s = seconds(c->t0_, c->t1_);
+    st.prompt_tps = prefilled / std::max(st.ttft_s, 1e-9);
+    if (c->done_) c->finish_stats(model);
+  }
+}
+
 void Sequence::check_prompt(const models::Model& model) {
   for (int64_t id : prompt_)
     HEARTH_CHECK(id >= 0 && id < model.vocab_size(), "generate: prompt token id ", id,
@@ -67,6 +111,7 @@ void Sequence::prefill_chunk(models::Model& model) {
   if (offset_ < n) return;
   GenerationStats& st = result_.stats;
   const int64_t prefilled = n - st.cached_tokens;
+  if (!forks_.empty()) release_forks(model, logits[0][-1]);  // before this sequence samples or feeds anything
   if (opts_.max_tokens <= 0) {
     compat::synchronize(model.placement().device);
     st.ttft_s = seconds(t0_, Clock::now());

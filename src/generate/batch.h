@@ -29,6 +29,20 @@ class Sequence {
   /// an empty prompt or a non-positive prefill_step_size.
   Sequence(std::vector<int64_t> prompt, GenerateOptions opts, cache::Caches caches,
            std::vector<std::string> adapters, StepCallback on_step);
+  /// A sequence still waiting for a prefill it shares (share_prefill) ends with error(); one whose
+  /// prefill others share releases them.
+  ~Sequence();
+  Sequence(const Sequence&) = delete;
+  Sequence& operator=(const Sequence&) = delete;
+
+  /// Makes `child` share this sequence's prefill (OpenAI n > 1: one prompt, several choices). The
+  /// child — same prompt and adapters, its own options (sampler seed, limits) and callback, not yet
+  /// stepped, no caches of its own — computes nothing until this sequence's prompt is prefilled;
+  /// then it gets a deep copy of the caches (cache::clone) and samples its first token with its own
+  /// sampler from the same last-position logits, and decodes on its own from there. Pass both to
+  /// the same step() calls. Throws hearth::Error when the prompts or adapters differ, the child
+  /// holds caches, or either has started.
+  void share_prefill(Sequence& child);
 
   /// True once the sequence has ended (EOS, limit, the callback said stop, or its own sampling
   /// failed: see error()).
@@ -38,7 +52,8 @@ class Sequence {
   /// step are unaffected.
   const std::string& error() const { return error_; }
   /// True while prompt tokens remain to be prefilled.
-  bool prefilling() const { return !done_ && offset_ < static_cast<int64_t>(prompt_.size()); }
+  /// False while it waits for a prefill it shares (share_prefill).
+  bool prefilling() const { return !done_ && !parent_ && offset_ < static_cast<int64_t>(prompt_.size()); }
   /// Tokens generated so far and the stats (complete once done()).
   const GenerationResult& result() const { return result_; }
   /// The caches: every token whose keys/values were computed (see generate()).
@@ -71,6 +86,10 @@ class Sequence {
   void sample_and_emit(const at::Tensor& last_logits);  // last_logits [V]; a throw ends only this sequence
   void emit(int64_t next, const at::Tensor& logprobs);  // a sampled token: EOS, callback, limit
   void finish_stats(const models::Model& model);
+  void release_forks(models::Model& model, const at::Tensor& last_logits);  // share_prefill's children start
+
+  Sequence* parent_ = nullptr;     // the sequence whose prefill this one waits for
+  std::vector<Sequence*> forks_;   // sequences waiting for this one's prefill
 
   std::vector<int64_t> prompt_;
   GenerateOptions opts_;

@@ -67,20 +67,58 @@ int32_t Grammar::new_rule() {
 
 void Grammar::set_rule_start(int32_t rule, int32_t start) { rule_starts_[static_cast<size_t>(rule)] = start; }
 
+std::vector<int32_t> Grammar::prune_unproductive() {
+  const size_t n = nodes_.size();
+  std::vector<uint8_t> ok(n, 0), rule_ok(rule_starts_.size(), 0);
+  auto good = [&](int32_t id) { return id >= 0 && static_cast<size_t>(id) < n && ok[static_cast<size_t>(id)]; };
+  for (bool changed = true; changed;) {
+    changed = false;
+    // Nodes are built back to front (a node's `next` has a smaller id), so one pass in id order
+    // settles a chain; loops and recursion take further passes.
+    for (size_t i = 0; i < n; ++i) {
+      if (ok[i]) continue;
+      const Node& nd = nodes_[i];
+      bool v = false;
+      switch (nd.kind) {
+        case Kind::kReturn: v = true; break;
+        case Kind::kBytes: v = nd.bytes.any() && good(nd.next); break;
+        case Kind::kCall: v = nd.callee >= 0 && rule_ok[static_cast<size_t>(nd.callee)] && good(nd.next); break;
+        case Kind::kSplit: v = std::any_of(nd.alts.begin(), nd.alts.end(), good); break;
+      }
+      if (v) {
+        ok[i] = 1;
+        changed = true;
+      }
+    }
+    for (size_t r = 0; r < rule_starts_.size(); ++r)
+      if (!rule_ok[r] && good(rule_starts_[r])) {
+        rule_ok[r] = 1;
+        changed = true;
+      }
+  }
+  for (Node& nd : nodes_)
+    if (nd.kind == Kind::kSplit) std::erase_if(nd.alts, [&](int32_t a) { return !good(a); });
+  std::vector<int32_t> bad;
+  for (size_t r = 0; r < rule_starts_.size(); ++r)
+    if (!rule_ok[r]) bad.push_back(static_cast<int32_t>(r));
+  return bad;
+}
+
 Automaton::Automaton(std::shared_ptr<const Grammar> grammar, int max_depth)
     : grammar_(std::move(grammar)), max_depth_(max_depth) {
   HEARTH_CHECK(grammar_ && grammar_->root() >= 0 && grammar_->rule_start(grammar_->root()) >= 0,
                "grammar: no root rule");
   // Byte classes: bytes that every byte-set node treats alike share a transition column.
   std::map<std::vector<bool>, uint8_t> classes;
-  std::vector<const ByteSet*> sets;
+  // Deduplicate the sets first (many nodes share one set) by hash: sorting every node's set by its
+  // 256-character text took seconds for a grammar of a few hundred thousand nodes (a large enum).
+  // The partition into classes does not depend on the order of the distinct sets.
+  std::unordered_set<ByteSet> distinct;
   for (size_t i = 0; i < grammar_->size(); ++i)
     if (grammar_->node(static_cast<int32_t>(i)).kind == Grammar::Kind::kBytes)
-      sets.push_back(&grammar_->node(static_cast<int32_t>(i)).bytes);
-  // Deduplicate the sets first (many nodes share one set).
-  std::sort(sets.begin(), sets.end(), [](const ByteSet* a, const ByteSet* b) { return a->to_string() < b->to_string(); });
-  sets.erase(std::unique(sets.begin(), sets.end(), [](const ByteSet* a, const ByteSet* b) { return *a == *b; }),
-             sets.end());
+      distinct.insert(grammar_->node(static_cast<int32_t>(i)).bytes);
+  std::vector<const ByteSet*> sets;
+  for (const ByteSet& set : distinct) sets.push_back(&set);
   for (int b = 0; b < 256; ++b) {
     std::vector<bool> sig(sets.size());
     for (size_t k = 0; k < sets.size(); ++k) sig[k] = sets[k]->test(static_cast<size_t>(b));

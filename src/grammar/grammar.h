@@ -49,6 +49,16 @@ class Grammar {
   int32_t new_rule();
   void set_rule_start(int32_t rule, int32_t start);
   void set_root(int32_t rule) { root_ = rule; }
+  /// Trims the grammar to what can end (the standard "productive nonterminals" fixed point, as in
+  /// Hopcroft & Ullman's useless-symbol removal): a node is productive when some path from it
+  /// reaches its rule's return through bytes and calls of productive rules, a rule when its start
+  /// is. Removes every split's unproductive alternatives (a branch that could never finish, e.g. an
+  /// optional property whose schema requires itself without end), so the automaton never enters a
+  /// dead branch; returns the unproductive rules in creation order (empty = every rule derives a
+  /// finite text; the root among them = the language is empty). O(nodes) per pass, passes bounded by
+  /// the nesting of loops and recursion.
+  std::vector<int32_t> prune_unproductive();
+  size_t num_rules() const { return rule_starts_.size(); }
 
   Node& node(int32_t id) { return nodes_[static_cast<size_t>(id)]; }
   const Node& node(int32_t id) const { return nodes_[static_cast<size_t>(id)]; }

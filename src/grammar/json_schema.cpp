@@ -4,6 +4,7 @@
 // and $ref rules. Not the automaton (grammar.cpp) and not request parsing (server/).
 #include "grammar/json_schema.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -72,14 +73,94 @@ class Compiler {
   }
   std::string path(const std::string& pointer) const { return prefix_ + "#" + pointer; }
 
+  // Whitespace between JSON tokens: "" | " " | "\n"{1,2} [ \t]{0,max_indent} (llama.cpp's space rule).
   int32_t ws(int32_t next) {
     if (ws_rule_ < 0) {
       ws_rule_ = g().new_rule();
-      int32_t c = g().ret();
-      for (int i = 0; i < o_.max_whitespace; ++i) c = g().split({g().bytes(set_of(" \t\n\r"), c), g().ret()});
-      g().set_rule_start(ws_rule_, c);
+      const int32_t r = g().ret();
+      int32_t indent = r;
+      for (int i = 0; i < o_.max_indent; ++i) indent = g().split({g().bytes(set_of(" \t"), indent), r});
+      const int32_t newline = g().literal("\n", g().split({g().literal("\n", indent), indent}));
+      g().set_rule_start(ws_rule_, g().split({r, g().literal(" ", r), newline}));
     }
     return g().call(ws_rule_, next);
+  }
+
+  // Any of `texts` (exact bytes), then `next`, as a byte trie: values sharing a prefix share its
+  // nodes, so an automaton state inside the enum holds one thread per distinct next byte instead of
+  // one per value (a 20,000-value enum made every state 20,000 threads wide: seconds of engine
+  // thread per mask). Built with an explicit stack (a chain like "a", "aa", "aaa"... nests deeply).
+  int32_t texts_trie(std::vector<std::string> v, int32_t next) {
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+    struct Task {
+      size_t lo, hi, d;                // v[lo, hi) share their first d bytes
+      size_t prefix_end = 0;           // ... and the first prefix_end once expanded
+      bool expanded = false, terminal = false;
+      std::vector<uint8_t> bytes;      // the byte of each child group
+    };
+    std::vector<Task> todo{Task{0, v.size(), 0}};
+    std::vector<int32_t> done;  // the first node of each finished group, in order
+    while (!todo.empty()) {
+      if (!todo.back().expanded) {
+        Task t = todo.back();
+        if (t.hi - t.lo == 1) {
+          done.push_back(g().literal(std::string_view(v[t.lo]).substr(t.d), next));
+          todo.pop_back();
+          continue;
+        }
+        const std::string& a = v[t.lo];
+        const std::string& b = v[t.hi - 1];  // sorted: the range's common prefix is theirs
+        size_t e = t.d;
+        while (e < a.size() && e < b.size() && a[e] == b[e]) ++e;
+        t.expanded = true;
+        t.prefix_end = e;
+        t.terminal = a.size() == e;  // unique and sorted: only the first can end here
+        std::vector<Task> kids;
+        for (size_t i = t.terminal ? t.lo + 1 : t.lo; i < t.hi;) {
+          const auto c = static_cast<uint8_t>(v[i][e]);
+          size_t j = i;
+          while (j < t.hi && static_cast<uint8_t>(v[j][e]) == c) ++j;
+          kids.push_back(Task{i, j, e + 1});
+          t.bytes.push_back(c);
+          i = j;
+        }
+        todo.back() = std::move(t);
+        for (auto it = kids.rbegin(); it != kids.rend(); ++it) todo.push_back(std::move(*it));
+        continue;
+      }
+      const Task& t = todo.back();
+      const size_t k = t.bytes.size();
+      std::vector<int32_t> alts;
+      for (size_t i = 0; i < k; ++i) {
+        ByteSet one;
+        one.set(t.bytes[i]);
+        alts.push_back(g().bytes(one, done[done.size() - k + i]));
+      }
+      done.resize(done.size() - k);
+      if (t.terminal) alts.push_back(next);
+      const int32_t branch = alts.size() == 1 ? alts[0] : g().split(std::move(alts));
+      done.push_back(g().literal(std::string_view(v[t.lo]).substr(t.d, t.prefix_end - t.d), branch));
+      todo.pop_back();
+    }
+    return done.back();
+  }
+
+  // The JSON pointer path of the schema a rule was built for (a $ref target, array items).
+  void name_rule(int32_t rule, std::string where) { rule_paths_[rule] = std::move(where); }
+  // Grammar::prune_unproductive, then a 400 naming the schema when the whole language is empty.
+  void check_productive(int32_t root) {
+    const std::vector<int32_t> bad = g().prune_unproductive();
+    if (std::find(bad.begin(), bad.end(), root) == bad.end()) return;
+    std::string where = prefix_ + "#";
+    for (int32_t r : bad)
+      if (auto it = rule_paths_.find(r); it != rule_paths_.end()) {
+        where = it->second;
+        break;
+      }
+    throw InvalidArgument(cat("invalid JSON Schema: no finite JSON value satisfies the schema at ", where,
+                              " (it requires itself with no way to end; make the recursive property optional or "
+                              "add a non-recursive anyOf branch)"));
   }
 
   // UTF-8 sequences of two or more bytes (well-formed, no surrogates), lead bytes outside `skip`.
@@ -292,6 +373,7 @@ class Compiler {
       }
       const int32_t rule = g().new_rule();
       it = refs_.emplace(key, rule).first;
+      name_rule(rule, path(r.substr(1)));
       g().set_rule_start(rule, build(*target, r.substr(1), g().ret()));
     }
     return g().call(it->second, next);
@@ -353,6 +435,7 @@ class Compiler {
     const int64_t hi = s.contains("maxItems") ? count_of(s, "maxItems", path(p)) : -1;
     if (hi >= 0 && hi < lo) invalid("'maxItems' is below 'minItems'", path(p));
     int32_t item_rule = g().new_rule();
+    name_rule(item_rule, path(p + "/items"));
     if (s.contains("items")) {
       const json& it = s["items"];
       if (it.is_boolean() && !it.get<bool>()) unsupported("'items': false", path(p));
@@ -459,9 +542,13 @@ class Compiler {
     if (s.contains("enum")) {
       const json& e = s["enum"];
       if (!e.is_array() || e.empty()) invalid("'enum' must be a non-empty array", path(p));
-      std::vector<int32_t> alts;
-      for (const auto& v : e) alts.push_back(g().literal(v.dump(), next));
-      return g().split(std::move(alts));
+      std::vector<std::string> texts;
+      for (const auto& v : e) texts.push_back(v.dump());
+      const int32_t start = texts_trie(std::move(texts), next);
+      if (g_->size() > kMaxGrammarNodes)
+        throw InvalidArgument(cat("the schema is too large to enforce (over ", kMaxGrammarNodes, " grammar states at ",
+                                  path(p), "; fewer or shorter enum values)"));
+      return start;
     }
     if (!s.contains("type")) {
       for (const char* k : {"properties", "required", "additionalProperties"})
@@ -492,6 +579,7 @@ class Compiler {
   int32_t ws_rule_ = -1, tail_rule_ = -1, char_rule_ = -1, number_rule_ = -1, integer_rule_ = -1;
   int32_t value_rule_ = -1, object_rule_ = -1, array_rule_ = -1;
   std::map<std::pair<const json*, std::string>, int32_t> refs_;
+  std::map<int32_t, std::string> rule_paths_;
 };
 
 }  // namespace
@@ -502,6 +590,7 @@ std::shared_ptr<Grammar> compile_json_schema(const nlohmann::ordered_json& schem
   const int32_t root = c.g().new_rule();
   c.g().set_rule_start(root, c.build(schema, "", c.g().ret()));
   c.g().set_root(root);
+  c.check_productive(root);
   c.g().key = "schema:" + schema.dump();
   return c.grammar();
 }
@@ -539,6 +628,8 @@ std::shared_ptr<Grammar> tool_call_grammar(const std::vector<ToolSchema>& tools,
   }
   g.set_rule_start(root, g.literal(prefix, c.ws(g.split(std::move(alts)))));
   g.set_root(root);
+  c.set_root(nullptr, "tools");
+  c.check_productive(root);
   g.key = std::move(key);
   return c.grammar();
 }

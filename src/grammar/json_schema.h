@@ -14,7 +14,11 @@ namespace hearth::grammar {
 
 /// Limits of the generated JSON (bounds keep a model from looping inside one token class).
 struct JsonGrammarOptions {
-  int max_whitespace = 20;   ///< whitespace bytes allowed between two JSON tokens
+  /// Whitespace between two JSON tokens, as llama.cpp's json-schema-to-grammar (`space ::= | " " |
+  /// "\n"{1,2} [ \t]{0,20}`): nothing, one space, or one or two newlines then at most max_indent
+  /// spaces/tabs of indentation. Compact, spaced and pretty-printed JSON all fit; runs of blanks (a
+  /// small model looping on spaces) do not.
+  int max_indent = 20;
   int max_int_digits = 16;   ///< digits of an integer part (and of a fraction)
 };
 
@@ -26,7 +30,11 @@ struct JsonGrammarOptions {
 /// "#/definitions/.." (recursion allowed), and the annotations title, description, default,
 /// examples, $schema, $id, $comment, deprecated, readOnly, writeOnly (ignored). Any other keyword
 /// or value throws hearth::InvalidArgument naming the keyword and its JSON pointer path (e.g.
-/// "unsupported JSON Schema keyword 'pattern' at #/properties/zip").
+/// "unsupported JSON Schema keyword 'pattern' at #/properties/zip"). A schema with no finite
+/// valid value throws InvalidArgument naming its path: maxItems below minItems, maxLength below
+/// minLength, an empty enum/anyOf/type list, schema false, and (Grammar::prune_unproductive) a
+/// subschema that requires itself with no way to end ({"$ref": "#"} as a required property); such a
+/// subschema on an optional branch only removes that branch.
 std::shared_ptr<Grammar> compile_json_schema(const nlohmann::ordered_json& schema, const JsonGrammarOptions& opts = {});
 
 /// Any JSON object (response_format json_object).

@@ -208,6 +208,9 @@ CompletionRequest parse_anthropic_request(const json& body, bool count_only) {
     req.chat_template_kwargs["enable_thinking"] = *type != "disabled";
   }
   req.stream = boolean_field(body, "stream").value_or(false);
+  // Per-request LoRA selection, as chat/completions ("id", "a+b", "none"); `model` may also name an
+  // adapter (resolve_model).
+  req.adapter = string_field(body, "adapter", "adapter");
   return req;
 }
 

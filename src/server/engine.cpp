@@ -28,6 +28,30 @@ AdapterInfo Engine::mount_adapter(const std::string&, const std::string&) {
 std::unique_ptr<ActiveSequence> Engine::start_sequence(const Prompt&, const CompletionRequest&, TokenCallback) {
   throw Error("this engine does not batch requests (supports_batching() is false)");
 }
+std::vector<std::unique_ptr<ActiveSequence>> Engine::start_sequences(const Prompt& prompt, const CompletionRequest& req,
+                                                                     std::vector<TokenCallback> on_tokens) {
+  std::vector<std::unique_ptr<ActiveSequence>> out;
+  for (size_t i = 0; i < on_tokens.size(); ++i) {
+    if (i == 0) {
+      out.push_back(start_sequence(prompt, req, std::move(on_tokens[i])));
+      continue;
+    }
+    CompletionRequest ri = req;
+    ri.sampling.seed = choice_seed(req.sampling.seed, static_cast<int>(i));
+    out.push_back(start_sequence(prompt, ri, std::move(on_tokens[i])));
+  }
+  return out;
+}
+
+std::optional<int64_t> choice_seed(std::optional<int64_t> seed, int choice) {
+  if (!seed || choice == 0) return seed;
+  // splitmix64 (Steele et al. 2014) of seed + choice: neighbouring choices get unrelated streams.
+  uint64_t z = static_cast<uint64_t>(*seed) + static_cast<uint64_t>(choice) * 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return static_cast<int64_t>(z ^ (z >> 31));
+}
+
 void Engine::step(const std::vector<ActiveSequence*>&) {
   throw Error("this engine does not batch requests (supports_batching() is false)");
 }

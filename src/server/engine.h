@@ -68,6 +68,12 @@ struct CompletionRequest {
   /// refused by EngineLoop (400, param "max_tokens"), never clamped. In Engine::generate it is
   /// always set: the client's value, else the server default clamped to that room (0 = fill it).
   std::optional<int64_t> max_tokens;
+  /// The body field the client's limit came from, named in budget errors: "max_tokens",
+  /// "max_completion_tokens" (chat), "max_output_tokens" (Responses).
+  std::string max_tokens_param = "max_tokens";
+  /// OpenAI `n`: choices generated for this prompt (1..EngineLoopOptions::max_num_seqs). They share
+  /// one prefill of the prompt (Engine::start_sequences) and run as n sequences of the batch.
+  int n = 1;
   SamplingOptions sampling;
   std::vector<std::string> stop;      ///< stop strings (non-empty), matched on decoded text
   bool stream = false;
@@ -146,6 +152,12 @@ struct AdapterInfo {
   double scale = 0;     ///< effective scale (lora_alpha / r, or mlx-lm's scale)
 };
 
+/// The seed of choice `choice` of a request with n > 1: choice 0 keeps `seed` (so n = 1 and the
+/// first of n choices agree); choice i > 0 gets splitmix64(seed + i) as an int64, a distinct
+/// deterministic stream, so the same request and seed reproduce every choice. nullopt stays nullopt
+/// (the engine draws a fresh seed per choice).
+std::optional<int64_t> choice_seed(std::optional<int64_t> seed, int choice);
+
 /// src/chat/'s parse result in the server's types.
 ParsedToolCalls to_server(chat::ParsedToolCalls parsed);
 
@@ -210,6 +222,12 @@ class Engine {
   /// cache, callback semantics), computing nothing yet. Engine thread only. Throws like generate().
   virtual std::unique_ptr<ActiveSequence> start_sequence(const Prompt& prompt, const CompletionRequest& req,
                                                          TokenCallback on_token);
+  /// The n choices of one request (on_tokens.size() == n >= 1; choice i calls on_tokens[i] and
+  /// samples with choice_seed(req.sampling.seed, i)): ModelEngine prefills the prompt once and gives
+  /// every choice a copy of the caches; this default starts n independent sequences (each prefills).
+  /// Engine thread only. Throws like start_sequence().
+  virtual std::vector<std::unique_ptr<ActiveSequence>> start_sequences(const Prompt& prompt, const CompletionRequest& req,
+                                                                       std::vector<TokenCallback> on_tokens);
   /// One scheduler iteration over `seqs` (all from start_sequence, not finished): prompt chunks for
   /// the prefilling ones, then one token for every decoding one, batched. Calls their on_token.
   /// Engine thread only. Throws only on internal failures (every sequence in `seqs` must then be

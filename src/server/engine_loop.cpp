@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <list>
+#include <optional>
 
 #include "core/error.h"
 #include "server/api_error.h"
@@ -89,6 +90,13 @@ bool EngineLoop::prepare(Job& job) {
       return false;
     }
   }
+  if (req.n < 1 || static_cast<size_t>(req.n) > opts_.max_num_seqs) {
+    // The n choices run together as n sequences of the batch: more than the batch holds never run.
+    job.events.push(error_event(400, cat("Invalid 'n': ", req.n, " choices were asked, but this server generates at most ",
+                                         opts_.max_num_seqs, " sequences at once (--max-num-seqs)."),
+                                "n", "invalid_value"));
+    return false;
+  }
   try {
     SlotGuard slot(prepare_slots_);
     job.prompt = engine_.prepare(req);
@@ -116,12 +124,13 @@ bool EngineLoop::prepare(Job& job) {
   }
   const int64_t room = ctx - n_prompt;
   if (req.max_tokens && *req.max_tokens > room) {
-    // OpenAI / vLLM: a client limit that cannot fit is refused, not silently lowered.
-    job.events.push(error_event(400, cat("max_tokens (or max_completion_tokens) is too large: ", *req.max_tokens,
+    // OpenAI / vLLM: a client limit that cannot fit is refused, not silently lowered; the error
+    // names the field the client sent (max_tokens, max_completion_tokens, max_output_tokens).
+    job.events.push(error_event(400, cat(req.max_tokens_param, " is too large: ", *req.max_tokens,
                                          ". This model's context length is ", ctx, " tokens and the prompt has ",
                                          n_prompt, " tokens, so at most ", room, " tokens can be generated (", *req.max_tokens,
                                          " > ", ctx, " - ", n_prompt, ")."),
-                                "max_tokens", "context_length_exceeded"));
+                                req.max_tokens_param, "context_length_exceeded"));
     return false;
   }
   if (!req.max_tokens) {
@@ -131,13 +140,15 @@ bool EngineLoop::prepare(Job& job) {
     req.max_tokens = limit <= 0 ? room : std::min(limit, room);
   }
   if (opts_.memory_budget > 0) {
-    const int64_t need = engine_.state_bytes(n_prompt + *req.max_tokens);
+    const int64_t need = engine_.state_bytes(n_prompt + *req.max_tokens) * std::max(1, req.n);
     if (need > opts_.memory_budget) {
       job.events.push(error_event(400, cat("This request needs ", need, " bytes of cache for its ", n_prompt,
-                                           " prompt tokens and up to ", *req.max_tokens, " generated tokens, more than the "
-                                           "server's memory budget of ", opts_.memory_budget, " bytes (--memory-budget). "
-                                           "Please reduce the prompt or max_tokens."),
-                                  "max_tokens", "memory_budget_exceeded"));
+                                           " prompt tokens and up to ", *req.max_tokens, " generated tokens",
+                                           req.n > 1 ? cat(" in each of its n = ", req.n, " choices") : std::string(),
+                                           ", more than the server's memory budget of ", opts_.memory_budget,
+                                           " bytes (--memory-budget). Please reduce the prompt, ", req.max_tokens_param,
+                                           req.n > 1 ? " or n." : "."),
+                                  req.n > 1 ? "n" : req.max_tokens_param, "memory_budget_exceeded"));
       return false;
     }
   }
@@ -248,79 +259,113 @@ void EngineLoop::run_job(Job& job) {
   started.prompt_tokens = n_prompt;
   job.events.push(std::move(started));
 
-  OutputStream out(req, prompt, engine_, job.events);
-  try {
-    bool cut = false;  // on_token refused a token because the job was cancelled
-    Finish f = engine_.generate(prompt, req, [&](const TokenEvent& ev) {
-      if (job.cancelled.load(std::memory_order_relaxed)) {
-        cut = true;
-        return false;
-      }
-      return out.on_token(ev);
-    });
-    if (cut && f.reason == Finish::Reason::kStopped) f.reason = Finish::Reason::kAborted;
-    out.finish(f, n_prompt);
-  } catch (const ApiError& e) {
-    job.events.push(error_event(e.status(), e.what(), e.param(), e.code()));
-  } catch (const c10::Error& e) {
-    job.events.push(error_event(500, std::string("Generation failed: ") + e.what_without_backtrace()));
-  } catch (const std::exception& e) {
-    job.events.push(error_event(500, std::string("Generation failed: ") + e.what()));
+  // Without batching the n choices of a request are generated one after another (each prefills).
+  for (int i = 0; i < std::max(1, req.n); ++i) {
+    CompletionRequest choice_req;
+    if (i > 0) {
+      choice_req = req;
+      choice_req.sampling.seed = choice_seed(req.sampling.seed, i);
+    }
+    const CompletionRequest& r = i > 0 ? choice_req : req;
+    OutputStream out(r, prompt, engine_, job.events, i);
+    if (i > 0 && job.cancelled) {  // the client left: the remaining choices are cut before they start
+      Finish f;
+      f.reason = Finish::Reason::kAborted;
+      out.finish(f, n_prompt);
+      continue;
+    }
+    try {
+      bool cut = false;  // on_token refused a token because the job was cancelled
+      Finish f = engine_.generate(prompt, r, [&](const TokenEvent& ev) {
+        if (job.cancelled.load(std::memory_order_relaxed)) {
+          cut = true;
+          return false;
+        }
+        return out.on_token(ev);
+      });
+      if (cut && f.reason == Finish::Reason::kStopped) f.reason = Finish::Reason::kAborted;
+      out.finish(f, n_prompt);
+    } catch (const ApiError& e) {
+      job.events.push(error_event(e.status(), e.what(), e.param(), e.code()));
+      return;
+    } catch (const c10::Error& e) {
+      job.events.push(error_event(500, std::string("Generation failed: ") + e.what_without_backtrace()));
+      return;
+    } catch (const std::exception& e) {
+      job.events.push(error_event(500, std::string("Generation failed: ") + e.what()));
+      return;
+    }
   }
 }
 
-// A running generation of the batched path.
+// A running generation of the batched path: one choice of a job (a job with n choices has n).
 struct EngineLoop::Slot {
   std::shared_ptr<Job> job;
   std::unique_ptr<OutputStream> out;
   std::unique_ptr<ActiveSequence> seq;
+  int choice = 0;
   int64_t n_prompt = 0;
   int64_t reserved = 0;  // state bytes it holds against the memory budget
   bool cut = false;  // its on_token refused a token because the job was cancelled
 };
 
-bool EngineLoop::admit(Slot& slot) {
-  Job& job = *slot.job;
-  if (job.cancelled) {
-    job.events.push(error_event(499, "The client closed the request."));
+bool EngineLoop::admit(std::list<Slot>& slots, const std::shared_ptr<Job>& jobp, int64_t reserved_each) {
+  Job& job = *jobp;
+  const int n = std::max(1, job.request.n);
+  auto fail = [&](StreamEvent ev) {
+    job.events.push(std::move(ev));
+    release(reserved_each * n);
     return false;
-  }
+  };
+  if (job.cancelled) return fail(error_event(499, "The client closed the request."));
   try {
     engine_.check_request(job.request);  // what may have changed since prepare() (adapter ids)
   } catch (const ApiError& e) {
-    job.events.push(error_event(e.status(), e.what(), e.param(), e.code()));
-    return false;
+    return fail(error_event(e.status(), e.what(), e.param(), e.code()));
   } catch (const std::exception& e) {
-    job.events.push(error_event(400, e.what()));
-    return false;
+    return fail(error_event(400, e.what()));
   }
-  slot.n_prompt = static_cast<int64_t>(job.prompt.ids.size());
+  const int64_t n_prompt = static_cast<int64_t>(job.prompt.ids.size());
   StreamEvent started;
   started.kind = StreamEvent::Kind::kStarted;
-  started.prompt_tokens = slot.n_prompt;
+  started.prompt_tokens = n_prompt;
   job.events.push(std::move(started));
-  slot.out = std::make_unique<OutputStream>(job.request, job.prompt, engine_, job.events);
-  Slot* self = &slot;
-  try {
-    slot.seq = engine_.start_sequence(job.prompt, job.request, [self](const TokenEvent& ev) {
+  std::vector<Slot*> mine;
+  std::vector<TokenCallback> callbacks;
+  for (int i = 0; i < n; ++i) {
+    Slot& slot = slots.emplace_back();
+    slot.job = jobp;
+    slot.choice = i;
+    slot.n_prompt = n_prompt;
+    slot.reserved = reserved_each;
+    slot.out = std::make_unique<OutputStream>(job.request, job.prompt, engine_, job.events, i);
+    Slot* self = &slot;
+    mine.push_back(self);
+    callbacks.push_back([self](const TokenEvent& ev) {
       if (self->job->cancelled.load(std::memory_order_relaxed)) {
         self->cut = true;
         return false;
       }
       return self->out->on_token(ev);
     });
+  }
+  std::optional<StreamEvent> error;
+  try {
+    std::vector<std::unique_ptr<ActiveSequence>> seqs = engine_.start_sequences(job.prompt, job.request, std::move(callbacks));
+    HEARTH_CHECK(seqs.size() == mine.size(), "the engine started ", seqs.size(), " sequences for ", n, " choices");
+    for (size_t i = 0; i < seqs.size(); ++i) mine[i]->seq = std::move(seqs[i]);
   } catch (const ApiError& e) {
-    job.events.push(error_event(e.status(), e.what(), e.param(), e.code()));
-    return false;
+    error = error_event(e.status(), e.what(), e.param(), e.code());
   } catch (const InvalidArgument& e) {
-    job.events.push(error_event(400, e.what()));
-    return false;
+    error = error_event(400, e.what());
   } catch (const c10::Error& e) {
-    job.events.push(error_event(500, std::string("Generation failed: ") + e.what_without_backtrace()));
-    return false;
+    error = error_event(500, std::string("Generation failed: ") + e.what_without_backtrace());
   } catch (const std::exception& e) {
-    job.events.push(error_event(500, std::string("Generation failed: ") + e.what()));
-    return false;
+    error = error_event(500, std::string("Generation failed: ") + e.what());
+  }
+  if (error) {
+    for (int i = 0; i < n; ++i) slots.pop_back();
+    return fail(std::move(*error));
   }
   return true;
 }
@@ -358,8 +403,10 @@ void EngineLoop::step_all(std::list<Slot>& slots) {
       it->out->finish(f, it->n_prompt);
     } catch (const ApiError& e) {
       it->job->events.push(error_event(e.status(), e.what(), e.param(), e.code()));
+      it->job->cancelled = true;  // the response ends with this error: its other choices stop
     } catch (const std::exception& e) {
       it->job->events.push(error_event(500, std::string("Generation failed: ") + e.what()));
+      it->job->cancelled = true;
     }
     it = slots.erase(it);
   }
@@ -385,15 +432,21 @@ void EngineLoop::run_batched() {
         while (!slots.empty()) step_all(slots);  // each ends at its next token with "abort"
         return;
       }
-      while (!queue_.empty() && slots.size() + admitted.size() < opts_.max_num_seqs) {
+      size_t seats = 0;  // sequences admitted now (a job with n choices takes n)
+      while (!queue_.empty()) {
+        const size_t n = queue_.front()->task ? 1 : static_cast<size_t>(std::max(1, queue_.front()->request.n));
+        if (slots.size() + seats + n > opts_.max_num_seqs && !(slots.empty() && seats == 0)) break;
+        int64_t need = 0;  // per choice
         if (opts_.memory_budget > 0 && !queue_.front()->task) {
           // FIFO: the head waits until running generations free enough of the budget.
           const Job& head = *queue_.front();
-          const int64_t need = engine_.state_bytes(static_cast<int64_t>(head.prompt.ids.size()) +
-                                                   head.request.max_tokens.value_or(0));
-          if (reserved_ + need > opts_.memory_budget && !(slots.empty() && admitted.empty())) break;
-          reserved_ += need;
+          need = engine_.state_bytes(static_cast<int64_t>(head.prompt.ids.size()) + head.request.max_tokens.value_or(0));
+          if (reserved_ + need * static_cast<int64_t>(n) > opts_.memory_budget && !(slots.empty() && admitted.empty())) break;
+          reserved_ += need * static_cast<int64_t>(n);
+        }
+        if (!queue_.front()->task) {
           admitted_need.push_back(need);
+          seats += n;
         }
         if (queue_.front()->task) {
           // Adapter mount/unmount must not race a forward or change a running request's adapters.
@@ -414,15 +467,7 @@ void EngineLoop::run_batched() {
       running_.reset();
       continue;
     }
-    for (size_t i = 0; i < admitted.size(); ++i) {
-      slots.emplace_back();
-      slots.back().job = admitted[i];
-      slots.back().reserved = i < admitted_need.size() ? admitted_need[i] : 0;
-      if (!admit(slots.back())) {
-        release(slots.back().reserved);
-        slots.pop_back();
-      }
-    }
+    for (size_t i = 0; i < admitted.size(); ++i) admit(slots, admitted[i], admitted_need[i]);
     {
       std::lock_guard<std::mutex> lock(mu_);
       batch_.clear();

@@ -24,7 +24,7 @@ struct EngineLoopOptions {
   size_t max_concurrent_prepares = 0;
   /// Requests generated together when the engine batches (Engine::supports_batching; vLLM's
   /// --max-num-seqs). 1 = one at a time.
-  size_t max_num_seqs = 32;
+  size_t max_num_seqs = 32;  ///< a request with n choices takes n of them (n above it: 400 "n")
   /// Bytes of cache state the running generations may hold together (`--memory-budget`; 0 = no
   /// limit). Each request reserves Engine::state_bytes(prompt + max_tokens) while it runs: one that
   /// can never fit is refused (400, param "max_tokens", code "memory_budget_exceeded"), one that
@@ -86,7 +86,9 @@ class EngineLoop {
   void run();
   void run_batched();
   void run_job(Job& job);
-  bool admit(Slot& slot);                 // check + start a generation; false (error pushed) when it cannot run
+  // Checks and starts a job's n choices as n slots appended to `slots` (each reserving
+  // `reserved_each` bytes); false (error pushed, reservation released) when it cannot run.
+  bool admit(std::list<Slot>& slots, const std::shared_ptr<Job>& job, int64_t reserved_each);
   void step_all(std::list<Slot>& slots);  // one Engine::step, then finish what is done
   void release(int64_t bytes);            // gives reserved budget back
   bool prepare(Job& job);  // fills job.prompt, or pushes the kError event and returns false

@@ -4,6 +4,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <optional>
 #include <vector>
 
@@ -22,7 +23,9 @@ double seconds_between(Clock::time_point a, Clock::time_point b) { return std::c
 // Records one request's metrics from its events; ends its "running" span when destroyed.
 class RequestMetrics {
  public:
-  RequestMetrics(Metrics& m, Clock::time_point arrived) : m_(m), arrived_(arrived) {}
+  /// `choices`: the request's n (its kDone events; the request ends with the last).
+  RequestMetrics(Metrics& m, Clock::time_point arrived, int choices = 1)
+      : m_(m), arrived_(arrived), choices_(std::max(1, choices)) {}
   ~RequestMetrics() { stop_running(); }
   RequestMetrics(const RequestMetrics&) = delete;
   RequestMetrics& operator=(const RequestMetrics&) = delete;
@@ -43,8 +46,11 @@ class RequestMetrics {
         if (first_ && ev.completion_tokens >= 2)
           m_.observe_itl(seconds_between(*first_, now) / static_cast<double>(ev.completion_tokens - 1),
                          static_cast<uint64_t>(ev.completion_tokens - 1));
+        completion_ += ev.completion_tokens;
+        cached_ = std::max(cached_, ev.cached_tokens);
+        if (++ended_ < choices_) break;  // n choices: the request ends with the last one
         m_.observe_duration(seconds_between(arrived_, now));
-        m_.add_generation(GenerationSample{ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens});
+        m_.add_generation(GenerationSample{ev.prompt_tokens, completion_, cached_});
         stop_running();
         break;
       }
@@ -68,6 +74,8 @@ class RequestMetrics {
   Clock::time_point arrived_;
   std::optional<Clock::time_point> first_;
   bool running_ = false;
+  int choices_ = 1, ended_ = 0;
+  int64_t completion_ = 0, cached_ = 0;  // summed over the choices ended so far
 };
 
 // Streaming state shared by the content provider and its releaser.
@@ -76,6 +84,8 @@ struct StreamState {
   std::shared_ptr<ResponseWriter> writer;
   std::unique_ptr<RequestMetrics> metrics;
   StreamEvent started;
+  int choices = 1;  // kDone events that end the stream (the request's n)
+  int ended = 0;
   bool began = false;
   bool finished = false;
   Clock::time_point last_write = Clock::now();  // SSE keep-alive comments after 5 s of silence
@@ -125,6 +135,7 @@ Prompt count_prompt(Engine& engine, const CompletionRequest& req) {
 void serve_generation(const GenerationContext& ctx, CompletionRequest req, std::shared_ptr<ResponseWriter> writer,
                       httplib::Response& res, Clock::time_point arrived) {
   const bool stream = req.stream;
+  const int choices = std::max(1, req.n);
   std::shared_ptr<Job> job = ctx.loop.submit(std::move(req));
   if (!job) {
     if (ctx.stopped) return send_api_error(res, 503, "The server is shutting down.");
@@ -132,7 +143,7 @@ void serve_generation(const GenerationContext& ctx, CompletionRequest req, std::
     return send_api_error(res, 429, "Too many requests waiting (" + std::to_string(ctx.max_queue) + " queued); retry later.",
                           "", "queue_full");
   }
-  auto metrics = std::make_unique<RequestMetrics>(ctx.metrics, arrived);
+  auto metrics = std::make_unique<RequestMetrics>(ctx.metrics, arrived, choices);
   // The first event decides the status: kStarted (200) or kError (4xx/5xx before any output). A
   // streaming request still waiting in the queue gets its headers and first chunk at once (then SSE
   // keep-alive comments) instead, so a proxy with a short idle timeout does not drop it; an error
@@ -151,7 +162,7 @@ void serve_generation(const GenerationContext& ctx, CompletionRequest req, std::
   }
 
   if (!stream) {
-    std::vector<StreamEvent> deltas;
+    std::vector<StreamEvent> deltas, dones;
     for (;;) {
       auto ev = job->events.pop(200ms);
       if (!ev) continue;
@@ -159,7 +170,9 @@ void serve_generation(const GenerationContext& ctx, CompletionRequest req, std::
       if (ev->kind == StreamEvent::Kind::kDelta) {
         deltas.push_back(std::move(*ev));
       } else if (ev->kind == StreamEvent::Kind::kDone) {
-        res.set_content(writer->full(deltas, *ev), "application/json");
+        dones.push_back(std::move(*ev));
+        if (static_cast<int>(dones.size()) < choices) continue;
+        res.set_content(writer->full_choices(deltas, dones), "application/json");
         return;
       } else {
         return send_api_error(res, ev->status, ev->message, ev->param, ev->code);
@@ -169,6 +182,7 @@ void serve_generation(const GenerationContext& ctx, CompletionRequest req, std::
 
   auto st = std::make_shared<StreamState>();
   st->job = job;
+  st->choices = choices;
   st->writer = std::move(writer);
   st->metrics = std::move(metrics);
   st->started = std::move(*first);
@@ -193,6 +207,10 @@ void serve_generation(const GenerationContext& ctx, CompletionRequest req, std::
             out += st->writer->delta(*ev);
           } else if (ev->kind == StreamEvent::Kind::kDone) {
             out += st->writer->end(*ev);
+            if (++st->ended < st->choices) {
+              ev = st->job->events.pop(0ms);
+              continue;
+            }
             end = true;
             break;
           } else if (ev->kind == StreamEvent::Kind::kError) {

@@ -307,10 +307,28 @@ struct ModelEngine::Running : ActiveSequence {
 
 std::unique_ptr<ActiveSequence> ModelEngine::start_sequence(const Prompt& prompt, const CompletionRequest& req,
                                                             TokenCallback on_token) {
+  return start_choice(prompt, req, std::move(on_token), 0);
+}
+
+std::vector<std::unique_ptr<ActiveSequence>> ModelEngine::start_sequences(const Prompt& prompt, const CompletionRequest& req,
+                                                                          std::vector<TokenCallback> on_tokens) {
+  std::vector<std::unique_ptr<ActiveSequence>> out;
+  for (size_t i = 0; i < on_tokens.size(); ++i) {
+    out.push_back(start_choice(prompt, req, std::move(on_tokens[i]), static_cast<int>(i)));
+    // Choices after the first wait for the first one's prefill and start from a copy of its caches.
+    if (i > 0)
+      static_cast<Running&>(*out[0]).seq->share_prefill(*static_cast<Running&>(*out.back()).seq);
+  }
+  return out;
+}
+
+std::unique_ptr<ActiveSequence> ModelEngine::start_choice(const Prompt& prompt, const CompletionRequest& req,
+                                                          TokenCallback on_token, int choice) {
   generate::GenerateOptions o;
   const int64_t room = context_length_ - static_cast<int64_t>(prompt.ids.size());
   o.max_tokens = std::min(req.max_tokens.value_or(room), room);
   o.sampling = resolve_sampling(req);
+  if (choice > 0 && req.sampling.seed) o.sampling.seed = static_cast<uint64_t>(*choice_seed(req.sampling.seed, choice));
   o.eos_ids = eos_ids_;
   o.logprobs = req.logprobs;
   // The selection made now stays this sequence's for its whole generation; unmounts wait until no
@@ -323,7 +341,7 @@ std::unique_ptr<ActiveSequence> ModelEngine::start_sequence(const Prompt& prompt
   r->top_logprobs = req.top_logprobs;
   r->constrained = o.sampling.constraint != nullptr;
   cache::Caches caches;
-  if (prompt_cache_) caches = prompt_cache_->take(r->ns, prompt.ids).caches;
+  if (prompt_cache_ && choice == 0) caches = prompt_cache_->take(r->ns, prompt.ids).caches;
   // Generated text continues the prompt: each token is decoded against the ids before it
   // (decode(context + id) minus decode(context), as vLLM), so a SentencePiece "▁a" right after
   // the prompt keeps its space and logprob tokens/bytes add up to the text.

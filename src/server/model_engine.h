@@ -115,6 +115,12 @@ class ModelEngine : public Engine {
   at::Device device() const { return model_->placement().device; }
   std::unique_ptr<ActiveSequence> start_sequence(const Prompt& prompt, const CompletionRequest& req,
                                                  TokenCallback on_token) override;
+  /// n > 1: choice 0 takes the prompt cache and prefills; choices 1..n-1 share that prefill
+  /// (generate::Sequence::share_prefill: a copy of the caches, the same last logits, their own
+  /// sampler seeded with choice_seed(req.sampling.seed, i)). Each choice is stored back in the
+  /// prompt cache when it finishes.
+  std::vector<std::unique_ptr<ActiveSequence>> start_sequences(const Prompt& prompt, const CompletionRequest& req,
+                                                               std::vector<TokenCallback> on_tokens) override;
   void step(const std::vector<ActiveSequence*>& seqs) override;
   Finish finish_sequence(ActiveSequence& seq) override;
 
@@ -168,6 +174,8 @@ class ModelEngine : public Engine {
  private:
   struct Running;
   std::vector<std::string> selected_adapters(const CompletionRequest& req) const;
+  std::unique_ptr<ActiveSequence> start_choice(const Prompt& prompt, const CompletionRequest& req, TokenCallback on_token,
+                                               int choice);
   bool on_step(Running& r, int64_t id, const at::Tensor& logprobs);  // a token → TokenEvent → on_token
 
   ModelEngineOptions opts_;

@@ -2,6 +2,7 @@
 // Follows platform.openai.com's API reference for field names and order.
 #include "server/openai_format.h"
 
+#include <algorithm>
 #include <mutex>
 
 #include "server/api_error.h"
@@ -68,12 +69,12 @@ ojson chunk(const ResponseMeta& m, ojson choice) {
   return j;
 }
 
-ojson chat_choice(ojson delta, const ojson& logprobs, const ojson& finish) {
-  return ojson{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", logprobs}, {"finish_reason", finish}};
+ojson chat_choice(int index, ojson delta, const ojson& logprobs, const ojson& finish) {
+  return ojson{{"index", index}, {"delta", std::move(delta)}, {"logprobs", logprobs}, {"finish_reason", finish}};
 }
 
-ojson text_choice(const std::string& text, const ojson& logprobs, const ojson& finish) {
-  return ojson{{"index", 0}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish}};
+ojson text_choice(int index, const std::string& text, const ojson& logprobs, const ojson& finish) {
+  return ojson{{"index", index}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish}};
 }
 
 }  // namespace
@@ -99,9 +100,9 @@ ojson usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cache
                {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
 }
 
-ojson first_chunk(const ResponseMeta& m) {
+ojson first_chunk(const ResponseMeta& m, int choice) {
   if (!m.chat) return nullptr;
-  return chunk(m, chat_choice(ojson{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr));
+  return chunk(m, chat_choice(choice, ojson{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr));
 }
 
 ojson delta_chunk(const ResponseMeta& m, const StreamEvent& d) {
@@ -109,66 +110,87 @@ ojson delta_chunk(const ResponseMeta& m, const StreamEvent& d) {
     ojson lp = m.logprobs && !d.logprobs.empty() ? chat_logprobs(d.logprobs) : ojson();
     ojson delta = d.reasoning.empty() ? ojson{{"content", d.text}} : ojson{{"reasoning_content", d.reasoning}};
     if (!d.reasoning.empty() && !d.text.empty()) delta["content"] = d.text;
-    return chunk(m, chat_choice(std::move(delta), lp, nullptr));
+    return chunk(m, chat_choice(d.choice, std::move(delta), lp, nullptr));
   }
   ojson lp = m.logprobs && !d.logprobs.empty() ? legacy_logprobs(d.logprobs, 0) : ojson();
-  return chunk(m, text_choice(d.text, lp, nullptr));
+  return chunk(m, text_choice(d.choice, d.text, lp, nullptr));
 }
 
 std::vector<ojson> final_chunks(const ResponseMeta& m, const StreamEvent& done) {
   std::vector<ojson> out;
   if (m.chat) {
     if (!done.tool_calls.empty())
-      out.push_back(chunk(m, chat_choice(ojson{{"tool_calls", tool_calls_json(done.tool_calls, true)}}, nullptr, nullptr)));
-    out.push_back(chunk(m, chat_choice(ojson::object(), nullptr, done.finish_reason)));
+      out.push_back(
+          chunk(m, chat_choice(done.choice, ojson{{"tool_calls", tool_calls_json(done.tool_calls, true)}}, nullptr, nullptr)));
+    out.push_back(chunk(m, chat_choice(done.choice, ojson::object(), nullptr, done.finish_reason)));
   } else {
-    out.push_back(chunk(m, text_choice("", nullptr, done.finish_reason)));
-  }
-  if (m.include_usage) {
-    ojson u = chunk(m, nullptr);
-    u["choices"] = ojson::array();
-    u["usage"] = usage_json(done.prompt_tokens, done.completion_tokens, done.cached_tokens);
-    out.push_back(std::move(u));
+    out.push_back(chunk(m, text_choice(done.choice, "", nullptr, done.finish_reason)));
   }
   return out;
 }
 
-ojson full_response(const ResponseMeta& m, const std::vector<StreamEvent>& deltas, const StreamEvent& done) {
-  std::string text, reasoning;
-  std::vector<TokenEvent> toks;
-  for (const auto& d : deltas) {
-    text += d.text;
-    reasoning += d.reasoning;
-    toks.insert(toks.end(), d.logprobs.begin(), d.logprobs.end());
-  }
-  ojson choice;
-  if (m.chat) {
-    ojson msg{{"role", "assistant"}, {"content", text}};
-    if (!reasoning.empty()) msg["reasoning_content"] = reasoning;
-    if (!done.tool_calls.empty()) {
-      if (text.empty()) msg["content"] = nullptr;
-      msg["tool_calls"] = tool_calls_json(done.tool_calls, false);
+ojson usage_chunk(const ResponseMeta& m, int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens) {
+  ojson u = chunk(m, nullptr);
+  u["choices"] = ojson::array();
+  u["usage"] = usage_json(prompt_tokens, completion_tokens, cached_tokens);
+  return u;
+}
+
+ojson full_response(const ResponseMeta& m, const std::vector<StreamEvent>& deltas, const std::vector<StreamEvent>& dones) {
+  ojson choices = ojson::array();
+  int64_t completion = 0, prompt = 0, cached = 0;
+  std::vector<const StreamEvent*> order;
+  for (const auto& d : dones) order.push_back(&d);
+  std::stable_sort(order.begin(), order.end(), [](const StreamEvent* a, const StreamEvent* b) { return a->choice < b->choice; });
+  for (const StreamEvent* done : order) {
+    std::string text, reasoning;
+    std::vector<TokenEvent> toks;
+    for (const auto& d : deltas) {
+      if (d.choice != done->choice) continue;
+      text += d.text;
+      reasoning += d.reasoning;
+      toks.insert(toks.end(), d.logprobs.begin(), d.logprobs.end());
     }
-    choice = ojson{{"index", 0}, {"message", msg}, {"logprobs", m.logprobs ? chat_logprobs(toks) : ojson()},
-                   {"finish_reason", done.finish_reason}};
-  } else {
-    choice = text_choice(text, m.logprobs ? legacy_logprobs(toks, 0) : ojson(), done.finish_reason);
+    if (m.chat) {
+      ojson msg{{"role", "assistant"}, {"content", text}};
+      if (!reasoning.empty()) msg["reasoning_content"] = reasoning;
+      if (!done->tool_calls.empty()) {
+        if (text.empty()) msg["content"] = nullptr;
+        msg["tool_calls"] = tool_calls_json(done->tool_calls, false);
+      }
+      choices.push_back(ojson{{"index", done->choice}, {"message", msg}, {"logprobs", m.logprobs ? chat_logprobs(toks) : ojson()},
+                              {"finish_reason", done->finish_reason}});
+    } else {
+      choices.push_back(text_choice(done->choice, text, m.logprobs ? legacy_logprobs(toks, 0) : ojson(), done->finish_reason));
+    }
+    // The prompt is counted once (the choices share it), the completions summed (OpenAI, vLLM).
+    completion += done->completion_tokens;
+    prompt = done->prompt_tokens;
+    cached = std::max(cached, done->cached_tokens);
   }
   return ojson{{"id", m.id},
                {"object", m.chat ? "chat.completion" : "text_completion"},
                {"created", m.created},
                {"model", m.model},
-               {"choices", ojson::array({choice})},
-               {"usage", usage_json(done.prompt_tokens, done.completion_tokens, done.cached_tokens)}};
+               {"choices", std::move(choices)},
+               {"usage", usage_json(prompt, completion, cached)}};
 }
 
 std::string OpenAiWriter::full(const std::vector<StreamEvent>& deltas, const StreamEvent& done) {
-  return dump_json(full_response(m_, deltas, done));
+  return dump_json(full_response(m_, deltas, {done}));
+}
+
+std::string OpenAiWriter::full_choices(const std::vector<StreamEvent>& deltas, const std::vector<StreamEvent>& dones) {
+  return dump_json(full_response(m_, deltas, dones));
 }
 
 std::string OpenAiWriter::begin(const StreamEvent&) {
-  ojson f = first_chunk(m_);
-  return f.is_null() ? std::string() : sse(f);
+  std::string out;
+  for (int i = 0; i < std::max(1, m_.n); ++i) {
+    ojson f = first_chunk(m_, i);
+    if (!f.is_null()) out += sse(f);
+  }
+  return out;
 }
 
 std::string OpenAiWriter::delta(const StreamEvent& d) { return sse(delta_chunk(m_, d)); }
@@ -176,6 +198,11 @@ std::string OpenAiWriter::delta(const StreamEvent& d) { return sse(delta_chunk(m
 std::string OpenAiWriter::end(const StreamEvent& done) {
   std::string out;
   for (const auto& c : final_chunks(m_, done)) out += sse(c);
+  ++ended_;
+  completion_tokens_ += done.completion_tokens;
+  cached_tokens_ = std::max(cached_tokens_, done.cached_tokens);
+  if (ended_ < std::max(1, m_.n)) return out;  // more choices to come
+  if (m_.include_usage) out += sse(usage_chunk(m_, done.prompt_tokens, completion_tokens_, cached_tokens_));
   return out + "data: [DONE]\n\n";
 }
 

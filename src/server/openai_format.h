@@ -22,6 +22,7 @@ struct ResponseMeta {
   bool chat = true;
   bool include_usage = false;  ///< streaming: "usage": null on chunks + a final usage chunk
   bool logprobs = false;
+  int n = 1;  ///< choices (OpenAI `n`): the stream ends after the n-th choice's closing chunks
 };
 
 /// A fresh response id: "chatcmpl-" (chat) or "cmpl-" + 24 random hex digits.
@@ -33,19 +34,23 @@ std::string dump_json(const ojson& j);
 /// One SSE event: "data: <json>\n\n".
 std::string sse(const ojson& j);
 
-/// Streaming: the first chunk (chat: delta {role: "assistant", content: ""}); completions have
-/// no first chunk (returns null).
-ojson first_chunk(const ResponseMeta& m);
+/// Streaming: the first chunk of choice `choice` (chat: delta {role: "assistant", content: ""});
+/// completions have no first chunk (returns null).
+ojson first_chunk(const ResponseMeta& m, int choice = 0);
 /// Streaming: the chunk for one kDelta event: delta {"content"} or, for thought text,
 /// {"reasoning_content"} (vLLM's reasoning parsers, DeepSeek's API), and logprobs when asked.
 ojson delta_chunk(const ResponseMeta& m, const StreamEvent& delta);
-/// Streaming: the closing chunks for kDone: tool_calls delta (if any), the finish_reason chunk,
-/// and with include_usage the usage chunk (choices: []). "data: [DONE]" is added by the caller.
+/// Streaming: the closing chunks of choice done.choice for its kDone: tool_calls delta (if any)
+/// and the finish_reason chunk. The usage chunk and "data: [DONE]" are added by the caller.
 std::vector<ojson> final_chunks(const ResponseMeta& m, const StreamEvent& done);
+/// Streaming, include_usage: the usage chunk (choices: []).
+ojson usage_chunk(const ResponseMeta& m, int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens);
 
-/// Non-streaming: the whole response from all kDelta events and the kDone event; the message has
-/// "reasoning_content" (the concatenated thought) only when the model produced one.
-ojson full_response(const ResponseMeta& m, const std::vector<StreamEvent>& deltas, const StreamEvent& done);
+/// Non-streaming: the whole response from all kDelta events and the kDone event of each choice
+/// (choices ordered by index, each from its own deltas); a message has "reasoning_content" (the
+/// concatenated thought) only when the model produced one. usage: the prompt once, the completion
+/// tokens summed over the choices.
+ojson full_response(const ResponseMeta& m, const std::vector<StreamEvent>& deltas, const std::vector<StreamEvent>& dones);
 
 /// usage {prompt_tokens, completion_tokens, total_tokens, prompt_tokens_details: {cached_tokens}}
 /// (OpenAI's shape; cached_tokens: prompt tokens reused from the prompt cache).
@@ -57,13 +62,19 @@ class OpenAiWriter : public ResponseWriter {
  public:
   explicit OpenAiWriter(ResponseMeta m) : m_(std::move(m)) {}
   std::string full(const std::vector<StreamEvent>& deltas, const StreamEvent& done) override;
+  std::string full_choices(const std::vector<StreamEvent>& deltas, const std::vector<StreamEvent>& dones) override;
+  /// The first chunk of every choice.
   std::string begin(const StreamEvent& started) override;
   std::string delta(const StreamEvent& d) override;
+  /// One choice's closing chunks; after the last of m.n choices also the usage chunk (prompt once,
+  /// completions summed) and "data: [DONE]".
   std::string end(const StreamEvent& done) override;
   std::string error(const StreamEvent& e) override;
 
  private:
   ResponseMeta m_;
+  int ended_ = 0;  // choices closed so far
+  int64_t completion_tokens_ = 0, cached_tokens_ = 0;
 };
 
 }  // namespace hearth::server

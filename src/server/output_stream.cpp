@@ -6,10 +6,12 @@
 
 namespace hearth::server {
 
-OutputStream::OutputStream(const CompletionRequest& req, const Prompt& prompt, const Engine& engine, EventChannel& out)
+OutputStream::OutputStream(const CompletionRequest& req, const Prompt& prompt, const Engine& engine, EventChannel& out,
+                           int choice)
     : req_(req),
       engine_(engine),
       out_(out),
+      choice_(choice),
       tools_active_(req.chat && req.tools_active()),
       stops_(req.stop),
       splitter_(engine.reasoning_splitter(req, prompt)) {}
@@ -18,6 +20,7 @@ void OutputStream::emit(std::string reasoning, std::string text) {
   if (!reasoning.empty()) {
     StreamEvent ev;
     ev.kind = StreamEvent::Kind::kDelta;
+    ev.choice = choice_;
     ev.reasoning = std::move(reasoning);
     ev.logprobs.swap(pending_logprobs_);
     out_.push(std::move(ev));
@@ -25,6 +28,7 @@ void OutputStream::emit(std::string reasoning, std::string text) {
   if (text.empty() && pending_logprobs_.empty()) return;
   StreamEvent ev;
   ev.kind = StreamEvent::Kind::kDelta;
+  ev.choice = choice_;
   ev.text = std::move(text);
   ev.logprobs.swap(pending_logprobs_);
   out_.push(std::move(ev));
@@ -69,6 +73,7 @@ bool OutputStream::on_token(const TokenEvent& ev) {
 void OutputStream::finish(const Finish& f, int64_t prompt_tokens) {
   StreamEvent done;
   done.kind = StreamEvent::Kind::kDone;
+  done.choice = choice_;
   std::string reasoning, tail;
   if (splitter_ && !stops_.stopped()) {
     chat::ReasoningSplit s = splitter_->flush();

@@ -21,7 +21,9 @@ namespace hearth::server {
 class OutputStream {
  public:
   /// `prompt` is the one prepare() built (it says whether the output starts inside a thought).
-  OutputStream(const CompletionRequest& req, const Prompt& prompt, const Engine& engine, EventChannel& out);
+  /// `choice`: the choice index (0..req.n-1) stamped on every event this stream pushes.
+  OutputStream(const CompletionRequest& req, const Prompt& prompt, const Engine& engine, EventChannel& out,
+               int choice = 0);
 
   /// Handles one generated token; returns false once a stop string matched (stop generating).
   bool on_token(const TokenEvent& ev);
@@ -39,6 +41,7 @@ class OutputStream {
   const CompletionRequest& req_;
   const Engine& engine_;
   EventChannel& out_;
+  int choice_;
   bool tools_active_;
   generate::StopMatcher stops_;  // the request's stop strings
   std::string routed_;           // tools active: all content text so far

@@ -153,6 +153,7 @@ void parse_common(const json& body, CompletionRequest& req) {
   auto max_tokens = integer_in(body, "max_tokens", 1, kMaxTokensLimit);
   auto max_completion = integer_in(body, "max_completion_tokens", 1, kMaxTokensLimit);
   req.max_tokens = max_completion ? max_completion : max_tokens;
+  req.max_tokens_param = max_completion ? "max_completion_tokens" : "max_tokens";
   auto& s = req.sampling;
   s.temperature = number_in(body, "temperature", 0, 2);
   s.top_p = number_in(body, "top_p", 0, 1);
@@ -176,8 +177,8 @@ void parse_common(const json& body, CompletionRequest& req) {
       s.logit_bias.emplace_back(std::stoll(key), value.get<double>());
     }
   }
-  if (auto n = integer_in(body, "n", 1, kMaxTokensLimit); n && *n != 1)
-    bad("n", "Invalid 'n': only n = 1 is supported by this server, but got " + std::to_string(*n) + ".");
+  // n choices (OpenAI, vLLM): at most --max-num-seqs, which EngineLoop checks.
+  if (auto n = integer_in(body, "n", 1, 1 << 20)) req.n = static_cast<int>(*n);
   if (const json* stop = field(body, "stop")) {
     if (stop->is_string()) {
       req.stop.push_back(stop->get<std::string>());

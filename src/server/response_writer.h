@@ -17,11 +17,17 @@ class ResponseWriter {
   virtual ~ResponseWriter() = default;
   /// Non-streaming: the JSON body text from every kDelta event and the kDone event.
   virtual std::string full(const std::vector<StreamEvent>& deltas, const StreamEvent& done) = 0;
+  /// Non-streaming with n choices: every choice's kDelta events (StreamEvent::choice) and their n
+  /// kDone events. Default (APIs without `n`): full(deltas, dones.front()).
+  virtual std::string full_choices(const std::vector<StreamEvent>& deltas, const std::vector<StreamEvent>& dones) {
+    return full(deltas, dones.front());
+  }
   /// Streaming: what is sent once generation started (`started`: kStarted with prompt_tokens).
   virtual std::string begin(const StreamEvent& started) = 0;
   /// Streaming: one kDelta event (text or reasoning).
   virtual std::string delta(const StreamEvent& d) = 0;
-  /// Streaming: the closing events for kDone (finish reason, tool calls, usage, terminator).
+  /// Streaming: the closing events for kDone (finish reason, tool calls, usage, terminator); with
+  /// n choices called once per choice, the terminator after the last.
   virtual std::string end(const StreamEvent& done) = 0;
   /// Streaming: an error after the stream started (kError); the stream ends after it.
   virtual std::string error(const StreamEvent& e) = 0;

@@ -199,6 +199,10 @@ ResponsesRequest parse_responses_request(const json& body) {
   if (req.messages.back().role == "assistant")
     bad_value("input", "Invalid 'input': the last item is the assistant's; end with a user message or a function_call_output.");
   req.max_tokens = integer_in(body, "max_output_tokens", 1, kMaxTokensLimit);
+  req.max_tokens_param = "max_output_tokens";  // budget errors name the field the client sent
+  // Per-request LoRA selection, as chat/completions ("id", "a+b", "none"); `model` may also name an
+  // adapter (resolve_model).
+  req.adapter = string_field(body, "adapter", "adapter");
   req.sampling.temperature = number_in(body, "temperature", 0, 2);
   req.sampling.top_p = number_in(body, "top_p", 0, 1);
   parse_tools(body, r);

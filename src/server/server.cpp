@@ -439,7 +439,7 @@ struct Server::Impl {
     } catch (const ApiError& e) {
       return send_error(res, e.status(), e.what(), e.param(), e.code());
     }
-    ResponseMeta meta{new_response_id(chat), unix_now(), model, chat, creq.stream && creq.include_usage, creq.logprobs};
+    ResponseMeta meta{new_response_id(chat), unix_now(), model, chat, creq.stream && creq.include_usage, creq.logprobs, creq.n};
     serve_generation(gen, std::move(creq), std::make_shared<OpenAiWriter>(std::move(meta)), res, arrived);
   }
 

@@ -16,11 +16,13 @@
 namespace hearth::server {
 
 /// One event of a request's output, in order: kStarted, kDelta*, then kDone or kError (an
-/// error can also come first, e.g. a prompt longer than the context).
+/// error can also come first, e.g. a prompt longer than the context). With n > 1 choices the
+/// deltas of the choices interleave and each choice ends with its own kDone (n in all).
 struct StreamEvent {
   enum class Kind { kStarted, kDelta, kDone, kError };
   Kind kind = Kind::kDelta;
   int64_t prompt_tokens = 0;         ///< kStarted, kDone
+  int choice = 0;                    ///< kDelta, kDone: the choice (OpenAI `index`, 0..n-1) it belongs to
   std::string text;                  ///< kDelta: client-visible text (after stop/tool hold-back)
   std::string reasoning;             ///< kDelta: thought text (reasoning_content); a delta has text or reasoning
   std::vector<TokenEvent> logprobs;  ///< kDelta: tokens accounted for since the last delta

@@ -207,10 +207,26 @@ test('bad temperature surfaces as BadRequestError (400)'
     });
 });
 
-test('n > 1 and unknown routes are rejected', async () => {
+test('n choices: plain, streamed through the stream helper, and too many', async () => {
+  const messages = [{ role: 'user', content: 'one two' }];
+  const r = await client.chat.completions.create({ model: 'fake-model', messages, n: 2 });
+  assert.deepEqual(r.choices.map((c) => [c.index, c.message.content, c.finish_reason]), [[0, 'one two', 'stop'], [1, 'one two', 'stop']]);
+  // "user: one two\nassistant:" = 4 fake tokens once; 2 words + EOS per choice.
+  assert.equal(r.usage.prompt_tokens, 4);
+  assert.equal(r.usage.completion_tokens, 6);
+  // The client's stream helper accumulates chunks by choice index.
+  const runner = client.chat.completions.stream({ model: 'fake-model', messages, n: 3 });
+  const final = await runner.finalChatCompletion();
+  assert.deepEqual(final.choices.map((c) => [c.index, c.message.content, c.finish_reason]),
+    [[0, 'one two', 'stop'], [1, 'one two', 'stop'], [2, 'one two', 'stop']]);
+  const c = await client.completions.create({ model: 'fake-model', prompt: 'x y', n: 2 });
+  assert.deepEqual(c.choices.map((x) => [x.index, x.text]), [[0, 'x y'], [1, 'x y']]);
   await assert.rejects(
-    client.chat.completions.create({ model: 'fake-model', messages: [{ role: 'user', content: 'x' }], n: 2 }),
+    client.chat.completions.create({ model: 'fake-model', messages, n: 1000 }),
     (err) => err instanceof OpenAI.BadRequestError && err.param === 'n');
+});
+
+test('unknown routes are rejected', async () => {
   await assert.rejects(client.embeddings.create({ model: 'fake-model', input: 'x' }), (err) => err instanceof OpenAI.NotFoundError);
 });
 

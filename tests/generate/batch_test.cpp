@@ -237,5 +237,64 @@ TEST(Batch, ARaggedViewNeedsEveryRowAndARowsCacheHasNoSingleOffset) {
   EXPECT_THROW(model->forward(at::zeros({2, 1}, at::kLong), models::Positions{{0, 1}}, &shared), Error);
 }
 
+// Counts the token positions the model embeds (prefill and decode).
+class CountingLlama : public models::llama::LlamaModel {
+ public:
+  using LlamaModel::LlamaModel;
+  models::Boundary embed(const at::Tensor& input_ids) override {
+    embedded += input_ids.numel();
+    return LlamaModel::embed(input_ids);
+  }
+  int64_t embedded = 0;
+};
+
+TEST(Batch, ChoicesSharingOnePrefillEqualEachAloneAndPrefillOnce) {
+  auto cfg = models::llama::LlamaConfig::from_json(tiny_llama_config(), "config.json");
+  nn::TensorMapSource src(hearth::testing::random_llama_weights(cfg, 9));
+  CountingLlama model(cfg, src, std::nullopt, nn::LoadOptions{at::kCPU, at::kFloat});
+  const std::vector<int64_t> prompt = prompt_of(21, 5);  // three prefill chunks of 8
+  const int64_t M = 7;
+  std::vector<GenerateOptions> opts{options(M, 1.0, 41), options(M, 1.0, 42), options(M, 1.0, 43)};
+  std::vector<Trace> want;
+  for (const auto& o : opts) want.push_back(alone(model, prompt, o));
+  EXPECT_TRUE(want[0].tokens != want[1].tokens || want[1].tokens != want[2].tokens);  // the seeds matter
+
+  std::vector<Trace> got(3);
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  for (size_t i = 0; i < 3; ++i)
+    seqs.push_back(std::make_unique<Sequence>(prompt, opts[i], cache::Caches{}, std::vector<std::string>{},
+                                              [&got, i](int64_t, const at::Tensor& lp) {
+                                                got[i].logprobs.push_back(lp.clone());
+                                                return true;
+                                              }));
+  seqs[0]->share_prefill(*seqs[1]);
+  seqs[0]->share_prefill(*seqs[2]);
+  EXPECT_THROW(seqs[0]->share_prefill(*seqs[0]), Error);
+  model.embedded = 0;
+  for (;;) {
+    std::vector<Sequence*> live;
+    for (auto& s : seqs)
+      if (!s->done()) live.push_back(s.get());
+    if (live.empty()) break;
+    EXPECT_FALSE(seqs[1]->prefilling());  // a child never prefills
+    step(model, live, 8);
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(seqs[i]->error().empty()) << seqs[i]->error();
+    got[i].tokens = seqs[i]->result().tokens;
+  }
+  expect_same(got, want);
+  // The prompt once, then every choice's fed-back tokens (the last sampled one is never fed).
+  EXPECT_EQ(model.embedded, static_cast<int64_t>(prompt.size()) + 3 * (M - 1));
+
+  // A child whose parent is dropped before the prefill ends is ended with an error, not left waiting.
+  auto parent = std::make_unique<Sequence>(prompt, opts[0], cache::Caches{}, std::vector<std::string>{}, nullptr);
+  Sequence child(prompt, opts[1], cache::Caches{}, {}, nullptr);
+  parent->share_prefill(child);
+  parent.reset();
+  EXPECT_TRUE(child.done());
+  EXPECT_FALSE(child.error().empty());
+}
+
 }  // namespace
 }  // namespace hearth::generate

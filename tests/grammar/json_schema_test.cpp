@@ -74,8 +74,78 @@ TEST(JsonSchemaGrammar, NumbersAndBoundedWhitespace) {
   for (const char* bad : {"01", "1.", ".5", "+1", "1e", "--1"}) EXPECT_FALSE(accepts(n, bad)) << bad;
   EXPECT_FALSE(accepts(n, std::string(17, '9')));  // 16 digits at most
   auto o = schema(R"({"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"]})");
-  EXPECT_TRUE(accepts(o, "{\"a\":" + std::string(20, ' ') + "true}"));
-  EXPECT_FALSE(accepts(o, "{\"a\":" + std::string(21, ' ') + "true}"));
+  // Between two tokens: nothing, one space, or one or two newlines and at most 20 blanks of indent
+  // (llama.cpp's space rule); no runs of spaces a small model could loop on.
+  EXPECT_TRUE(accepts(o, "{\"a\":true}"));
+  EXPECT_TRUE(accepts(o, "{\"a\": true}"));
+  EXPECT_TRUE(accepts(o, "{\n  \"a\": true\n}"));
+  EXPECT_TRUE(accepts(o, "{\n\n\t\t\"a\" :\ntrue }"));
+  EXPECT_TRUE(accepts(o, "{\"a\":\n" + std::string(20, ' ') + "true}"));
+  EXPECT_FALSE(accepts(o, "{\"a\":\n" + std::string(21, ' ') + "true}"));
+  EXPECT_FALSE(accepts(o, "{\"a\":  true}"));        // two spaces
+  EXPECT_FALSE(accepts(o, "{\"a\": \ntrue}"));       // a space, then a newline
+  EXPECT_FALSE(accepts(o, "{\"a\":\n\n\ntrue}"));    // three newlines
+  EXPECT_FALSE(accepts(o, "{\"a\":\r\ntrue}"));      // no carriage returns
+  JsonGrammarOptions tight;
+  tight.max_indent = 2;
+  auto t = compile_json_schema(J::parse(R"({"type": "array", "items": {"type": "integer"}})"), tight);
+  EXPECT_TRUE(accepts(t, "[\n  1,\n  2\n]"));
+  EXPECT_FALSE(accepts(t, "[\n   1]"));
+}
+
+TEST(JsonSchemaGrammar, ASchemaWithNoFiniteValueIsRefusedNamingItsPath) {
+  auto message = [](const std::string& s) {
+    try {
+      compile_json_schema(J::parse(s));
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  // An object that requires itself: no finite JSON text.
+  const std::string loop = message(R"({"$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}},
+      "required": ["next"], "additionalProperties": false}}, "type": "object", "properties": {"head": {"$ref": "#/$defs/node"}},
+      "required": ["head"]})");
+  EXPECT_NE(loop.find("no finite JSON value"), std::string::npos) << loop;
+  EXPECT_NE(loop.find("#/$defs/node"), std::string::npos) << loop;
+  // The root requiring itself through a non-empty array.
+  const std::string root = message(R"({"type": "array", "items": {"$ref": "#"}, "minItems": 1})");
+  EXPECT_NE(root.find("no finite JSON value"), std::string::npos) << root;
+  EXPECT_NE(message(R"({"anyOf": [{"$ref": "#/$defs/a"}], "$defs": {"a": {"type": "array", "items": {"$ref": "#/$defs/a"},
+      "minItems": 2}}})").find("at #/$defs/a"), std::string::npos);
+  // Contradictions found while compiling.
+  EXPECT_EQ(message(R"({"type": "object", "properties": {"xs": {"type": "array", "minItems": 5, "maxItems": 2}}})"),
+            "invalid JSON Schema: 'maxItems' is below 'minItems' at #/properties/xs");
+  EXPECT_EQ(message(R"({"enum": []})"), "invalid JSON Schema: 'enum' must be a non-empty array at #");
+  EXPECT_EQ(message(R"({"type": "string", "minLength": 3, "maxLength": 1})"),
+            "invalid JSON Schema: 'maxLength' is below 'minLength' at #");
+  EXPECT_EQ(message(R"({"anyOf": []})"), "invalid JSON Schema: 'anyOf' must be a non-empty array at #");
+  EXPECT_EQ(message(R"({"not": {}})"), "unsupported JSON Schema keyword 'not' at #");
+  EXPECT_EQ(message("false"), "unsupported JSON Schema schema 'false' at #");
+  // A tool whose parameters cannot end names the tool.
+  try {
+    tool_call_grammar({{"f", J::parse(R"({"$defs": {"n": {"type": "object", "properties": {"n": {"$ref": "#/$defs/n"}},
+                                             "required": ["n"]}}, "$ref": "#/$defs/n"})")}},
+                      "<tool_call>", "</tool_call>", "arguments");
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("tools[0].function.parameters#/$defs/n"), std::string::npos) << e.what();
+  }
+}
+
+TEST(JsonSchemaGrammar, AnEndlessOptionalBranchIsPrunedNotEntered) {
+  // "next" can never be completed, but it is optional: the schema has values, and the automaton
+  // must not let a text start down the endless branch (it would end truncated).
+  auto g = schema(R"({"$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}},
+      "required": ["next"], "additionalProperties": false}}, "type": "object", "properties": {"v": {"type": "integer"},
+      "next": {"$ref": "#/$defs/node"}}, "required": ["v"], "additionalProperties": false})");
+  EXPECT_TRUE(accepts(g, R"({"v": 1})"));
+  Automaton a(g);
+  EXPECT_EQ(a.walk(a.start(), R"({"v": 1, "n)"), Automaton::kDead);
+  // A recursive schema with a way out is untouched.
+  auto tree = schema(R"({"$ref": "#/$defs/t", "$defs": {"t": {"type": "object", "properties": {"kids": {"type": "array",
+      "items": {"$ref": "#/$defs/t"}}}, "required": ["kids"], "additionalProperties": false}}})");
+  EXPECT_TRUE(accepts(tree, R"({"kids": [{"kids": []}, {"kids": [{"kids": []}]}]})"));
 }
 
 TEST(JsonSchemaGrammar, FormatsRefsAndAnyOf) {

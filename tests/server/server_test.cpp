@@ -132,7 +132,7 @@ TEST_F(ServerTest, MaxTokensBeyondTheContextIs400NotClamped) {
   // Prompt "user: a b\nassistant:" is 4 tokens; 10 - 4 = 6 may be generated.
   for (const char* field : {"max_tokens", "max_completion_tokens"}) {
     auto r = post("/v1/chat/completions", chat_body("a b", std::string(", \"") + field + "\": 7"));
-    expect_error(r, 400, "max_tokens", "context_length_exceeded");
+    expect_error(r, 400, field, "context_length_exceeded");  // the field the client sent
     const std::string msg = J::parse(r->body)["error"]["message"];
     EXPECT_NE(msg.find("too large: 7"), std::string::npos) << msg;
     EXPECT_NE(msg.find("context length is 10 tokens"), std::string::npos) << msg;
@@ -284,7 +284,7 @@ TEST_F(ServerTest, BadRequestsGet400InOpenAiShapeAndTheServerKeepsServing) {
   expect_error(post("/v1/chat/completions", "{" + m + R"(, "temperature": 2.5})"), 400, "temperature");
   expect_error(post("/v1/chat/completions", "{" + m + R"(, "max_tokens": -5})"), 400, "max_tokens");
   expect_error(post("/v1/chat/completions", "{" + m + R"(, "max_tokens": 1e15})"), 400, "max_tokens");
-  expect_error(post("/v1/chat/completions", "{" + m + R"(, "n": 3})"), 400, "n");
+  expect_error(post("/v1/chat/completions", "{" + m + R"(, "n": 0})"), 400, "n");
   expect_error(post("/v1/chat/completions", "{" + m + R"(, "adapter": "nope"})"), 400);  // engine's prepare()
   expect_error(post("/v1/completions", R"({"prompt": ["a"]})"), 400, "prompt");
   auto r = post("/v1/chat/completions", chat_body("still alive"));
