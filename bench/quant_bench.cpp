@@ -56,9 +56,40 @@ void shapes(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
+// The starter's decode step (models/starter: 6 llama layers, hidden 384, MLP 1024, tied 32000-row
+// lm_head, MLX 8-bit group 64): every quantized matmul of one batched step of M rows, as
+// `hearth bench --batch M` runs them; counters give the step's rows per second of matmul alone.
+void BM_StarterStep(benchmark::State& st) {
+  const int64_t M = st.range(0);
+  const int bits = static_cast<int>(st.range(1));
+  struct Shape { int64_t out, in, times; };
+  const std::vector<Shape> shapes{{384, 384, 4 * 6}, {1024, 384, 2 * 6}, {384, 1024, 6}, {32000, 384, 1}};
+  std::vector<hearth::nn::QuantizedWeight> ws;
+  std::vector<at::Tensor> xs;
+  for (const Shape& s : shapes) {
+    ws.push_back(make_weight(s.out, s.in, bits));
+    xs.push_back(at::randn({M, s.in}));
+  }
+  for (auto _ : st)
+    for (size_t i = 0; i < shapes.size(); ++i)
+      for (int64_t t = 0; t < shapes[i].times; ++t) benchmark::DoNotOptimize(hearth::nn::quantized_matmul(xs[i], ws[i]));
+  st.counters["rows/s"] = benchmark::Counter(static_cast<double>(M), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void starter_rows(benchmark::internal::Benchmark* b) {
+  for (int64_t M : {1, 2, 4, 8, 16, 32}) b->Args({M, 8});
+  b->Args({1, 4});
+  b->Args({8, 4});
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
 }  // namespace
 
+BENCHMARK(BM_StarterStep)->Apply(starter_rows);
 BENCHMARK(BM_QuantizedMatmul)->Apply(shapes);
+// One starter matrix (q_proj, up_proj, lm_head) over the batch sizes, for the kernel crossover.
+BENCHMARK(BM_QuantizedMatmul)->ArgsProduct({{384}, {384}, {1, 8, 32, 64, 128}, {8}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_QuantizedMatmul)->ArgsProduct({{32000}, {384}, {1, 8, 32, 64, 128}, {8}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_QuantizedMatmulRef)->Apply(shapes);
 BENCHMARK(BM_DenseF32)->Apply(shapes);
 BENCHMARK_MAIN();

@@ -1,5 +1,6 @@
 // MLX affine quantization: quantize/pack, unpack/dequantize, and the quantized matmul dispatch: CPU
-// kernels (decode fused with the dot for small M, tiles of dequantized rows + BLAS otherwise) and,
+// kernels (the x86 SIMD kernel of quant_simd.cpp for bits 4/8 up to 64 rows; portable ones: decode
+// fused with the dot for small M, tiles of dequantized rows + BLAS otherwise) and,
 // in CUDA builds, the fused GEMV of kernels/quantized_matmul.cu for small M. Not the Linear module
 // (nn/linear.*) and not the CUDA kernel itself.
 // Reference: mlx/backend/cpu/quantized.cpp (`quantize`, `extract_bits`, `_qmm_t`) in ml-explore/mlx.
@@ -15,6 +16,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "nn/quant_simd.h"
 
 #ifdef HEARTH_WITH_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
@@ -262,6 +264,9 @@ at::Tensor quantized_matmul_ref(const at::Tensor& x, const QuantizedWeight& qw) 
 }
 
 namespace {
+
+// Most rows of x that the SIMD kernel (nn/quant_simd.h) takes; more go to qmm_tiled.
+constexpr int64_t kSimdMaxRows = 64;
 
 // Rows of the weight decoded per tile; bounded so the fp32 tile stays cache-sized.
 int64_t tile_rows(int64_t in) { return std::clamp<int64_t>((int64_t{1} << 20) / (in * 4), 8, 256); }
@@ -553,6 +558,15 @@ at::Tensor quantized_matmul(const at::Tensor& x, const QuantizedWeight& qw) {
   q.wq = qw.wq.contiguous();
   at::Tensor y = at::empty({M, out}, at::kFloat);
   if (M == 0 || out == 0) return y.view(out_shape).to(x.scalar_type());
+  // Bits 4 and 8 up to 64 rows (a decode step of up to 64 sequences): the SIMD kernel, whose cost
+  // per row falls with the rows. Past 64 rows (prefill chunks) dequantized tiles + BLAS are faster
+  // (bench/quant_bench.cpp, docs/benchmarks.md).
+  if (M <= kSimdMaxRows && (qw.spec.bits == 4 || qw.spec.bits == 8)) {
+    const at::Tensor xk = qw.spec.bits == 4 ? split_groups_even_odd(x2, qw.spec.group_size) : x2;
+    if (simd::quantized_matmul_simd(xk.data_ptr<float>(), M, q, qw.scales.contiguous(), qw.biases.contiguous(),
+                                    y.data_ptr<float>()))
+      return y.view(out_shape).to(x.scalar_type());
+  }
   if (M <= 8) {
     // Bits 4 and 8 read scales/biases in their own dtype, row by row; x goes group-split for 4 bits.
     const at::Tensor xk = qw.spec.bits == 4 ? split_groups_even_odd(x2, qw.spec.group_size) : x2;

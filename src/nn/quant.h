@@ -58,9 +58,11 @@ at::Tensor unpack_codes_on_device(const at::Tensor& wq, int bits, int64_t in_fea
 at::Tensor pack_codes(const at::Tensor& codes, int bits);
 
 /// y = x · dequantize(qw)ᵀ for x [..., in] → [..., out] in x's dtype, accumulated in fp32.
-/// CPU: M = x.numel()/in <= 8 at bits 4/8 decodes codes fused with the dot (no dequantized row);
-/// other small M decode one row at a time; larger M dequantize a tile of rows at a time + BLAS
-/// (never the whole matrix). CUDA builds, x on a CUDA device: M <= 8 at bits 4/8 with x in
+/// CPU: M = x.numel()/in <= 64 at bits 4/8 runs the AVX-512/AVX2 kernel of nn/quant_simd.h
+/// (weight decoded in registers once per block of rows of x; row m of the result is bit-identical
+/// to the product of x's row m alone); without those instruction sets M <= 8 at bits 4/8 decodes
+/// codes fused with the dot; other small M decode one row at a time; larger M dequantize a tile of
+/// rows at a time + BLAS (never the whole matrix). CUDA builds, x on a CUDA device: M <= 8 at bits 4/8 with x in
 /// f32/f16/bf16 runs the fused GEMV of kernels/quantized_matmul.h; anything else dequantizes the
 /// whole matrix + matmul (quantized_matmul_ref). Throws on shape mismatch or a failed kernel launch.
 at::Tensor quantized_matmul(const at::Tensor& x, const QuantizedWeight& qw);

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "nn/quant.h"
+#include "nn/quant_simd.h"
 
 using hearth::nn::QuantizedWeight;
 using hearth::nn::QuantSpec;
@@ -29,6 +30,19 @@ std::vector<uint8_t> mlx_pack_bytes(const std::vector<int>& codes, int bits) {
   return out;
 }
 
+// Runs `body` once per SIMD instruction set this CPU has (kNone: the portable kernels), with the
+// kernel capped to it; restores the cap.
+template <class F>
+void for_each_isa(F body) {
+  using hearth::nn::simd::Isa;
+  const Isa best = hearth::nn::simd::active_isa();
+  for (Isa isa : {Isa::kNone, Isa::kAvx2, Isa::kAvx512}) {
+    if (static_cast<int>(isa) > static_cast<int>(best)) break;
+    const Isa prev = hearth::nn::simd::set_isa_cap(isa);
+    body(isa);
+    hearth::nn::simd::set_isa_cap(prev);
+  }
+}
 }  // namespace
 
 TEST(Quant, PackMatchesMlxByteLayoutAndRoundTrips) {
@@ -163,7 +177,8 @@ TEST(Quant, MatmulMatchesReference) {
     for (int bits : {2, 3, 4, 5, 6, 8})
       for (int gs : {32, 64, 128}) {
         QuantizedWeight q = hearth::nn::quantize(at::randn({out, in}).to(sdt), QuantSpec{bits, gs});
-        for (auto shape : std::vector<std::vector<int64_t>>{{1, in}, {7, in}, {2, 3, in}, {2, 9, in}, {in}}) {
+        // 70 rows: past the SIMD kernel's limit, the tiled dequantize + BLAS path.
+        for (auto shape : std::vector<std::vector<int64_t>>{{1, in}, {7, in}, {2, 3, in}, {2, 9, in}, {in}, {70, in}}) {
           at::Tensor x = at::randn(shape);
           at::Tensor y = hearth::nn::quantized_matmul(x, q);
           at::Tensor yr = hearth::nn::quantized_matmul_ref(x, q);
@@ -184,6 +199,7 @@ TEST(Quant, MatmulMatchesReference) {
 TEST(Quant, SmallMFastPathsMatchReference) {
   at::manual_seed(11);
   const int64_t in = 768, out = 37;
+  for_each_isa([&](hearth::nn::simd::Isa) {
   for (int bits : {4, 8})
     for (int gs : {32, 64, 128})
       for (auto sdt : {at::kFloat, at::kBFloat16, at::kHalf}) {
@@ -201,7 +217,60 @@ TEST(Quant, SmallMFastPathsMatchReference) {
               << "bits " << bits << " gs " << gs << " scales " << sdt << " M " << M << " max diff "
               << (y - yr).abs().max().item<float>();
         }
+      }  });
+}
+
+// Every M path of the CPU kernel (SIMD blocks of 1..8 rows of x, several blocks, a partial last
+// block, the tiled path past 64 rows; 4 and 2 weight rows per block plus single tail rows: out =
+// 37) for each instruction set, bits 4 and 8, every group size, and in = 96 / 384 (3 groups of
+// 32, 6 of 64 or 3 of 128), against dequantize + matmul.
+TEST(Quant, SimdKernelMatchesReferenceEveryM) {
+  at::manual_seed(21);
+  for_each_isa([](hearth::nn::simd::Isa isa) {
+    for (int bits : {4, 8})
+      for (int gs : {32, 64, 128})
+        for (int64_t in : {96, 384}) {
+          if (in % gs) continue;
+          for (auto sdt : {at::kFloat, at::kBFloat16}) {
+            QuantizedWeight q = hearth::nn::quantize(at::randn({37, in}).to(sdt), QuantSpec{bits, gs});
+            at::Tensor codes = at::randint(0, 1 << bits, {37, in}, at::kLong);
+            codes[0].fill_((1 << bits) - 1);
+            codes[36].fill_((1 << bits) - 1);
+            q.wq = hearth::nn::pack_codes(codes, bits);
+            for (int64_t M : {1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 33, 64, 65}) {
+              at::Tensor x = at::randn({M, in});
+              at::Tensor y = hearth::nn::quantized_matmul(x, q);
+              at::Tensor yr = hearth::nn::quantized_matmul_ref(x, q);
+              ASSERT_EQ(y.sizes().vec(), (std::vector<int64_t>{M, 37}));
+              EXPECT_TRUE(at::allclose(y, yr, 1e-4, 1e-4))
+                  << "isa " << static_cast<int>(isa) << " bits " << bits << " gs " << gs << " in " << in << " scales "
+                  << sdt << " M " << M << " max diff " << (y - yr).abs().max().item<float>();
+            }
+          }
+        }
+  });
+}
+
+// A batched decode step must give every row exactly what it gets alone (the server promises a
+// request the same answer whether or not it shares a step): with the SIMD kernel each output is
+// summed in the same order whatever the number of rows, so row m of a batch of M is bit-identical
+// to the one-row product, for M up to the kernel's limit of 64.
+TEST(Quant, SimdBatchedRowsEqualSingleRows) {
+  using hearth::nn::simd::Isa;
+  at::manual_seed(22);
+  for_each_isa([](Isa isa) {
+    if (isa == Isa::kNone) return;
+    for (int bits : {4, 8}) {
+      QuantizedWeight q = hearth::nn::quantize(at::randn({41, 256}).to(at::kBFloat16), QuantSpec{bits, 64});
+      for (int64_t M : {2, 3, 8, 13, 32, 64}) {
+        at::Tensor x = at::randn({M, 256});
+        at::Tensor y = hearth::nn::quantized_matmul(x, q);
+        for (int64_t m = 0; m < M; ++m)
+          EXPECT_TRUE(at::equal(y[m], hearth::nn::quantized_matmul(x[m], q)))
+              << "isa " << static_cast<int>(isa) << " bits " << bits << " M " << M << " row " << m;
       }
+    }
+  });
 }
 
 // The decode shape of a small model's tied lm_head: [1, 384] x [32000, 384]ᵀ, in bf16 as at run time.
@@ -210,10 +279,13 @@ TEST(Quant, SmallMFastPathLmHeadShape) {
   for (int bits : {4, 8}) {
     QuantizedWeight q = hearth::nn::quantize(at::randn({32000, 384}).to(at::kBFloat16), QuantSpec{bits, 64});
     at::Tensor x = at::randn({1, 1, 384});
-    at::Tensor y = hearth::nn::quantized_matmul(x, q);
     at::Tensor yr = hearth::nn::quantized_matmul_ref(x, q);
-    ASSERT_EQ(y.sizes().vec(), (std::vector<int64_t>{1, 1, 32000}));
-    EXPECT_TRUE(at::allclose(y, yr, 1e-4, 1e-4)) << bits << " bits, max diff " << (y - yr).abs().max().item<float>();
+    for_each_isa([&](hearth::nn::simd::Isa isa) {
+      at::Tensor y = hearth::nn::quantized_matmul(x, q);
+      ASSERT_EQ(y.sizes().vec(), (std::vector<int64_t>{1, 1, 32000}));
+      EXPECT_TRUE(at::allclose(y, yr, 1e-4, 1e-4))
+          << bits << " bits, isa " << static_cast<int>(isa) << ", max diff " << (y - yr).abs().max().item<float>();
+    });
   }
 }
 
