@@ -43,4 +43,4 @@ add_custom_command(OUTPUT ${HEARTH_WEB_CPP}
   COMMENT "Embedding web UI" VERBATIM)
 target_sources(hearth_core PRIVATE ${HEARTH_WEB_CPP})
 # Byte arrays only: loading the ATen precompiled header would cost ~8 s of CPU per UI edit.
-set_source_files_properties(${HEARTH_WEB_CPP} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+set_source_files_properties(${HEARTH_WEB_CPP} PROPERTIES SKIP_PRECOMPILE_HEADERS ON SKIP_UNITY_BUILD_INCLUSION ON)

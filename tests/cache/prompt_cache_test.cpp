@@ -21,7 +21,7 @@ Caches filled(int64_t n, bool rotating = false, int64_t window = 4, int64_t step
   }
   return c;
 }
-std::vector<int64_t> iota(int64_t n, int64_t from = 0) {
+std::vector<int64_t> iota_prompt(int64_t n, int64_t from = 0) {
   std::vector<int64_t> v(n);
   for (int64_t i = 0; i < n; ++i) v[i] = from + i;
   return v;
@@ -29,12 +29,12 @@ std::vector<int64_t> iota(int64_t n, int64_t from = 0) {
 
 TEST(PromptCache, TakesTheLongestCommonPrefixOfTheSameNamespaceAndTrimsToIt) {
   PromptCache pc(1 << 20);
-  pc.put("", iota(10), filled(10));
-  std::vector<int64_t> other = iota(6);
+  pc.put("", iota_prompt(10), filled(10));
+  std::vector<int64_t> other = iota_prompt(6);
   other.push_back(99);
   pc.put("", other, filled(7));
-  pc.put("a", iota(20), filled(20));  // another adapter selection: never used for ""
-  std::vector<int64_t> prompt = iota(8);
+  pc.put("a", iota_prompt(20), filled(20));  // another adapter selection: never used for ""
+  std::vector<int64_t> prompt = iota_prompt(8);
   prompt.push_back(42);  // shares 8 with the first entry, 6 with the second, 9 with "a"'s
   PromptCacheHit hit = pc.take("", prompt);
   EXPECT_EQ(hit.cached, 8);
@@ -52,30 +52,30 @@ TEST(PromptCache, TakesTheLongestCommonPrefixOfTheSameNamespaceAndTrimsToIt) {
 
 TEST(PromptCache, AnIdenticalPromptReusesAllButItsLastToken) {
   PromptCache pc(1 << 20);
-  pc.put("", iota(12), filled(12));
-  PromptCacheHit hit = pc.take("", iota(12));
+  pc.put("", iota_prompt(12), filled(12));
+  PromptCacheHit hit = pc.take("", iota_prompt(12));
   EXPECT_EQ(hit.cached, 11);
   EXPECT_EQ(hit.caches[1]->offset(), 11);
-  pc.put("", iota(1), filled(1));
-  EXPECT_EQ(pc.take("", iota(1)).cached, 0);  // nothing can be reused from a 1-token prompt
+  pc.put("", iota_prompt(1), filled(1));
+  EXPECT_EQ(pc.take("", iota_prompt(1)).cached, 0);  // nothing can be reused from a 1-token prompt
 }
 
 TEST(PromptCache, EvictsTheLeastRecentlyUsedEntriesByBytes) {
   // filled(n) with step 8: capacity rounds up to 8 tokens → 2 layers × 2 tensors × 8 × 16 B = 512 B.
   ASSERT_EQ(total_bytes(filled(5)), 512);
   PromptCache pc(1100);  // two such entries fit, three do not
-  pc.put("", iota(5, 0), filled(5));
-  pc.put("", iota(5, 100), filled(5));
+  pc.put("", iota_prompt(5, 0), filled(5));
+  pc.put("", iota_prompt(5, 100), filled(5));
   EXPECT_EQ(pc.stats().bytes, 1024);
-  pc.put("", iota(5, 200), filled(5));
+  pc.put("", iota_prompt(5, 200), filled(5));
   EXPECT_EQ(pc.stats().entries, 2);
   EXPECT_EQ(pc.stats().bytes, 1024);
-  EXPECT_EQ(pc.take("", iota(6, 0)).cached, 0);    // the oldest went
-  EXPECT_EQ(pc.take("", iota(6, 100)).cached, 5);  // the others stayed
-  EXPECT_EQ(pc.take("", iota(6, 200)).cached, 5);
+  EXPECT_EQ(pc.take("", iota_prompt(6, 0)).cached, 0);    // the oldest went
+  EXPECT_EQ(pc.take("", iota_prompt(6, 100)).cached, 5);  // the others stayed
+  EXPECT_EQ(pc.take("", iota_prompt(6, 200)).cached, 5);
   // An entry alone over the budget (capacity 24 tokens: 1536 B) is not stored, nor evicts.
-  pc.put("", iota(5, 300), filled(5));
-  pc.put("", iota(20), filled(20));
+  pc.put("", iota_prompt(5, 300), filled(5));
+  pc.put("", iota_prompt(20), filled(20));
   EXPECT_EQ(pc.stats().entries, 1);
   EXPECT_EQ(pc.stats().bytes, 512);
 }
@@ -85,14 +85,14 @@ TEST(PromptCache, ASlidingWindowThatDroppedTheNeededTokensIsAMiss) {
   Caches rot = filled(20, /*rotating=*/true);
   ASSERT_GT(static_cast<RotatingKVCache*>(rot[0].get())->start(), 0);
   PromptCache pc(1 << 20);
-  pc.put("", iota(20), std::move(rot));
-  std::vector<int64_t> prompt = iota(5);
+  pc.put("", iota_prompt(20), std::move(rot));
+  std::vector<int64_t> prompt = iota_prompt(5);
   prompt.push_back(77);
   EXPECT_EQ(pc.take("", prompt).cached, 0);  // would need tokens 2..4, long gone
   EXPECT_EQ(pc.stats().entries, 0);          // the half-trimmed entry was discarded
   // Trimming a little (the kept tokens still cover the new position's window) is exact.
-  pc.put("", iota(20), filled(20, true));
-  std::vector<int64_t> longer = iota(19);
+  pc.put("", iota_prompt(20), filled(20, true));
+  std::vector<int64_t> longer = iota_prompt(19);
   longer.push_back(77);
   PromptCacheHit hit = pc.take("", longer);
   EXPECT_EQ(hit.cached, 19);
@@ -101,13 +101,13 @@ TEST(PromptCache, ASlidingWindowThatDroppedTheNeededTokensIsAMiss) {
 
 TEST(PromptCache, DropIfRemovesMatchingNamespacesAndRejectsInconsistentEntries) {
   PromptCache pc(1 << 20);
-  pc.put("a", iota(3), filled(3));
-  pc.put("a+b", iota(3), filled(3));
-  pc.put("c", iota(3), filled(3));
+  pc.put("a", iota_prompt(3), filled(3));
+  pc.put("a+b", iota_prompt(3), filled(3));
+  pc.put("c", iota_prompt(3), filled(3));
   pc.drop_if([](const std::string& ns) { return ns.find('a') != std::string::npos; });
   EXPECT_EQ(pc.stats().entries, 1);
   EXPECT_EQ(pc.stats().bytes, total_bytes(filled(3)));
-  EXPECT_THROW(pc.put("", iota(4), filled(3)), Error);
+  EXPECT_THROW(pc.put("", iota_prompt(4), filled(3)), Error);
   EXPECT_THROW(PromptCache(0), Error);
 }
 

@@ -17,7 +17,7 @@ void feed_kv(LayerCache& c, int64_t n) {
 }
 
 // A hybrid stack: KV, null (shares), recurrent, each holding `n` tokens.
-Caches hybrid(int64_t n) {
+Caches hybrid_recurrent(int64_t n) {
   Caches c;
   c.push_back(std::make_unique<KVCache>(8));
   feed_kv(*c.back(), n);
@@ -65,7 +65,7 @@ TEST(RecurrentCache, CannotTrimButClonesDeeply) {
 }
 
 TEST(Caches, OffsetCloneAndTrimOverMixedKindsWithNullEntries) {
-  Caches c = hybrid(6);
+  Caches c = hybrid_recurrent(6);
   EXPECT_EQ(offset_of(c), 6);
   EXPECT_EQ(total_bytes(c), 2 * 8 * 4 * 4 + (6 * 3 + 2 * 4 * 4) * 4);
   Caches snap = clone(c);

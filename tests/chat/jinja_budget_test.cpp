@@ -16,7 +16,7 @@ using hearth::chat::TemplateError;
 using hearth::chat::Value;
 using nlohmann::ordered_json;
 
-std::string error_of(const std::string& tmpl, RenderLimits lim = {}) {
+std::string budget_error_of(const std::string& tmpl, RenderLimits lim = {}) {
   try {
     Value globals = Value::dict();
     hearth::chat::add_builtin_globals(globals);
@@ -32,7 +32,7 @@ TEST(JinjaBudget, AnEndlessTemplateFailsWithinSeconds) {
   // Loop iterations are the costliest steps (each builds a `loop` object): 20 M of them took
   // about 70 s; the default budget now stops this within a few seconds even on a loaded machine.
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string err = error_of("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}");
+  const std::string err = budget_error_of("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}");
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_NE(err.find("step limit"), std::string::npos) << err;
   EXPECT_LT(s, 15.0);  // ~1 s on an idle core, a few on a loaded machine; 20 M steps took 70 s idle
@@ -42,21 +42,21 @@ TEST(JinjaBudget, StringsBuiltOrCopiedAreBoundedInTotal) {
   RenderLimits small;
   small.max_total_string_bytes = 1u << 20;
   // Each string is small; together they pass the total: copies out of a variable...
-  EXPECT_NE(error_of("{% set s = 'x' * 100000 %}{% set l = [] %}{% for i in range(100) %}{% set _ = l.append(s) %}"
+  EXPECT_NE(budget_error_of("{% set s = 'x' * 100000 %}{% set l = [] %}{% for i in range(100) %}{% set _ = l.append(s) %}"
                      "{% endfor %}{{ l|length }}", small)
                 .find("total size limit"),
             std::string::npos);
   // ... and strings built by operators.
-  EXPECT_NE(error_of("{% set l = [] %}{% for i in range(100) %}{% set _ = l.append('y' * 20000) %}{% endfor %}", small)
+  EXPECT_NE(budget_error_of("{% set l = [] %}{% for i in range(100) %}{% set _ = l.append('y' * 20000) %}{% endfor %}", small)
                 .find("total size limit"),
             std::string::npos);
   // range() pays for its size: a loop that builds big ranges runs out of steps.
   RenderLimits steps;
   steps.max_steps = 100000;
-  EXPECT_NE(error_of("{% for i in range(100) %}{% set r = range(100000) %}{% endfor %}", steps).find("step limit"),
+  EXPECT_NE(budget_error_of("{% for i in range(100) %}{% set r = range(100000) %}{% endfor %}", steps).find("step limit"),
             std::string::npos);
   // Under the total: fine.
-  EXPECT_EQ(error_of("{% set s = 'x' * 1000 %}{% set l = [] %}{% for i in range(100) %}{% set _ = l.append(s) %}"
+  EXPECT_EQ(budget_error_of("{% set s = 'x' * 1000 %}{% set l = [] %}{% for i in range(100) %}{% set _ = l.append(s) %}"
                      "{% endfor %}{{ l|length }}", small),
             "<no error>");
 }

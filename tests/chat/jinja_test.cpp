@@ -22,7 +22,7 @@ std::string R(const std::string& tmpl, const std::string& ctx = "{}", hearth::ch
   return in.render(body, globals);
 }
 
-std::string error_of(const std::string& tmpl, const std::string& ctx = "{}", hearth::chat::RenderLimits lim = {}) {
+std::string jinja_error_of(const std::string& tmpl, const std::string& ctx = "{}", hearth::chat::RenderLimits lim = {}) {
   try {
     R(tmpl, ctx, lim);
   } catch (const TemplateError& e) {
@@ -84,8 +84,8 @@ TEST(Jinja, UndefinedSemantics) {
               "{{ none | d('z') }}"),
             "dflt z |z None");
   EXPECT_EQ(R("{% for a in nothing %}x{% endfor %}{{ nothing|length }}"), "0");
-  EXPECT_NE(error_of("{{ x.y }}").find("'x' is undefined"), std::string::npos);
-  EXPECT_NE(error_of("{{ x + 1 }}").find("'x' is undefined"), std::string::npos);
+  EXPECT_NE(jinja_error_of("{{ x.y }}").find("'x' is undefined"), std::string::npos);
+  EXPECT_NE(jinja_error_of("{{ x + 1 }}").find("'x' is undefined"), std::string::npos);
 }
 
 TEST(Jinja, ForLoops) {
@@ -116,14 +116,14 @@ TEST(Jinja, Scoping) {
   EXPECT_EQ(R("{% filter upper %}hi {{ 'x' }}{% endfilter %}"), "HI X");
   EXPECT_EQ(R("{% with a = 2 %}{{ a }}{% endwith %}{{ a }}"), "2");
   EXPECT_EQ(R("{% generation %}gen{% endgeneration %}!"), "gen!");
-  EXPECT_NE(error_of("{% set n = 1 %}{% set n.x = 2 %}").find("non-namespace"), std::string::npos);
+  EXPECT_NE(jinja_error_of("{% set n = 1 %}{% set n.x = 2 %}").find("non-namespace"), std::string::npos);
 }
 
 TEST(Jinja, Macros) {
   EXPECT_EQ(R("{% macro greet(name, punct='!') %}Hi {{ name }}{{ punct }}{% endmacro %}"
               "{{ greet('Bob') }} {{ greet('Al', punct='?') }} {{ greet() }}"),
             "Hi Bob! Hi Al? Hi !");
-  EXPECT_NE(error_of("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}").find("recursion"), std::string::npos);
+  EXPECT_NE(jinja_error_of("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}").find("recursion"), std::string::npos);
 }
 
 TEST(Jinja, Slicing) {
@@ -200,7 +200,7 @@ TEST(Jinja, ToJson) {
   EXPECT_EQ(R("{{ 1.0 | tojson }} {{ 1e20 | tojson }} {{ '</s>' | tojson }} {{ '\\x01' | tojson }}"),
             "1.0 1e+20 \"</s>\" \"\\u0001\"");
   EXPECT_EQ(R("{{ t | tojson }}", R"({"t": {"z": {"y": 1, "x": 2}, "a": null}})"), "{\"z\": {\"y\": 1, \"x\": 2}, \"a\": null}");
-  EXPECT_NE(error_of("{{ x | tojson }}").find("not JSON serializable"), std::string::npos);
+  EXPECT_NE(jinja_error_of("{{ x | tojson }}").find("not JSON serializable"), std::string::npos);
 }
 
 TEST(Jinja, Tests) {
@@ -214,35 +214,35 @@ TEST(Jinja, Tests) {
 }
 
 TEST(Jinja, Errors) {
-  EXPECT_EQ(error_of("{{ raise_exception('boom') }}"), "chat template: raise_exception: boom");
-  EXPECT_EQ(error_of("x\n{{ 1 | nope }}"), "chat template: line 2: no filter named 'nope'");
-  EXPECT_EQ(error_of("a\nb\n{% if %}"), "chat template: line 3: unexpected end of statement block");
-  EXPECT_NE(error_of("{% if true %}x").find("'endif'"), std::string::npos);
-  EXPECT_NE(error_of("{% for x in y %}").find("endfor"), std::string::npos);
-  EXPECT_NE(error_of("{{ 'abc }}").find("unterminated string"), std::string::npos);
-  EXPECT_NE(error_of("{% break %}").find("outside a loop"), std::string::npos);
-  EXPECT_NE(error_of("{% foo %}").find("unknown tag 'foo'"), std::string::npos);
-  EXPECT_NE(error_of("{{ 1 / 0 }}").find("division by zero"), std::string::npos);
-  EXPECT_NE(error_of("{{ 1 + 'a' }}").find("unsupported operand"), std::string::npos);
-  EXPECT_NE(error_of("{{ 'x'.nope() }}").find("no attribute 'nope'"), std::string::npos);
-  EXPECT_NE(error_of("{{ range(1000000) }}").find("MAX_RANGE"), std::string::npos);
+  EXPECT_EQ(jinja_error_of("{{ raise_exception('boom') }}"), "chat template: raise_exception: boom");
+  EXPECT_EQ(jinja_error_of("x\n{{ 1 | nope }}"), "chat template: line 2: no filter named 'nope'");
+  EXPECT_EQ(jinja_error_of("a\nb\n{% if %}"), "chat template: line 3: unexpected end of statement block");
+  EXPECT_NE(jinja_error_of("{% if true %}x").find("'endif'"), std::string::npos);
+  EXPECT_NE(jinja_error_of("{% for x in y %}").find("endfor"), std::string::npos);
+  EXPECT_NE(jinja_error_of("{{ 'abc }}").find("unterminated string"), std::string::npos);
+  EXPECT_NE(jinja_error_of("{% break %}").find("outside a loop"), std::string::npos);
+  EXPECT_NE(jinja_error_of("{% foo %}").find("unknown tag 'foo'"), std::string::npos);
+  EXPECT_NE(jinja_error_of("{{ 1 / 0 }}").find("division by zero"), std::string::npos);
+  EXPECT_NE(jinja_error_of("{{ 1 + 'a' }}").find("unsupported operand"), std::string::npos);
+  EXPECT_NE(jinja_error_of("{{ 'x'.nope() }}").find("no attribute 'nope'"), std::string::npos);
+  EXPECT_NE(jinja_error_of("{{ range(1000000) }}").find("MAX_RANGE"), std::string::npos);
 }
 
 TEST(Jinja, LimitsStopHostileTemplates) {
   hearth::chat::RenderLimits small;
   small.max_steps = 100000;
-  EXPECT_NE(error_of("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "{}", small)
+  EXPECT_NE(jinja_error_of("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "{}", small)
                 .find("step limit"),
             std::string::npos);
   small.max_output_bytes = 1000;
-  EXPECT_NE(error_of("{{ 'a' * 100000 }}", "{}", small).find("size limit"), std::string::npos);
-  EXPECT_NE(error_of("{{ " + std::string(5000, (char)40) + "1" + std::string(5000, (char)41) + " }}").find("nested too deeply"), std::string::npos);
+  EXPECT_NE(jinja_error_of("{{ 'a' * 100000 }}", "{}", small).find("size limit"), std::string::npos);
+  EXPECT_NE(jinja_error_of("{{ " + std::string(5000, (char)40) + "1" + std::string(5000, (char)41) + " }}").find("nested too deeply"), std::string::npos);
   std::string chain = "{{ 1";
   for (int i = 0; i < 5000; ++i) chain += " + 1";
-  EXPECT_NE(error_of(chain + " }}").find("nested too deeply"), std::string::npos);
+  EXPECT_NE(jinja_error_of(chain + " }}").find("nested too deeply"), std::string::npos);
   std::string ifs;
   for (int i = 0; i < 1000; ++i) ifs += "{% if true %}";
-  EXPECT_NE(error_of(ifs).find("nested too deeply"), std::string::npos);
+  EXPECT_NE(jinja_error_of(ifs).find("nested too deeply"), std::string::npos);
 }
 
 TEST(ChatTemplate, ContextMatchesTransformers) {

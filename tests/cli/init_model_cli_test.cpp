@@ -26,7 +26,7 @@ using nlohmann::json;
 
 namespace {
 using hearth::testing::CliResult;
-CliResult run(const std::string& args, bool merge_stderr = true) {
+CliResult run_init_model(const std::string& args, bool merge_stderr = true) {
   return hearth::testing::run_hearth(args, merge_stderr);
 }
 
@@ -62,7 +62,7 @@ double mean_of(const at::Tensor& t) { return t.to(at::kDouble).mean().item<doubl
 TEST_F(InitModelCli, LoadsRunsAndFollowsTheInit) {
   fs::path cfg = write_config("c.json", tiny_config(false));
   fs::path out = dir_ / "m";
-  CliResult r = run("init-model --config " + cfg.string() + " --tokenizer " + kTokDir.string() + " --out " +
+  CliResult r = run_init_model("init-model --config " + cfg.string() + " --tokenizer " + kTokDir.string() + " --out " +
                     out.string() + " --seed 7");
   ASSERT_EQ(r.rc, 0) << r.out;
   for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"})
@@ -110,7 +110,7 @@ TEST_F(InitModelCli, LoadsRunsAndFollowsTheInit) {
 TEST_F(InitModelCli, TiedSeededAndBf16) {
   fs::path cfg = write_config("c.json", tiny_config(true));
   auto init = [&](const std::string& name, const std::string& extra) {
-    return run("init-model --config " + cfg.string() + " --tokenizer " + kTokDir.string() + " --out " +
+    return run_init_model("init-model --config " + cfg.string() + " --tokenizer " + kTokDir.string() + " --out " +
                (dir_ / name).string() + " " + extra);
   };
   ASSERT_EQ(init("a", "--seed 1").rc, 0);
@@ -144,7 +144,7 @@ TEST_F(InitModelCli, TiedSeededAndBf16) {
 TEST_F(InitModelCli, ChatTemplateAndEosAreConsistent) {
   fs::path cfg = write_config("c.json", tiny_config(true));
   fs::path out = dir_ / "m";
-  ASSERT_EQ(run("init-model --config " + cfg.string() + " --tokenizer " + kTokDir.string() + " --out " + out.string()).rc, 0);
+  ASSERT_EQ(run_init_model("init-model --config " + cfg.string() + " --tokenizer " + kTokDir.string() + " --out " + out.string()).rc, 0);
   hearth::tokenizer::Tokenizer tok = hearth::tokenizer::Tokenizer::from_dir(out);
   ASSERT_FALSE(tok.chat_template().empty());
   using ojson = nlohmann::ordered_json;
@@ -176,22 +176,22 @@ TEST_F(InitModelCli, BadInputIsOneLineError) {
   json wrong_vocab = tiny_config(true);
   wrong_vocab["vocab_size"] = 1000;
   fs::path c1 = write_config("v.json", wrong_vocab);
-  expect_error(run("init-model --config " + c1.string() + " --tokenizer " + kTokDir.string() + " --out " + (dir_ / "x").string()),
+  expect_error(run_init_model("init-model --config " + c1.string() + " --tokenizer " + kTokDir.string() + " --out " + (dir_ / "x").string()),
                "vocab_size 1000 does not match the tokenizer's 512");
   json missing = tiny_config(true);
   missing.erase("hidden_size");
   fs::path c2 = write_config("h.json", missing);
-  expect_error(run("init-model --config " + c2.string() + " --tokenizer " + kTokDir.string() + " --out " + (dir_ / "x").string()),
+  expect_error(run_init_model("init-model --config " + c2.string() + " --tokenizer " + kTokDir.string() + " --out " + (dir_ / "x").string()),
                "hidden_size");
   json heads = tiny_config(true);
   heads["num_attention_heads"] = 3;
   fs::path c3 = write_config("n.json", heads);
-  expect_error(run("init-model --config " + c3.string() + " --tokenizer " + kTokDir.string() + " --out " + (dir_ / "x").string()),
+  expect_error(run_init_model("init-model --config " + c3.string() + " --tokenizer " + kTokDir.string() + " --out " + (dir_ / "x").string()),
                c3.string());
   fs::path good = write_config("g.json", tiny_config(true));
-  expect_error(run("init-model --config " + good.string() + " --tokenizer " + kTokDir.string() + " --out " + dir_.string()),
+  expect_error(run_init_model("init-model --config " + good.string() + " --tokenizer " + kTokDir.string() + " --out " + dir_.string()),
                "already exists");
-  expect_error(run("init-model --config " + good.string() + " --tokenizer " + kTokDir.string() + " --out " +
+  expect_error(run_init_model("init-model --config " + good.string() + " --tokenizer " + kTokDir.string() + " --out " +
                    (dir_ / "x").string() + " --dtype int8"),
                "--dtype");
   EXPECT_FALSE(fs::exists(dir_ / "x"));

@@ -16,7 +16,7 @@ namespace fs = std::filesystem;
 
 namespace {
 using hearth::testing::CliResult;
-CliResult run(const std::string& args, bool merge_stderr = true) {
+CliResult run_tokenize(const std::string& args, bool merge_stderr = true) {
   return hearth::testing::run_hearth(args, merge_stderr);
 }
 std::string quote(const std::string& s) { return hearth::testing::shell_quote(s); }
@@ -31,10 +31,10 @@ TEST(TokenizeCli, EncodeAndDecodeMatchGolden) {
   for (const auto& c : g["cases"]) {
     std::string text = c["text"];
     if (text.empty() || text.size() > 200 || text.find('\0') != std::string::npos || text[0] == '-') continue;
-    CliResult enc = run("tokenize --model " + model + " --special -- " + quote(text));
+    CliResult enc = run_tokenize("tokenize --model " + model + " --special -- " + quote(text));
     ASSERT_EQ(enc.rc, 0) << enc.out;
     EXPECT_EQ(enc.out, c["ids"].dump() + "\n") << text;
-    CliResult dec = run("tokenize --model " + model + " --decode --special " + quote(c["ids"].dump()));
+    CliResult dec = run_tokenize("tokenize --model " + model + " --decode --special " + quote(c["ids"].dump()));
     ASSERT_EQ(dec.rc, 0) << dec.out;
     EXPECT_EQ(dec.out, c["decoded"].get<std::string>() + "\n") << text;
     if (++checked == 5) break;
@@ -44,11 +44,11 @@ TEST(TokenizeCli, EncodeAndDecodeMatchGolden) {
 
 TEST(TokenizeCli, BadInputIsOneLineError) {
   std::string model = quote((fs::path(HEARTH_SOURCE_DIR) / "tests/golden/tokenizer/tiny").string());
-  CliResult r = run("tokenize --model " + model + " --decode '[1, \"x\"]'");
+  CliResult r = run_tokenize("tokenize --model " + model + " --decode '[1, \"x\"]'");
   EXPECT_NE(r.rc, 0);
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
   EXPECT_NE(r.out.find("not a token id"), std::string::npos) << r.out;
-  CliResult m = run("tokenize --model /nonexistent x");
+  CliResult m = run_tokenize("tokenize --model /nonexistent x");
   EXPECT_NE(m.rc, 0);
   EXPECT_NE(m.out.find("/nonexistent/tokenizer.json: cannot open (no such file)"), std::string::npos) << m.out;
 }

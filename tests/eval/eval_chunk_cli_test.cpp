@@ -23,10 +23,10 @@ using nlohmann::json;
 
 namespace {
 using hearth::testing::CliResult;
-CliResult run(const std::string& args, bool merge_stderr = true) {
+CliResult run_eval(const std::string& args, bool merge_stderr = true) {
   return hearth::testing::run_hearth(args, merge_stderr);
 }
-std::string quote(const std::string& s) { return hearth::testing::shell_quote(s); }
+std::string quote_eval(const std::string& s) { return hearth::testing::shell_quote(s); }
 
 class EvalChunkCli : public ::testing::Test {
  protected:
@@ -61,7 +61,7 @@ class EvalChunkCli : public ::testing::Test {
 
   void check(const fs::path& m, bool chat) {
     const fs::path res = dir_ / (m.filename().string() + "_res.jsonl");
-    CliResult r = run("eval chunk --model " + m.string() + " --data " + (dir_ / "test.jsonl").string() +
+    CliResult r = run_eval("eval chunk --model " + m.string() + " --data " + (dir_ / "test.jsonl").string() +
                       " --max-tokens 12 --device cpu --quiet --out " + res.string());
     ASSERT_EQ(r.rc, 0) << r.out;
     std::smatch sm;
@@ -89,7 +89,7 @@ class EvalChunkCli : public ::testing::Test {
       valid_rows += row["valid_json"].get<bool>() ? 1 : 0;
       EXPECT_FALSE(row["reference"].empty());
       // The same greedy continuation `hearth generate` prints for this prompt.
-      CliResult g = run("generate --model " + m.string() + " --prompt " + quote(prompts_[rows]) +
+      CliResult g = run_eval("generate --model " + m.string() + " --prompt " + quote_eval(prompts_[rows]) +
                             " --max-tokens 12 --temp 0 --device cpu" + (chat ? "" : " --ignore-chat-template"),
                         /*merge_stderr=*/false);
       ASSERT_EQ(g.rc, 0);
@@ -112,7 +112,7 @@ TEST_F(EvalChunkCli, RawPromptWithoutTemplate) { check(model(false), false); }
 
 TEST_F(EvalChunkCli, BadInputIsOneLineError) {
   std::ofstream(dir_ / "bad.jsonl") << "{\"prompt\": \"x\", \"completion\": \"nope\"}\n";
-  CliResult r = run("eval chunk --model " + model(false).string() + " --data " + (dir_ / "bad.jsonl").string());
+  CliResult r = run_eval("eval chunk --model " + model(false).string() + " --data " + (dir_ / "bad.jsonl").string());
   EXPECT_NE(r.rc, 0);
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
   EXPECT_NE(r.out.find("bad.jsonl:1: the completion is not a JSON array of strings"), std::string::npos) << r.out;
@@ -122,7 +122,7 @@ TEST_F(EvalChunkCli, PromptOverTheContextIsCountedNotHidden) {
   std::string prompt;
   for (int i = 0; i < 400; ++i) prompt += "word ";  // far beyond the tiny models' 256-token context
   std::ofstream(dir_ / "long.jsonl") << json{{"prompt", prompt}, {"completion", R"(["a"])"}}.dump() << "\n";
-  CliResult r = run("eval chunk --model " + model(false).string() + " --data " + (dir_ / "long.jsonl").string());
+  CliResult r = run_eval("eval chunk --model " + model(false).string() + " --data " + (dir_ / "long.jsonl").string());
   EXPECT_EQ(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("chunk score: 0.00/100 over 1 examples"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("1 prompt(s) filled the 256-token context"), std::string::npos) << r.out;
@@ -133,7 +133,7 @@ TEST_F(EvalChunkCli, OutCannotBeTheDataFile) {
   const fs::path data = dir_ / "same.jsonl";
   const std::string row = R"({"prompt": "x", "completion": "[\"a\"]"})";
   std::ofstream(data) << row << "\n" << row << "\n";
-  CliResult r = run("eval chunk --model " + model(false).string() + " --data " + data.string() + " --out " +
+  CliResult r = run_eval("eval chunk --model " + model(false).string() + " --data " + data.string() + " --out " +
                     data.string() + " --max-tokens 2");
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.out.find("is the --data file"), std::string::npos) << r.out;

@@ -39,7 +39,7 @@ Out run(models::Model& model, const std::vector<int64_t>& prompt, int64_t max_to
   return out;
 }
 
-std::vector<int64_t> prompt_of(int64_t n) {
+std::vector<int64_t> graph_prompt_of(int64_t n) {
   std::vector<int64_t> p;
   for (int64_t i = 0; i < n; ++i) p.push_back((i * 11 + 5) % 64);
   return p;
@@ -55,8 +55,8 @@ void expect_close(const Out& a, const Out& b, double tol) {
 TEST(StaticDecode, GreedyEqualsTheEagerLoopAcrossCapacityRegrowth) {
   auto model = random_llama(tiny_llama_config({{"max_position_embeddings", 1024}}), at::kFloat, 21);
   // 300 new tokens after a 20-token prompt: the static buffers regrow (276, then more) mid-way.
-  Out eager = run(*model, prompt_of(20), 300, "0", "0");
-  Out stat = run(*model, prompt_of(20), 300, "1", "1");
+  Out eager = run(*model, graph_prompt_of(20), 300, "0", "0");
+  Out stat = run(*model, graph_prompt_of(20), 300, "1", "1");
   ASSERT_EQ(eager.tokens.size(), 300u);
   expect_close(stat, eager, 1e-5);
 }
@@ -68,16 +68,16 @@ TEST(StaticDecode, WithAnAdapterActive) {
     lin->add_adapter("a", nn::LoraAdapter{at::randn({4, lin->in_features()}) * 0.3,
                                           at::randn({lin->out_features(), 4}) * 0.3, 0.9});
   nn::ActiveAdapters scope({"a"});
-  Out eager = run(*model, prompt_of(9), 40, "0", "0");
-  Out stat = run(*model, prompt_of(9), 40, "1", "1");
+  Out eager = run(*model, graph_prompt_of(9), 40, "0", "0");
+  Out stat = run(*model, graph_prompt_of(9), 40, "1", "1");
   expect_close(stat, eager, 1e-5);
   nn::ActiveAdapters none({});
-  EXPECT_NE(run(*model, prompt_of(9), 40, "0", "0").tokens, eager.tokens);  // the adapter matters
+  EXPECT_NE(run(*model, graph_prompt_of(9), 40, "0", "0").tokens, eager.tokens);  // the adapter matters
 }
 
 TEST(StaticDecode, SlidingWindowCachesFallBackToTheEagerLoop) {
   auto model = random_llama(tiny_llama_config({{"model_type", "mistral"}, {"sliding_window", 6}}), at::kFloat, 23);
-  expect_close(run(*model, prompt_of(12), 30, "1", "1"), run(*model, prompt_of(12), 30, "0", "0"), 0.0);
+  expect_close(run(*model, graph_prompt_of(12), 30, "1", "1"), run(*model, graph_prompt_of(12), 30, "0", "0"), 0.0);
 }
 
 TEST(StaticDecode, CudaGraphReplayIsBitIdenticalToTheSameStepEager) {
@@ -86,8 +86,8 @@ TEST(StaticDecode, CudaGraphReplayIsBitIdenticalToTheSameStepEager) {
   auto cfg = models::llama::LlamaConfig::from_json(tiny_llama_config({{"max_position_embeddings", 1024}}), "config.json");
   nn::TensorMapSource src(hearth::testing::random_llama_weights(cfg, 24));
   models::llama::LlamaModel gpu(cfg, src, std::nullopt, nn::LoadOptions{at::kCUDA, at::kBFloat16});
-  Out graph = run(gpu, prompt_of(20), 300, "1", "0");
-  Out eager_static = run(gpu, prompt_of(20), 300, "nocapture", "0");
+  Out graph = run(gpu, graph_prompt_of(20), 300, "1", "0");
+  Out eager_static = run(gpu, graph_prompt_of(20), 300, "nocapture", "0");
   // The replayed graph runs the very kernels of the eager static step: same tokens, and the same
   // logits bit for bit at (nearly) every step — measured on the H200: 299/300 steps bit-identical,
   // one step 8e-3 apart (a kernel's own run-to-run nondeterminism; two eager runs show it too).
@@ -102,7 +102,7 @@ TEST(StaticDecode, CudaGraphReplayIsBitIdenticalToTheSameStepEager) {
   std::cout << "[static-decode] graph vs the same step eager: " << identical << "/" << graph.logprobs.size()
             << " steps bit-identical\n";
   EXPECT_GE(identical * 100, graph.logprobs.size() * 95);
-  Out eager = run(gpu, prompt_of(20), 300, "0", "0");
+  Out eager = run(gpu, graph_prompt_of(20), 300, "0", "0");
   size_t agree = 0;
   while (agree < eager.tokens.size() && agree < graph.tokens.size() && eager.tokens[agree] == graph.tokens[agree]) ++agree;
   std::cout << "[static-decode] bf16 graph vs eager loop: " << agree << "/" << eager.tokens.size() << " greedy tokens agree\n";

@@ -7,7 +7,7 @@ namespace hearth::generate {
 namespace {
 
 // Pushes every piece, returns the concatenated emitted text (plus flush when no stop matched).
-std::string run(StopMatcher& m, const std::vector<std::string>& pieces, std::vector<std::string>* emitted = nullptr) {
+std::string run_stop(StopMatcher& m, const std::vector<std::string>& pieces, std::vector<std::string>* emitted = nullptr) {
   std::string out;
   for (const auto& p : pieces) {
     auto r = m.push(p);
@@ -28,7 +28,7 @@ TEST(StopMatcher, NoStopsPassesEverythingThrough) {
 TEST(StopMatcher, EmptyStopStringsAreIgnored) {
   StopMatcher m({"", "X"});
   ASSERT_EQ(m.stops().size(), 1u);
-  EXPECT_EQ(run(m, {"aXb"}), "a");
+  EXPECT_EQ(run_stop(m, {"aXb"}), "a");
 }
 
 TEST(StopMatcher, MatchInsideOnePiece) {
@@ -45,7 +45,7 @@ TEST(StopMatcher, MatchInsideOnePiece) {
 TEST(StopMatcher, MatchAcrossTokenBoundariesHoldsBackPrefix) {
   StopMatcher m({"END"});
   std::vector<std::string> emitted;
-  std::string out = run(m, {"Hel", "lo E", "N", "D!"}, &emitted);
+  std::string out = run_stop(m, {"Hel", "lo E", "N", "D!"}, &emitted);
   EXPECT_EQ(out, "Hello ");
   ASSERT_EQ(emitted.size(), 4u);
   EXPECT_EQ(emitted[0], "Hel");
@@ -67,7 +67,7 @@ TEST(StopMatcher, OverlappingPrefixes) {
   // "aab" inside "aaab": the first 'a' can never start the match that completes.
   StopMatcher m({"aab"});
   std::vector<std::string> emitted;
-  EXPECT_EQ(run(m, {"a", "a", "a", "b", "tail"}, &emitted), "a");
+  EXPECT_EQ(run_stop(m, {"a", "a", "a", "b", "tail"}, &emitted), "a");
   EXPECT_EQ(emitted, (std::vector<std::string>{"", "", "a", ""}));
 }
 
@@ -107,7 +107,7 @@ TEST(StopMatcher, FlushReleasesHeldTailAtTheEnd) {
 
 TEST(StopMatcher, Utf8StopAcrossPieces) {
   StopMatcher m({"→ fin"});
-  EXPECT_EQ(run(m, {"café ", "→", " f", "in", " après"}), "café ");
+  EXPECT_EQ(run_stop(m, {"café ", "→", " f", "in", " après"}), "café ");
 }
 
 TEST(StopMatcher, SameOutputRegardlessOfPieceSplit) {
@@ -116,7 +116,7 @@ TEST(StopMatcher, SameOutputRegardlessOfPieceSplit) {
     StopMatcher m({"<stop>", "zzz"});
     std::vector<std::string> pieces;
     for (size_t i = 0; i < text.size(); i += n) pieces.push_back(text.substr(i, n));
-    EXPECT_EQ(run(m, pieces), "one two ") << "piece size " << n;
+    EXPECT_EQ(run_stop(m, pieces), "one two ") << "piece size " << n;
   }
 }
 

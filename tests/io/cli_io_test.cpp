@@ -16,16 +16,16 @@ using hearth::testing::TempDir;
 
 namespace {
 
-struct CliRun {
+struct CliIoRun {
   int code;
   std::string out;  // stdout
   std::string err;  // stderr
 };
 
-CliRun run_hearth(const std::string& args, const TempDir& scratch) {
+CliIoRun run_hearth(const std::string& args, const TempDir& scratch) {
   const std::string err_path = (scratch / "stderr.txt").string();
   const std::string cmd = std::string(HEARTH_BINARY) + " " + args + " 2>" + err_path;
-  CliRun r{-1, "", ""};
+  CliIoRun r{-1, "", ""};
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return r;
   char buf[4096];
@@ -59,7 +59,7 @@ TEST(CliIo, InfoOnCorruptModelFailsWithOneLine) {
   TempDir d;
   make_model(d / "m");
   hearth::testing::write_bytes(d / "m" / "model.safetensors", hearth::testing::safetensors_bytes("{", ""));
-  CliRun r = run_hearth("info --model " + (d / "m").string(), d);
+  CliIoRun r = run_hearth("info --model " + (d / "m").string(), d);
   EXPECT_NE(r.code, 0);
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   EXPECT_NE(r.err.find("model.safetensors: header is not valid JSON"), std::string::npos) << r.err;
@@ -71,7 +71,7 @@ TEST(CliIo, InfoOnCorruptModelFailsWithOneLine) {
 TEST(CliIo, ConvertQuantizeThenInfo) {
   TempDir d;
   make_model(d / "m");
-  CliRun r = run_hearth("convert -q --q-bits 4 --q-group-size 32 --model " + (d / "m").string() + " --out " +
+  CliIoRun r = run_hearth("convert -q --q-bits 4 --q-group-size 32 --model " + (d / "m").string() + " --out " +
                          (d / "q").string(),
                      d);
   ASSERT_EQ(r.code, 0) << r.err;
@@ -102,7 +102,7 @@ TEST(CliIo, ConvertQuantizeThenInfo) {
   EXPECT_NE(r.out.find("4-bit affine, group 32"), std::string::npos) << r.out;
   // Logical parameter count: 16*64 + 64*64 + 8*48 + 64 = 5568, same as the float model.
   EXPECT_NE(r.out.find("(5568)"), std::string::npos) << r.out;
-  CliRun rf = run_hearth("info --model " + (d / "m").string(), d);
+  CliIoRun rf = run_hearth("info --model " + (d / "m").string(), d);
   EXPECT_NE(rf.out.find("(5568)"), std::string::npos) << rf.out;
 
   // Quantizing a quantized model, or writing over an existing folder, fails and leaves nothing.
@@ -121,7 +121,7 @@ TEST(CliIo, ConvertQuantizeThenInfo) {
 TEST(CliIo, ConvertCastsDtype) {
   TempDir d;
   make_model(d / "m");
-  CliRun r = run_hearth("convert --dtype bf16 --model " + (d / "m").string() + " --out " + (d / "b").string(), d);
+  CliIoRun r = run_hearth("convert --dtype bf16 --model " + (d / "m").string() + " --out " + (d / "b").string(), d);
   ASSERT_EQ(r.code, 0) << r.err;
   hearth::io::WeightStore ws = hearth::io::WeightStore::open(d / "b");
   EXPECT_EQ(ws.info("model.embed_tokens.weight").dtype, hearth::io::DType::BF16);

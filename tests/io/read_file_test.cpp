@@ -19,7 +19,7 @@ namespace fs = std::filesystem;
 using hearth::testing::TempDir;
 using hearth::testing::write_bytes;
 
-std::string error_of(const std::function<void()>& f) {
+std::string read_error_of(const std::function<void()>& f) {
   try {
     f();
   } catch (const hearth::Error& e) {
@@ -43,20 +43,20 @@ TEST(ReadFile, FifoFailsAtOnceInsteadOfHanging) {
   TempDir d;
   ASSERT_EQ(::mkfifo((d / "config.json").c_str(), 0600), 0);
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string msg = error_of([&] { hearth::io::read_json(d / "config.json"); });
+  const std::string msg = read_error_of([&] { hearth::io::read_json(d / "config.json"); });
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
   EXPECT_NE(msg.find("config.json: not a regular file (a FIFO)"), std::string::npos) << msg;
-  EXPECT_NE(error_of([&] { hearth::io::SafetensorsFile::open(d / "config.json"); }).find("not a regular file (a FIFO)"),
+  EXPECT_NE(read_error_of([&] { hearth::io::SafetensorsFile::open(d / "config.json"); }).find("not a regular file (a FIFO)"),
             std::string::npos);
 }
 
 TEST(ReadFile, DeviceBehindSymlinkIsRefused) {
   TempDir d;
   fs::create_symlink("/dev/zero", d / "tokenizer.json");
-  const std::string msg = error_of([&] { hearth::io::read_file(d / "tokenizer.json", hearth::io::FileKind::kTokenizer); });
+  const std::string msg = read_error_of([&] { hearth::io::read_file(d / "tokenizer.json", hearth::io::FileKind::kTokenizer); });
   EXPECT_NE(msg.find("tokenizer.json: not a regular file (a character device)"), std::string::npos) << msg;
   fs::create_symlink("/dev/zero", d / "model.safetensors");
-  EXPECT_NE(error_of([&] { hearth::io::SafetensorsFile::open(d / "model.safetensors"); }).find("character device"),
+  EXPECT_NE(read_error_of([&] { hearth::io::SafetensorsFile::open(d / "model.safetensors"); }).find("character device"),
             std::string::npos);
 }
 
@@ -67,9 +67,9 @@ TEST(ReadFile, SizeCapIsCheckedBeforeReading) {
     write_bytes(d / "big.json", "{}");
     ASSERT_EQ(::truncate((d / "big.json").c_str(), off_t{1} << 30), 0);
   }
-  const std::string msg = error_of([&] { hearth::io::read_json(d / "big.json"); });
+  const std::string msg = read_error_of([&] { hearth::io::read_json(d / "big.json"); });
   EXPECT_NE(msg.find("big.json: 1073741824 bytes, over the 64 MiB limit for a config file"), std::string::npos) << msg;
-  EXPECT_NE(error_of([&] { hearth::io::read_file(d / "big.json", hearth::io::FileKind::kText); }).find("16 MiB"),
+  EXPECT_NE(read_error_of([&] { hearth::io::read_file(d / "big.json", hearth::io::FileKind::kText); }).find("16 MiB"),
             std::string::npos);
   EXPECT_EQ(hearth::io::max_bytes(hearth::io::FileKind::kTokenizer), uint64_t{256} << 20);
 }
@@ -78,14 +78,14 @@ TEST(ReadFile, SymlinkLoopIsNamed) {
   TempDir d;
   fs::create_symlink(d / "b.json", d / "a.json");
   fs::create_symlink(d / "a.json", d / "b.json");
-  const std::string msg = error_of([&] { hearth::io::read_json(d / "a.json"); });
+  const std::string msg = read_error_of([&] { hearth::io::read_json(d / "a.json"); });
   EXPECT_NE(msg.find("a.json: cannot open (symlink loop"), std::string::npos) << msg;
   EXPECT_TRUE(hearth::io::entry_exists(d / "a.json"));
   // A missing file is still NotFound.
   EXPECT_THROW(hearth::io::read_file(d / "nope.json"), hearth::NotFound);
-  EXPECT_NE(error_of([&] { hearth::io::read_file(d / "nope.json"); }).find("nope.json: cannot open (no such file)"),
+  EXPECT_NE(read_error_of([&] { hearth::io::read_file(d / "nope.json"); }).find("nope.json: cannot open (no such file)"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { hearth::io::read_file(d.path()); }).find("not a regular file (a folder)"), std::string::npos);
+  EXPECT_NE(read_error_of([&] { hearth::io::read_file(d.path()); }).find("not a regular file (a folder)"), std::string::npos);
 }
 
 TEST(ReadFile, RootsConfineTheRealPath) {
@@ -100,7 +100,7 @@ TEST(ReadFile, RootsConfineTheRealPath) {
   EXPECT_EQ(hearth::io::read_json(d / "allowed" / "ad" / "ok.json", hearth::io::FileKind::kConfig, roots)["ok"], 1);
   EXPECT_EQ(hearth::io::read_json(d / "allowed" / "ad" / "inner_link.json", hearth::io::FileKind::kConfig, roots)["ok"],
             1);
-  const std::string msg = error_of(
+  const std::string msg = read_error_of(
       [&] { hearth::io::read_json(d / "allowed" / "ad" / "link.json", hearth::io::FileKind::kConfig, roots); });
   EXPECT_NE(msg.find("link.json: resolves (through a symlink) to a file outside the allowed folders"), std::string::npos)
       << msg;
@@ -115,7 +115,7 @@ TEST(ReadFile, RootsConfineTheRealPath) {
 TEST(ReadFile, JsonErrorsDoNotQuoteTheFile) {
   TempDir d;
   write_bytes(d / "adapter_config.json", "root:x:0:0:root:/root:/bin/bash\n");
-  const std::string msg = error_of([&] { hearth::io::read_json(d / "adapter_config.json"); });
+  const std::string msg = read_error_of([&] { hearth::io::read_json(d / "adapter_config.json"); });
   EXPECT_NE(msg.find("adapter_config.json: invalid JSON (parse error at line 1, column 1"), std::string::npos) << msg;
   EXPECT_EQ(msg.find("root"), std::string::npos) << msg;
   EXPECT_EQ(msg.find("last read"), std::string::npos) << msg;

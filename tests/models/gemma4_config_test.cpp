@@ -33,7 +33,7 @@ json e4b_like() {
 
 // The message of the hearth::Error `f` throws ("" when it throws none).
 template <typename F>
-std::string error_of(F f) {
+std::string gemma4_config_error_of(F f) {
   try {
     f();
   } catch (const hearth::Error& e) {
@@ -42,8 +42,8 @@ std::string error_of(F f) {
   return "";
 }
 
-void expect_error(const json& j, const std::string& field, const std::string& what) {
-  const std::string msg = error_of([&] { Gemma4Config::from_json(j, "config.json"); });
+void expect_gemma4_config_error(const json& j, const std::string& field, const std::string& what) {
+  const std::string msg = gemma4_config_error_of([&] { Gemma4Config::from_json(j, "config.json"); });
   EXPECT_NE(msg.find("config.json: " + field), std::string::npos) << msg;
   EXPECT_NE(msg.find(what), std::string::npos) << msg;
   EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
@@ -102,57 +102,57 @@ TEST(Gemma4Config, DerivedGeometry) {
 TEST(Gemma4Config, BadInputIsOneLineNamingFileAndField) {
   json j = e4b_like();
   j["layer_types"].erase(0);
-  expect_error(j, "layer_types", "has 5 entries for num_hidden_layers = 6");
+  expect_gemma4_config_error(j, "layer_types", "has 5 entries for num_hidden_layers = 6");
   j = e4b_like();
   j["layer_types"][1] = "local";
-  expect_error(j, "layer_types[1]", "is not sliding_attention or full_attention");
+  expect_gemma4_config_error(j, "layer_types[1]", "is not sliding_attention or full_attention");
   j = e4b_like();
   j["layer_types"] = {"full_attention", "full_attention", "full_attention", "sliding_attention", "sliding_attention",
                       "full_attention"};
-  expect_error(j, "num_kv_shared_layers", "layer 3 (sliding_attention) shares the K/V");
+  expect_gemma4_config_error(j, "num_kv_shared_layers", "layer 3 (sliding_attention) shares the K/V");
   j = e4b_like();
   j["num_kv_shared_layers"] = 6;
-  expect_error(j, "num_kv_shared_layers", "leaves no layer computing its own K/V");
+  expect_gemma4_config_error(j, "num_kv_shared_layers", "leaves no layer computing its own K/V");
   for (const json& w : {json(0), json(-4), json("8")}) {
     j = e4b_like();
     j["sliding_window"] = w;
-    expect_error(j, "sliding_window", "must be a positive integer");
+    expect_gemma4_config_error(j, "sliding_window", "must be a positive integer");
   }
   for (const char* key : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"}) {
     j = e4b_like();
     j.erase(key);
-    expect_error(j, key, "missing required key");
+    expect_gemma4_config_error(j, key, "missing required key");
   }
   j = e4b_like();
   j["enable_moe_block"] = true;
-  expect_error(j, "enable_moe_block", "mixture-of-experts block is not supported");
+  expect_gemma4_config_error(j, "enable_moe_block", "mixture-of-experts block is not supported");
   j = e4b_like();
   j["hidden_activation"] = "silu";
-  expect_error(j, "hidden_activation", "only gelu_pytorch_tanh");
+  expect_gemma4_config_error(j, "hidden_activation", "only gelu_pytorch_tanh");
   j = e4b_like();
   j["rope_parameters"] = {{"sliding_attention", {{"rope_type", "yarn"}}}, {"full_attention", json::object()}};
-  expect_error(j, "rope_parameters.sliding_attention.rope_type", "unsupported rope type 'yarn'");
+  expect_gemma4_config_error(j, "rope_parameters.sliding_attention.rope_type", "unsupported rope type 'yarn'");
   j = e4b_like();
   j["rope_parameters"] = {{"sliding_attention", {{"rope_type", "default"}}}};
-  expect_error(j, "rope_parameters", "has no entry for full_attention");
+  expect_gemma4_config_error(j, "rope_parameters", "has no entry for full_attention");
   j = e4b_like();
   j["per_layer_config"] = {{"9", {{"head_dim", 32}}}};
-  expect_error(j, "per_layer_config.9", "not a layer index");
+  expect_gemma4_config_error(j, "per_layer_config.9", "not a layer index");
   j = e4b_like();
   j["per_layer_config"] = {{"2", {{"head_dim", 32}}}, {"5", {{"head_dim", 64}}}};
-  expect_error(j, "per_layer_config", "layers 2 and 5 (full_attention) have head dims 32 and 64");
+  expect_gemma4_config_error(j, "per_layer_config", "layers 2 and 5 (full_attention) have head dims 32 and 64");
   j = e4b_like();
   j["num_key_value_heads"] = 3;
-  expect_error(j, "num_key_value_heads", "must be a multiple of it");
+  expect_gemma4_config_error(j, "num_key_value_heads", "must be a multiple of it");
   json mm = {{"model_type", "gemma4"}};
-  expect_error(mm, "text_config", "missing");
+  expect_gemma4_config_error(mm, "text_config", "missing");
   mm["text_config"] = e4b_like();
   mm["text_config"]["sliding_window"] = 0;
-  expect_error(mm, "text_config.sliding_window", "must be a positive integer");
+  expect_gemma4_config_error(mm, "text_config.sliding_window", "must be a positive integer");
   // Through the registry: the family's check, as `hearth info` runs it.
   j = e4b_like();
   j["layer_types"].erase(0);
-  EXPECT_NE(error_of([&] { hearth::models::check_config(j, "config.json"); }).find("config.json: layer_types"),
+  EXPECT_NE(gemma4_config_error_of([&] { hearth::models::check_config(j, "config.json"); }).find("config.json: layer_types"),
             std::string::npos);
 }
 
@@ -169,7 +169,7 @@ TEST(Gemma4Config, MissingPerLayerTensorsNameTheTensor) {
     for (const auto& info : file->tensors())
       if (info.name != missing) w[info.name] = file->tensor(info.name);
     hearth::nn::TensorMapSource src(std::move(w), "model.safetensors");
-    const std::string msg = error_of(
+    const std::string msg = gemma4_config_error_of(
         [&] { hearth::models::build_model({cfg, "config.json", src, std::nullopt, hearth::nn::LoadOptions{}}); });
     EXPECT_NE(msg.find(missing), std::string::npos) << missing << ": " << msg;
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
@@ -181,6 +181,6 @@ TEST(Gemma4Config, MissingPerLayerTensorsNameTheTensor) {
   for (const auto& info : file->tensors()) w[info.name] = file->tensor(info.name);
   hearth::nn::TensorMapSource src(std::move(w), "model.safetensors");
   const std::string msg =
-      error_of([&] { hearth::models::build_model({bad, "config.json", src, std::nullopt, hearth::nn::LoadOptions{}}); });
+      gemma4_config_error_of([&] { hearth::models::build_model({bad, "config.json", src, std::nullopt, hearth::nn::LoadOptions{}}); });
   EXPECT_NE(msg.find("embed_tokens_per_layer"), std::string::npos) << msg;
 }

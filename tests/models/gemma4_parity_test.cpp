@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const fs::path kGolden = fs::path(HEARTH_SOURCE_DIR) / "tests/golden/models";
+const fs::path kGemma4Golden = fs::path(HEARTH_SOURCE_DIR) / "tests/golden/models";
 // Logits reach |20| and the post-norm gains that keep the greedy paths varied make the models
 // sensitive to fp32 rounding: Hearth's own stepwise decode differs from its one-pass forward by up
 // to 3.6e-4 on these models, and from transformers by at most 1.7e-4 (gemma4_e). Hence 2.5e-4
@@ -43,7 +43,7 @@ class Gemma4Parity : public ::testing::TestWithParam<std::string> {};
 }  // namespace
 
 TEST_P(Gemma4Parity, LogitsAndGreedyMatchTransformers) {
-  const fs::path dir = kGolden / GetParam();
+  const fs::path dir = kGemma4Golden / GetParam();
   ASSERT_TRUE(fs::exists(dir / "golden.json")) << dir;
   auto golden = hearth::io::read_json(dir / "golden.json");
   auto model = hearth::models::load_model(dir, {at::kCPU, at::kFloat});
@@ -88,8 +88,8 @@ INSTANTIATE_TEST_SUITE_P(Golden, Gemma4Parity,
 // agree between decode and prefill.
 TEST(Gemma4Decode, StepwiseEqualsFullForward) {
   for (const char* v : {"gemma4_e", "gemma4_keqv", "gemma4_mm"}) {
-    auto golden = hearth::io::read_json(kGolden / v / "golden.json");
-    auto model = hearth::models::load_model(kGolden / v, {at::kCPU, at::kFloat});
+    auto golden = hearth::io::read_json(kGemma4Golden / v / "golden.json");
+    auto model = hearth::models::load_model(kGemma4Golden / v, {at::kCPU, at::kFloat});
     const auto ids = prompt_ids(golden, 1);
     const int64_t T = static_cast<int64_t>(ids.size());
     at::Tensor all = at::tensor(ids, at::kLong).view({1, T});
@@ -109,7 +109,7 @@ TEST(Gemma4Decode, StepwiseEqualsFullForward) {
 
 // Sharers keep no cache; a range that starts after the donor without its streams is refused.
 TEST(Gemma4Decode, CachesAndSharedStreams) {
-  auto model = hearth::models::load_model(kGolden / "gemma4_e", {at::kCPU, at::kFloat});
+  auto model = hearth::models::load_model(kGemma4Golden / "gemma4_e", {at::kCPU, at::kFloat});
   auto caches = model->make_cache();
   ASSERT_EQ(caches.size(), 6u);
   EXPECT_EQ(caches[0]->kind(), "rotating_kv");
@@ -139,7 +139,7 @@ TEST(Gemma4Decode, CachesAndSharedStreams) {
 // masked): same keys, same reduction lengths, so CUDA bf16 decode steps match transformers bit for
 // bit. The donor's stream (what sharers attend with) shows it: gemma4_e has window 8.
 TEST(Gemma4Decode, SlidingLayersAttendOverTheWindowOnly) {
-  auto model = hearth::models::load_model(kGolden / "gemma4_e", {at::kCPU, at::kFloat});
+  auto model = hearth::models::load_model(kGemma4Golden / "gemma4_e", {at::kCPU, at::kFloat});
   auto caches = model->make_cache();
   const auto pos = [](int64_t p) { return hearth::models::Positions::uniform(p); };
   at::Tensor ids = at::randint(2, 500, {1, 13}, at::kLong);
@@ -158,7 +158,7 @@ TEST(Gemma4Decode, SlidingLayersAttendOverTheWindowOnly) {
 
 // The modules LoRA attaches to and the tensors a full fine-tune trains, by checkpoint name.
 TEST(Gemma4Modules, LinearModulesAndParameters) {
-  auto e = hearth::models::load_model(kGolden / "gemma4_e", {at::kCPU, at::kFloat});
+  auto e = hearth::models::load_model(kGemma4Golden / "gemma4_e", {at::kCPU, at::kFloat});
   std::vector<std::string> names;
   for (const auto& [n, lin] : e->linear_modules()) names.push_back(n);
   auto has = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) != names.end(); };
@@ -173,7 +173,7 @@ TEST(Gemma4Modules, LinearModulesAndParameters) {
   for (const auto& [n, t] : params) numel += t.numel();
   EXPECT_EQ(numel * 4 + 6 * 4, e->weight_bytes());  // every weight once (+ the six layer scalars)
 
-  auto mm = hearth::models::load_model(kGolden / "gemma4_mm", {at::kCPU, at::kFloat});
+  auto mm = hearth::models::load_model(kGemma4Golden / "gemma4_mm", {at::kCPU, at::kFloat});
   auto* g = dynamic_cast<hearth::models::gemma4::Gemma4Model*>(mm.get());
   ASSERT_NE(g, nullptr);
   EXPECT_EQ(g->prefix(), "model.language_model.");
@@ -184,7 +184,7 @@ TEST(Gemma4Modules, LinearModulesAndParameters) {
   EXPECT_FALSE(has("model.language_model.layers.1.self_attn.v_proj"));  // k_eq_v full layer
   EXPECT_TRUE(has("model.language_model.layers.0.self_attn.v_proj"));
 
-  auto q4 = hearth::models::load_model(kGolden / "gemma4_e_q4", {at::kCPU, at::kFloat});
+  auto q4 = hearth::models::load_model(kGemma4Golden / "gemma4_e_q4", {at::kCPU, at::kFloat});
   EXPECT_THROW(q4->named_parameters(), hearth::Error);
   EXPECT_LT(q4->weight_bytes(), e->weight_bytes() / 2);
 }

@@ -17,12 +17,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const fs::path kGolden = fs::path(HEARTH_SOURCE_DIR) / "tests/golden/models";
+const fs::path kLlamaGolden = fs::path(HEARTH_SOURCE_DIR) / "tests/golden/models";
 
 std::vector<std::string> variants() {
   std::vector<std::string> out;
-  if (fs::exists(kGolden))
-    for (const auto& e : fs::directory_iterator(kGolden))
+  if (fs::exists(kLlamaGolden))
+    for (const auto& e : fs::directory_iterator(kLlamaGolden))
       if (fs::exists(e.path() / "golden.json") && e.path().filename().string().rfind("gemma4", 0) != 0)
         out.push_back(e.path().filename().string());  // gemma4_*: tests/models/gemma4_parity_test.cpp
   std::sort(out.begin(), out.end());
@@ -30,7 +30,7 @@ std::vector<std::string> variants() {
   return out;
 }
 
-at::Tensor read_logits(const fs::path& p, int64_t T) {
+at::Tensor read_llama_logits(const fs::path& p, int64_t T) {
   std::ifstream f(p, std::ios::binary);
   std::vector<char> bytes((std::istreambuf_iterator<char>(f)), {});
   const int64_t n = static_cast<int64_t>(bytes.size() / 4);
@@ -44,14 +44,14 @@ class LlamaParity : public ::testing::TestWithParam<std::string> {};
 }  // namespace
 
 TEST_P(LlamaParity, LogitsAndGreedyMatchTransformers) {
-  if (GetParam() == "none") GTEST_SKIP() << "no goldens under " << kGolden;
-  const fs::path dir = kGolden / GetParam();
+  if (GetParam() == "none") GTEST_SKIP() << "no goldens under " << kLlamaGolden;
+  const fs::path dir = kLlamaGolden / GetParam();
   auto golden = hearth::io::read_json(dir / "golden.json");
   auto model = hearth::models::load_model(dir, {at::kCPU, at::kFloat});
   for (const auto& p : golden["prompts"]) {
     std::vector<int64_t> ids = p["ids"].get<std::vector<int64_t>>();
     const int64_t T = static_cast<int64_t>(ids.size());
-    at::Tensor want = read_logits(dir / p["logits"].get<std::string>(), T);
+    at::Tensor want = read_llama_logits(dir / p["logits"].get<std::string>(), T);
     auto caches = model->make_cache();
     at::Tensor input = at::tensor(ids, at::kLong).view({1, T});
     at::Tensor logits = model->forward(input, 0, &caches)[0];

@@ -28,19 +28,19 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr double kTol = 5e-4;
-const fs::path kGolden = fs::path(HEARTH_SOURCE_DIR) / "tests/golden/models/qwen3_5";
+const fs::path kQwen35Golden = fs::path(HEARTH_SOURCE_DIR) / "tests/golden/models/qwen3_5";
 
-std::vector<std::string> variants() {
+std::vector<std::string> qwen35_variants() {
   std::vector<std::string> out;
-  if (fs::exists(kGolden))
-    for (const auto& e : fs::directory_iterator(kGolden))
+  if (fs::exists(kQwen35Golden))
+    for (const auto& e : fs::directory_iterator(kQwen35Golden))
       if (fs::exists(e.path() / "golden.json")) out.push_back(e.path().filename().string());
   std::sort(out.begin(), out.end());
   if (out.empty()) out.push_back("none");
   return out;
 }
 
-at::Tensor read_logits(const fs::path& p, int64_t T) {
+at::Tensor read_qwen35_logits(const fs::path& p, int64_t T) {
   std::ifstream f(p, std::ios::binary);
   std::vector<char> bytes((std::istreambuf_iterator<char>(f)), {});
   const int64_t n = static_cast<int64_t>(bytes.size() / 4);
@@ -58,8 +58,8 @@ class Qwen3_5Parity : public ::testing::TestWithParam<std::string> {};
 }  // namespace
 
 TEST_P(Qwen3_5Parity, LogitsAndGreedyMatchTransformers) {
-  if (GetParam() == "none") GTEST_SKIP() << "no goldens under " << kGolden;
-  const fs::path dir = kGolden / GetParam();
+  if (GetParam() == "none") GTEST_SKIP() << "no goldens under " << kQwen35Golden;
+  const fs::path dir = kQwen35Golden / GetParam();
   auto golden = hearth::io::read_json(dir / "golden.json");
   auto model = hearth::models::load_model(dir, {at::kCPU, at::kFloat});
   // Cache kinds follow the layer kinds.
@@ -72,7 +72,7 @@ TEST_P(Qwen3_5Parity, LogitsAndGreedyMatchTransformers) {
   for (const auto& p : golden["prompts"]) {
     std::vector<int64_t> ids = p["ids"].get<std::vector<int64_t>>();
     const int64_t T = static_cast<int64_t>(ids.size());
-    at::Tensor want = read_logits(dir / p["logits"].get<std::string>(), T);
+    at::Tensor want = read_qwen35_logits(dir / p["logits"].get<std::string>(), T);
     auto caches = model->make_cache();
     at::Tensor logits = model->forward(ids_tensor(ids), 0, &caches)[0];
     const double diff = (logits - want).abs().max().item<double>();
@@ -94,14 +94,14 @@ TEST_P(Qwen3_5Parity, LogitsAndGreedyMatchTransformers) {
   std::cout << "[qwen3_5 parity] " << GetParam() << " max|dlogit| = " << worst << "\n";
 }
 
-INSTANTIATE_TEST_SUITE_P(Golden, Qwen3_5Parity, ::testing::ValuesIn(variants()),
+INSTANTIATE_TEST_SUITE_P(Golden, Qwen3_5Parity, ::testing::ValuesIn(qwen35_variants()),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 namespace {
 
 // The longest golden prompt (111 tokens: more than one 64-token chunk) of `variant`.
 std::vector<int64_t> long_prompt(const std::string& variant) {
-  auto golden = hearth::io::read_json(kGolden / variant / "golden.json");
+  auto golden = hearth::io::read_json(kQwen35Golden / variant / "golden.json");
   std::vector<int64_t> best;
   for (const auto& p : golden["prompts"]) {
     auto ids = p["ids"].get<std::vector<int64_t>>();
@@ -130,8 +130,8 @@ at::Tensor prefill_in_pieces(hearth::models::Model& m, const std::vector<int64_t
 
 TEST(Qwen3_5Prefill, ChunkedPrefillEqualsTokenByToken) {
   for (const char* v : {"q35_tied_hv2", "q35_untied_hv1_mqa", "q35_interval_k3"}) {
-    if (!fs::exists(kGolden / v)) GTEST_SKIP() << "no golden " << v;
-    auto model = hearth::models::load_model(kGolden / v, {at::kCPU, at::kFloat});
+    if (!fs::exists(kQwen35Golden / v)) GTEST_SKIP() << "no golden " << v;
+    auto model = hearth::models::load_model(kQwen35Golden / v, {at::kCPU, at::kFloat});
     const auto ids = long_prompt(v);
     ASSERT_GT(ids.size(), 64u);
     at::Tensor one = prefill_in_pieces(*model, ids, {});
@@ -146,8 +146,8 @@ TEST(Qwen3_5Prefill, ChunkedPrefillEqualsTokenByToken) {
 
 TEST(Qwen3_5Prefill, SplitPrefillEqualsOnePrefill) {
   const char* v = "q35_untied_hv1_mqa";
-  if (!fs::exists(kGolden / v)) GTEST_SKIP() << "no golden " << v;
-  auto model = hearth::models::load_model(kGolden / v, {at::kCPU, at::kFloat});
+  if (!fs::exists(kQwen35Golden / v)) GTEST_SKIP() << "no golden " << v;
+  auto model = hearth::models::load_model(kQwen35Golden / v, {at::kCPU, at::kFloat});
   const auto ids = long_prompt(v);
   at::Tensor one = prefill_in_pieces(*model, ids, {});
   for (const std::vector<int64_t>& cuts :
@@ -161,8 +161,8 @@ TEST(Qwen3_5Prefill, CacheSnapshotResumesExactly) {
   // A clone()d cache taken mid-prompt resumes to the same logits as the original (what a prompt
   // cache for hybrids relies on, since the recurrent state cannot be trimmed).
   const char* v = "q35_tied_hv2";
-  if (!fs::exists(kGolden / v)) GTEST_SKIP() << "no golden " << v;
-  auto model = hearth::models::load_model(kGolden / v, {at::kCPU, at::kFloat});
+  if (!fs::exists(kQwen35Golden / v)) GTEST_SKIP() << "no golden " << v;
+  auto model = hearth::models::load_model(kQwen35Golden / v, {at::kCPU, at::kFloat});
   const auto ids = long_prompt(v);
   auto caches = model->make_cache();
   std::vector<int64_t> head(ids.begin(), ids.begin() + 40), tail(ids.begin() + 40, ids.end());

@@ -16,13 +16,13 @@ namespace fs = std::filesystem;
 
 namespace {
 const fs::path kStarter = fs::path(HEARTH_SOURCE_DIR) / "models/starter";
-const fs::path kGolden = fs::path(HEARTH_SOURCE_DIR) / "tests/golden/starter/golden.json";
+const fs::path kStarterGolden = fs::path(HEARTH_SOURCE_DIR) / "tests/golden/starter/golden.json";
 }  // namespace
 
 TEST(Starter, GreedyContinuationMatchesTransformers) {
   ASSERT_TRUE(fs::exists(kStarter / "config.json")) << kStarter << " is missing: the starter ships in the repo";
-  ASSERT_TRUE(fs::exists(kGolden)) << kGolden << " is missing (tools/gen_starter_golden.py)";
-  const auto golden = hearth::io::read_json(kGolden);
+  ASSERT_TRUE(fs::exists(kStarterGolden)) << kStarterGolden << " is missing (tools/gen_starter_golden.py)";
+  const auto golden = hearth::io::read_json(kStarterGolden);
   auto model = hearth::models::load_model(kStarter, {at::kCPU, at::kFloat});
   const auto tok = hearth::tokenizer::Tokenizer::from_dir(kStarter);
   for (const auto& p : golden["prompts"]) {

@@ -28,7 +28,7 @@ Inputs random_inputs(int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t Dk, i
 }
 
 // The recurrence written plainly, per batch row and value head (float64).
-std::pair<at::Tensor, at::Tensor> naive(const Inputs& in, bool with_state) {
+std::pair<at::Tensor, at::Tensor> naive_gated_delta(const Inputs& in, bool with_state) {
   const int64_t B = in.v.size(0), T = in.v.size(1), Hv = in.v.size(2), Dk = in.k.size(3), Dv = in.v.size(3);
   const int64_t rep = Hv / in.k.size(2);
   at::Tensor out = at::zeros({B, T, Hv, Dv}, at::kDouble);
@@ -61,7 +61,7 @@ TEST(GatedDelta, ChunkedEqualsRecurrentEqualsNaive) {
     at::Tensor s0 = with_state ? in.s0 : at::Tensor();
     GatedDeltaOut c = chunk_gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, s0);
     GatedDeltaOut r = recurrent_gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, s0);
-    auto [want, want_state] = naive(in, with_state);
+    auto [want, want_state] = naive_gated_delta(in, with_state);
     ASSERT_EQ(c.out.sizes(), (std::vector<int64_t>{2, 150, 4, 8}));
     ASSERT_EQ(c.state.sizes(), (std::vector<int64_t>{2, 4, 16, 8}));
     EXPECT_EQ(c.state.scalar_type(), at::kFloat);
@@ -95,9 +95,9 @@ TEST(GatedDelta, CausalConvInPiecesEqualsWhole) {
   auto [whole, whole_state] = causal_conv1d(x, w, at::Tensor());
   // Naive: out[c, t] = silu(sum_j w[c, j] · x[c, t - (K-1) + j]), zeros before the start.
   at::Tensor padded = at::cat({at::zeros({B, C, K - 1}), x}, -1);
-  at::Tensor naive = at::zeros({B, C, T});
-  for (int64_t t = 0; t < T; ++t) naive.select(2, t).copy_((padded.narrow(2, t, K) * w).sum(-1));
-  EXPECT_LT(maxdiff(whole, at::silu(naive)), 1e-6);
+  at::Tensor naive_gated_delta = at::zeros({B, C, T});
+  for (int64_t t = 0; t < T; ++t) naive_gated_delta.select(2, t).copy_((padded.narrow(2, t, K) * w).sum(-1));
+  EXPECT_LT(maxdiff(whole, at::silu(naive_gated_delta)), 1e-6);
   EXPECT_TRUE(whole_state.equal(x.narrow(2, T - (K - 1), K - 1)));
   at::Tensor state;
   std::vector<at::Tensor> outs;

@@ -28,26 +28,26 @@ void expect_close(const at::Tensor& got, const std::vector<double>& want, double
     EXPECT_NEAR(a.data_ptr<double>()[i], want[i], rel * std::abs(want[i])) << "index " << i;
 }
 
-RopeParams parse(const nlohmann::json& j) { return RopeParams::from_json(j, "config.json"); }
+RopeParams parse_rope(const nlohmann::json& j) { return RopeParams::from_json(j, "config.json"); }
 
 }  // namespace
 
 TEST(Rope, DefaultInvFreq) {
-  auto init = compute_rope_init(parse({{"rope_theta", 10000.0}}), 16, 128);
+  auto init = compute_rope_init(parse_rope({{"rope_theta", 10000.0}}), 16, 128);
   expect_close(init.inv_freq, default_freqs(10000, 16));
   EXPECT_EQ(init.attention_scaling, 1.0);
   EXPECT_NEAR(init.inv_freq[1].item<float>(), 0.31622776601683794, 1e-7);  // 10000^(-1/8)
 }
 
 TEST(Rope, LinearDividesByFactor) {
-  auto p = parse({{"rope_theta", 500000.0}, {"rope_scaling", {{"type", "linear"}, {"factor", 4.0}}}});
+  auto p = parse_rope({{"rope_theta", 500000.0}, {"rope_scaling", {{"type", "linear"}, {"factor", 4.0}}}});
   auto want = default_freqs(500000, 16);
   for (auto& w : want) w /= 4.0;
   expect_close(compute_rope_init(p, 16, 128).inv_freq, want);
 }
 
 TEST(Rope, DynamicNtkGrowsBase) {
-  auto p = parse({{"rope_scaling", {{"rope_type", "dynamic"}, {"factor", 2.0}}}});
+  auto p = parse_rope({{"rope_scaling", {{"rope_type", "dynamic"}, {"factor", 2.0}}}});
   // At or below max_position_embeddings: unchanged.
   expect_close(compute_rope_init(p, 16, 64).inv_freq, default_freqs(10000, 16));
   expect_close(compute_rope_init(p, 16, 64, 50).inv_freq, default_freqs(10000, 16));
@@ -57,7 +57,7 @@ TEST(Rope, DynamicNtkGrowsBase) {
 }
 
 TEST(Rope, DynamicUpdateIsStatefulLikeTransformers) {
-  auto p = parse({{"rope_scaling", {{"rope_type", "dynamic"}, {"factor", 2.0}}}});
+  auto p = parse_rope({{"rope_scaling", {{"rope_type", "dynamic"}, {"factor", 2.0}}}});
   hearth::nn::RotaryEmbedding rope(p, 16, 16, at::kCPU);
   auto original = rope.inv_freq().clone();
   rope.cos_sin(0, 20, at::kFloat);  // seq_len 20 > 16: recomputed for 20
@@ -72,7 +72,7 @@ TEST(Rope, DynamicUpdateIsStatefulLikeTransformers) {
 TEST(Rope, Llama3ThreeRegions) {
   // dim 16, theta 1e4: wavelengths 2π·1e4^(i/8) ≈ 6.3, 20, 63, 199, 628, 1987, 6283, 19869.
   // old_len 2048, low_freq_factor 1 → low_wavelen 2048; high_freq_factor 4 → high_wavelen 512.
-  auto p = parse({{"rope_scaling",
+  auto p = parse_rope({{"rope_scaling",
                    {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
                     {"original_max_position_embeddings", 2048}}}});
   auto base = default_freqs(10000, 16);
@@ -95,7 +95,7 @@ TEST(Rope, YarnRampAndMscale) {
   // dim 16, base 1e4, original max 64: correction dims d(r) = 16·ln(64/(2πr)) / (2 ln 1e4):
   // d(32) < 0 → low = 0; d(1) ≈ 2.016 → ceil → high = 3. Ramp r_i = clamp(i/3, 0, 1);
   // inv = interp·r + extrap·(1 − r), interp = extrap / factor; attention = 0.1·ln(4) + 1.
-  auto p = parse({{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64}}}});
+  auto p = parse_rope({{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64}}}});
   auto init = compute_rope_init(p, 16, 256);
   auto base = default_freqs(10000, 16);
   std::vector<double> want;
@@ -106,17 +106,17 @@ TEST(Rope, YarnRampAndMscale) {
   expect_close(init.inv_freq, want, 5e-6);
   EXPECT_NEAR(init.attention_scaling, 0.1 * std::log(4.0) + 1.0, 1e-12);
   // mscale / mscale_all_dim (DeepSeek style): (0.1·m·ln f + 1) / (0.1·m_all·ln f + 1).
-  auto p2 = parse({{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}, {"mscale", 1.0}, {"mscale_all_dim", 0.5}}}});
+  auto p2 = parse_rope({{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}, {"mscale", 1.0}, {"mscale_all_dim", 0.5}}}});
   EXPECT_NEAR(compute_rope_init(p2, 16, 64).attention_scaling,
               (0.1 * std::log(4.0) + 1) / (0.05 * std::log(4.0) + 1), 1e-12);
 }
 
 TEST(Rope, BothConventionsParseTheSame) {
-  auto v4 = parse({{"rope_theta", 500000.0},
+  auto v4 = parse_rope({{"rope_theta", 500000.0},
                    {"rope_scaling",
                     {{"rope_type", "llama3"}, {"factor", 32.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
                      {"original_max_position_embeddings", 8192}}}});
-  auto v5 = parse({{"rope_parameters",
+  auto v5 = parse_rope({{"rope_parameters",
                     {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 32.0}, {"low_freq_factor", 1.0},
                      {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}}}});
   EXPECT_EQ(v4.type, "llama3");
@@ -124,21 +124,21 @@ TEST(Rope, BothConventionsParseTheSame) {
   EXPECT_EQ(v4.theta, 500000.0);
   EXPECT_EQ(v5.theta, 500000.0);
   EXPECT_TRUE(at::equal(compute_rope_init(v4, 64, 131072).inv_freq, compute_rope_init(v5, 64, 131072).inv_freq));
-  auto d5 = parse({{"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1000000.0}}}});
+  auto d5 = parse_rope({{"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1000000.0}}}});
   EXPECT_EQ(d5.type, "default");
   EXPECT_EQ(d5.theta, 1000000.0);
-  EXPECT_EQ(parse({{"rope_scaling", nullptr}}).type, "default");
+  EXPECT_EQ(parse_rope({{"rope_scaling", nullptr}}).type, "default");
 }
 
 TEST(Rope, ErrorsNameTheField) {
   try {
-    parse({{"rope_scaling", {{"type", "longrope"}, {"factor", 2.0}}}});
+    parse_rope({{"rope_scaling", {{"type", "longrope"}, {"factor", 2.0}}}});
     FAIL();
   } catch (const hearth::Error& e) {
     EXPECT_NE(std::string(e.what()).find("unsupported rope type 'longrope'"), std::string::npos) << e.what();
   }
   try {
-    parse({{"rope_scaling", {{"type", "llama3"}, {"factor", 8.0}}}});
+    parse_rope({{"rope_scaling", {{"type", "llama3"}, {"factor", 8.0}}}});
     FAIL();
   } catch (const hearth::Error& e) {
     EXPECT_NE(std::string(e.what()).find("low_freq_factor"), std::string::npos) << e.what();
@@ -146,7 +146,7 @@ TEST(Rope, ErrorsNameTheField) {
 }
 
 TEST(Rope, CosSinAndRotateHalf) {
-  hearth::nn::RotaryEmbedding rope(parse({{"rope_theta", 100.0}}), 8, 64, at::kCPU);
+  hearth::nn::RotaryEmbedding rope(parse_rope({{"rope_theta", 100.0}}), 8, 64, at::kCPU);
   auto [cos, sin] = rope.cos_sin(3, 2, at::kFloat);
   ASSERT_EQ(cos.sizes(), (std::vector<int64_t>{2, 8}));
   auto f = default_freqs(100, 8);

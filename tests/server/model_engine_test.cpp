@@ -30,7 +30,7 @@ using hearth::testing::golden_model;
 
 // ChatML with the BOS written by the template (the post-processor adds another one) and the
 // assistant's tool calls rendered from the *object* arguments.
-const char* kTemplate =
+const char* kEngineTemplate =
     "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m.role }}\n"
     "{% if m.content %}{{ m.content }}{% endif %}"
     "{% if m.tool_calls %}{% for tc in m.tool_calls %}<tool_call>{{ tc.function.name }} city={{ tc.function.arguments.city }}"
@@ -146,7 +146,7 @@ class ModelServerTest : public ::testing::Test {
 };
 
 TEST_F(ModelServerTest, PromptBuildingRendersTheTemplateWithoutDoubleBos) {
-  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kTemplate);
+  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kEngineTemplate);
   ModelEngine engine(cpu_options(dir));
   EXPECT_TRUE(engine.has_chat_template());
   EXPECT_EQ(engine.context_length(), 256);  // config.json max_position_embeddings
@@ -183,7 +183,7 @@ TEST_F(ModelServerTest, PromptBuildingRendersTheTemplateWithoutDoubleBos) {
 }
 
 TEST_F(ModelServerTest, SamplingDefaultsResolveRequestThenServerThenGenerationConfig) {
-  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kTemplate);
+  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kEngineTemplate);
   J gc = io::read_json(dir / "generation_config.json");
   gc["temperature"] = 0.6;
   gc["top_p"] = 0.9;
@@ -209,7 +209,7 @@ TEST_F(ModelServerTest, SamplingDefaultsResolveRequestThenServerThenGenerationCo
   req.chat_template_kwargs["enable_thinking"] = false;
   EXPECT_DOUBLE_EQ(engine.resolve_sampling(req).temperature, 0.6);
   // Without any config: built-in temperature 0.7, top-p/top-k off; fresh seeds differ.
-  fs::path plain = model_with_template(tmp_.path() / "p", "llama_mha", kTemplate);
+  fs::path plain = model_with_template(tmp_.path() / "p", "llama_mha", kEngineTemplate);
   ModelEngine e2(cpu_options(plain));
   CompletionRequest bare = chat_request("x", 4);
   bare.sampling.temperature.reset();
@@ -222,7 +222,7 @@ TEST_F(ModelServerTest, SamplingDefaultsResolveRequestThenServerThenGenerationCo
 }
 
 TEST_F(ModelServerTest, LogitBiasSteersGreedyDecodingAndIdsAreChecked) {
-  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kTemplate);
+  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kEngineTemplate);
   ModelEngine engine(cpu_options(dir));
   CompletionRequest req = chat_request("x", 3);
   req.sampling.temperature = 0.0;
@@ -246,13 +246,13 @@ TEST_F(ModelServerTest, LogitBiasSteersGreedyDecodingAndIdsAreChecked) {
 }
 
 TEST_F(ModelServerTest, GreedyChatThroughHttpEqualsTheGenerationLoop) {
-  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kTemplate);
+  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kEngineTemplate);
   start(cpu_options(dir));
   const std::string user = "The quick brown fox";
   // Reference ids built independently: render + encode without the post-processor.
   auto tok = tokenizer::Tokenizer::from_dir(dir);
   J msgs = J::array({{{"role", "user"}, {"content", user}}});
-  std::string text = chat::render_chat_template(kTemplate, msgs, nullptr, true, J::object(), "<|bos|>", "<|endoftext|>");
+  std::string text = chat::render_chat_template(kEngineTemplate, msgs, nullptr, true, J::object(), "<|bos|>", "<|endoftext|>");
   std::vector<int32_t> ids32 = tok.encode(text, false);
   std::vector<int64_t> ids(ids32.begin(), ids32.end());
   Reference ref = reference_generate(dir, ids, 24);
@@ -279,7 +279,7 @@ TEST_F(ModelServerTest, GreedyChatThroughHttpEqualsTheGenerationLoop) {
 }
 
 TEST_F(ModelServerTest, LogprobsAreTheLogSoftmaxOfEachStep) {
-  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kTemplate);
+  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kEngineTemplate);
   start(cpu_options(dir));
   J body = {{"messages", J::array({{{"role", "user"}, {"content", "once upon a time"}}})},
             {"max_tokens", 6}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 4}};
@@ -403,7 +403,7 @@ TEST_F(ModelServerTest, ContinuationsDecodeAgainstTheirContext) {
 }
 
 TEST_F(ModelServerTest, APromptFarBeyondTheContextIsRefusedBeforeTokenizing) {
-  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kTemplate);
+  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kEngineTemplate);
   start(cpu_options(dir));
   // The bound: twice the longest vocabulary entry.
   auto tok = tokenizer::Tokenizer::from_dir(dir);
@@ -449,7 +449,7 @@ std::string cli_run(const std::string& args, const std::string& input = "") {
 }
 
 TEST_F(ModelServerTest, ChatAndGenerateCliShareThePromptPath) {
-  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kTemplate);
+  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kEngineTemplate);
   const std::string model = "--model '" + dir.string() + "' --device cpu --max-tokens 10";
   // generate applies the chat template by default; the reference is the engine's own prompt.
   std::string gen = cli_run("generate " + model + " --prompt hi");
@@ -484,7 +484,7 @@ std::string cli_generate(const std::string& args) {
 }
 
 TEST_F(ModelServerTest, AdapterRoutesMountSelectAndUnmount) {
-  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kTemplate);
+  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kEngineTemplate);
   fs::copy(golden_lora("llama_mha"), dir / "adapters" / "lora", fs::copy_options::recursive);
   // A broken copy: adapter_config.json claims rank 8, the tensors have rank 4.
   fs::copy(golden_lora("llama_mha"), dir / "adapters" / "broken", fs::copy_options::recursive);
@@ -583,7 +583,7 @@ void expect_api_error(const httplib::Result& r, int status, const std::string& p
 }
 
 TEST_F(ModelServerTest, DefaultAdapterCannotBeUnmountedAndAdapterErrorsKeepParamAndCode) {
-  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kTemplate);
+  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kEngineTemplate);
   fs::copy(golden_lora("llama_mha"), dir / "adapters" / "lora", fs::copy_options::recursive);
   ModelEngineOptions o = cpu_options(dir);
   o.adapters.emplace_back("boot", golden_lora("llama_mha"));
@@ -612,7 +612,7 @@ TEST_F(ModelServerTest, DefaultAdapterCannotBeUnmountedAndAdapterErrorsKeepParam
 }
 
 TEST_F(ModelServerTest, AdapterDirFlagAddsARootAndStartupAdaptersMount) {
-  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kTemplate);
+  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kEngineTemplate);
   fs::create_directories(tmp_.path() / "extra");
   fs::copy(golden_lora("llama_mha"), tmp_.path() / "extra" / "lora", fs::copy_options::recursive);
   ModelEngineOptions o = cpu_options(dir);

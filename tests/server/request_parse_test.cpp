@@ -7,14 +7,14 @@
 namespace hearth::server {
 namespace {
 
-using J = nlohmann::ordered_json;
+using OJ = nlohmann::ordered_json;
 
-CompletionRequest chat(const std::string& body) { return parse_chat_request(parse_body(body)); }
+CompletionRequest parse_chat(const std::string& body) { return parse_chat_request(parse_body(body)); }
 
 // Returns the ApiError's param for a body that must be rejected with 400.
 std::string rejected_param(const std::string& body, bool is_chat = true) {
   try {
-    J j = parse_body(body);
+    OJ j = parse_body(body);
     if (is_chat) parse_chat_request(j);
     else parse_completion_request(j);
   } catch (const ApiError& e) {
@@ -27,7 +27,7 @@ std::string rejected_param(const std::string& body, bool is_chat = true) {
 }
 
 TEST(RequestParse, MessagesAndContentParts) {
-  auto r = chat(R"({"model": "x", "messages": [
+  auto r = parse_chat(R"({"model": "x", "messages": [
       {"role": "developer", "content": "be brief"},
       {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
       {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
@@ -45,7 +45,7 @@ TEST(RequestParse, MessagesAndContentParts) {
 }
 
 TEST(RequestParse, OmittedAndNullFieldsStayUnset) {
-  auto r = chat(R"({"messages": [{"role": "user", "content": "hi"}], "temperature": null, "stop": null})");
+  auto r = parse_chat(R"({"messages": [{"role": "user", "content": "hi"}], "temperature": null, "stop": null})");
   EXPECT_FALSE(r.sampling.temperature);
   EXPECT_FALSE(r.sampling.top_p);
   EXPECT_FALSE(r.sampling.top_k);
@@ -56,7 +56,7 @@ TEST(RequestParse, OmittedAndNullFieldsStayUnset) {
 }
 
 TEST(RequestParse, FieldsMapToNativeValues) {
-  auto r = chat(R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "max_completion_tokens": 20,
+  auto r = parse_chat(R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "max_completion_tokens": 20,
       "temperature": 0, "top_p": 0.5, "top_k": 40, "min_p": 0.1, "seed": -3, "repetition_penalty": 1.1,
       "presence_penalty": -2, "frequency_penalty": 2, "stop": ["a", "", "b"], "stream": true,
       "stream_options": {"include_usage": true}, "logprobs": true, "top_logprobs": 3, "n": 1,
@@ -168,7 +168,7 @@ TEST(RequestParse, DeeplyNestedJsonIs400NamingTheField) {
   }
   // 100 levels are fine.
   const std::string ok = std::string(100, '[') + std::string(100, ']');
-  auto r = chat("{" + m + R"(, "chat_template_kwargs": {"x": )" + ok + "}}");
+  auto r = parse_chat("{" + m + R"(, "chat_template_kwargs": {"x": )" + ok + "}}");
   EXPECT_TRUE(r.chat_template_kwargs.contains("x"));
 }
 

@@ -11,11 +11,11 @@ namespace {
 
 using namespace hearth::server::testing;
 
-ResponsesRequest parse(const std::string& body) { return parse_responses_request(parse_body(body)); }
+ResponsesRequest parse_responses(const std::string& body) { return parse_responses_request(parse_body(body)); }
 
-std::string refused(const std::string& body) {
+std::string refused_responses(const std::string& body) {
   try {
-    parse(body);
+    parse_responses(body);
   } catch (const ApiError& e) {
     EXPECT_EQ(e.status(), 400) << body;
     return e.param();
@@ -24,7 +24,7 @@ std::string refused(const std::string& body) {
 }
 
 TEST(ResponsesParse, MapsInputItems) {
-  const ResponsesRequest p = parse(R"({
+  const ResponsesRequest p = parse_responses(R"({
     "model": "fake-model", "instructions": "Be brief.", "max_output_tokens": 50, "temperature": 0.2, "top_p": 0.8,
     "input": [
       {"role": "user", "content": [{"type": "input_text", "text": "weather "}, {"type": "input_text", "text": "twice"}]},
@@ -73,11 +73,11 @@ TEST(ResponsesParse, MapsInputItems) {
   EXPECT_EQ(J::parse(p.echo["tool_choice"].dump()), J::parse(R"({"type": "function", "name": "get_time"})"));
 
   // A string input is one user message; a call with no assistant text opens its own turn.
-  const ResponsesRequest s = parse(R"({"input": "hi", "tool_choice": "required"})");
+  const ResponsesRequest s = parse_responses(R"({"input": "hi", "tool_choice": "required"})");
   ASSERT_EQ(s.req.messages.size(), 1u);
   EXPECT_EQ(s.req.messages[0].role, "user");
   EXPECT_EQ(s.req.tool_choice, "required");
-  const ResponsesRequest c = parse(R"({"input": [{"role": "user", "content": "x"},
+  const ResponsesRequest c = parse_responses(R"({"input": [{"role": "user", "content": "x"},
       {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
       {"type": "function_call_output", "call_id": "c", "output": "ok"}]})");
   ASSERT_EQ(c.req.messages.size(), 3u);
@@ -86,36 +86,36 @@ TEST(ResponsesParse, MapsInputItems) {
 }
 
 TEST(ResponsesParse, TextFormatJsonSchemaIsAStructuredOutput) {
-  auto r = parse(
+  auto r = parse_responses(
       R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "p", "strict": true,
           "schema": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": false}}}})");
   EXPECT_EQ(r.req.response_format, "json_schema");
   EXPECT_TRUE(r.req.response_grammar != nullptr);
-  auto o = parse(R"({"input": "x", "text": {"format": {"type": "json_object"}}})");
+  auto o = parse_responses(R"({"input": "x", "text": {"format": {"type": "json_object"}}})");
   EXPECT_EQ(o.req.response_format, "json_object");
 }
 
 TEST(ResponsesParse, RefusesWhatItCannotServe) {
-  EXPECT_EQ(refused(R"({"model": "m"})"), "input");
-  EXPECT_EQ(refused(R"({"input": "x", "previous_response_id": "resp_1"})"), "previous_response_id");
-  EXPECT_EQ(refused(R"({"input": "x", "store": true})"), "store");
-  EXPECT_EQ(refused(R"({"input": "x", "background": true})"), "background");
-  EXPECT_EQ(refused(R"({"input": "x", "conversation": "conv_1"})"), "conversation");
-  EXPECT_EQ(refused(R"({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]})"),
+  EXPECT_EQ(refused_responses(R"({"model": "m"})"), "input");
+  EXPECT_EQ(refused_responses(R"({"input": "x", "previous_response_id": "resp_1"})"), "previous_response_id");
+  EXPECT_EQ(refused_responses(R"({"input": "x", "store": true})"), "store");
+  EXPECT_EQ(refused_responses(R"({"input": "x", "background": true})"), "background");
+  EXPECT_EQ(refused_responses(R"({"input": "x", "conversation": "conv_1"})"), "conversation");
+  EXPECT_EQ(refused_responses(R"({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]})"),
             "input[0].content[0].type");
-  EXPECT_EQ(refused(R"({"input": [{"type": "item_reference", "id": "msg_1"}]})"), "input[0].type");
-  EXPECT_EQ(refused(R"({"input": [{"role": "tool", "content": "x"}]})"), "input[0].role");
-  EXPECT_EQ(refused(R"({"input": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]})"), "input");
-  EXPECT_EQ(refused(R"({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]})"), "input[0].call_id");
-  EXPECT_EQ(refused(R"({"input": "x", "tools": [{"type": "web_search"}]})"), "tools[0].type");
-  EXPECT_EQ(refused(R"({"input": "x", "tools": [{"type": "function"}]})"), "tools[0].name");
-  EXPECT_EQ(refused(R"({"input": "x", "tool_choice": "sometimes"})"), "tool_choice");
-  EXPECT_EQ(refused(R"({"input": "x", "text": {"format": {"type": "yaml"}}})"), "text.format.type");
-  EXPECT_EQ(refused(R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "string", "pattern": "a+"}}}})"),
+  EXPECT_EQ(refused_responses(R"({"input": [{"type": "item_reference", "id": "msg_1"}]})"), "input[0].type");
+  EXPECT_EQ(refused_responses(R"({"input": [{"role": "tool", "content": "x"}]})"), "input[0].role");
+  EXPECT_EQ(refused_responses(R"({"input": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]})"), "input");
+  EXPECT_EQ(refused_responses(R"({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]})"), "input[0].call_id");
+  EXPECT_EQ(refused_responses(R"({"input": "x", "tools": [{"type": "web_search"}]})"), "tools[0].type");
+  EXPECT_EQ(refused_responses(R"({"input": "x", "tools": [{"type": "function"}]})"), "tools[0].name");
+  EXPECT_EQ(refused_responses(R"({"input": "x", "tool_choice": "sometimes"})"), "tool_choice");
+  EXPECT_EQ(refused_responses(R"({"input": "x", "text": {"format": {"type": "yaml"}}})"), "text.format.type");
+  EXPECT_EQ(refused_responses(R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "string", "pattern": "a+"}}}})"),
             "text.format");
-  EXPECT_EQ(refused(R"({"input": "x", "max_output_tokens": 0})"), "max_output_tokens");
-  EXPECT_EQ(refused(R"({"input": "x", "temperature": 3})"), "temperature");
-  EXPECT_EQ(refused(R"({"input": []})"), "input");
+  EXPECT_EQ(refused_responses(R"({"input": "x", "max_output_tokens": 0})"), "max_output_tokens");
+  EXPECT_EQ(refused_responses(R"({"input": "x", "temperature": 3})"), "temperature");
+  EXPECT_EQ(refused_responses(R"({"input": []})"), "input");
 }
 
 class ResponsesServerTest : public ServerTest {

@@ -19,15 +19,15 @@ namespace hearth::server {
 namespace {
 
 namespace fs = std::filesystem;
-using J = nlohmann::ordered_json;
+using OJ = nlohmann::ordered_json;
 
 const fs::path kStarter = fs::path(HEARTH_SOURCE_DIR) / "models/starter";
 
-J chat_body(const J& response_format) {
-  return J{{"model", "m"}, {"messages", J::array({J{{"role", "user"}, {"content", "hi"}}})}, {"response_format", response_format}};
+OJ chat_body(const OJ& response_format) {
+  return OJ{{"model", "m"}, {"messages", OJ::array({OJ{{"role", "user"}, {"content", "hi"}}})}, {"response_format", response_format}};
 }
 
-ApiError parse_error(const J& body) {
+ApiError parse_error(const OJ& body) {
   try {
     parse_chat_request(body);
   } catch (const ApiError& e) {
@@ -37,33 +37,33 @@ ApiError parse_error(const J& body) {
 }
 
 TEST(StructuredOutputParse, TypesAndErrors) {
-  EXPECT_EQ(parse_chat_request(chat_body(J{{"type", "text"}})).response_grammar, nullptr);
-  CompletionRequest obj = parse_chat_request(chat_body(J{{"type", "json_object"}}));
+  EXPECT_EQ(parse_chat_request(chat_body(OJ{{"type", "text"}})).response_grammar, nullptr);
+  CompletionRequest obj = parse_chat_request(chat_body(OJ{{"type", "json_object"}}));
   EXPECT_EQ(obj.response_format, "json_object");
   EXPECT_NE(obj.response_grammar, nullptr);
   CompletionRequest sch = parse_chat_request(
-      chat_body(J{{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"strict", true}, {"schema", {{"type", "integer"}}}}}}));
+      chat_body(OJ{{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"strict", true}, {"schema", {{"type", "integer"}}}}}}));
   EXPECT_EQ(sch.response_format, "json_schema");
   ASSERT_NE(sch.response_grammar, nullptr);
 
-  ApiError yaml = parse_error(chat_body(J{{"type", "yaml"}}));
+  ApiError yaml = parse_error(chat_body(OJ{{"type", "yaml"}}));
   EXPECT_EQ(yaml.status(), 400);
   EXPECT_EQ(yaml.param(), "response_format");
   EXPECT_EQ(std::string(yaml.what()),
             "Invalid 'response_format.type': 'yaml'. Supported values are: 'text', 'json_object', and 'json_schema'.");
   ApiError pattern = parse_error(chat_body(
-      J{{"type", "json_schema"},
+      OJ{{"type", "json_schema"},
         {"json_schema", {{"name", "x"}, {"schema", {{"type", "object"}, {"properties", {{"zip", {{"type", "string"}, {"pattern", "^[0-9]+$"}}}}}}}}}}));
   EXPECT_EQ(pattern.status(), 400);
   EXPECT_EQ(pattern.param(), "response_format");
   EXPECT_EQ(std::string(pattern.what()),
             "Invalid 'response_format.json_schema.schema': unsupported JSON Schema keyword 'pattern' at #/properties/zip.");
-  EXPECT_EQ(parse_error(chat_body(J{{"type", "json_schema"}})).param(), "response_format");
+  EXPECT_EQ(parse_error(chat_body(OJ{{"type", "json_schema"}})).param(), "response_format");
   EXPECT_EQ(parse_error(chat_body("json")).param(), "response_format");
   // The completions route parses it too.
   ApiError comp(0, "");
   try {
-    parse_completion_request(J{{"prompt", "x"}, {"response_format", {{"type", "yaml"}}}});
+    parse_completion_request(OJ{{"prompt", "x"}, {"response_format", {{"type", "yaml"}}}});
   } catch (const ApiError& e) {
     comp = e;
   }
@@ -71,17 +71,17 @@ TEST(StructuredOutputParse, TypesAndErrors) {
   EXPECT_EQ(comp.param(), "response_format");
 }
 
-J weather_tools() {
-  return J::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+OJ weather_tools() {
+  return OJ::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
       "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["c", "f"]}},
       "required": ["city", "unit"], "additionalProperties": false}}},
       {"type": "function", "function": {"name": "get_time"}}])");
 }
 
 TEST(StructuredOutputParse, ForcedToolCalls) {
-  J body = chat_body(nullptr);
+  OJ body = chat_body(nullptr);
   body["tools"] = weather_tools();
-  body["tool_choice"] = J{{"type", "function"}, {"function", {{"name", "nope"}}}};
+  body["tool_choice"] = OJ{{"type", "function"}, {"function", {{"name", "nope"}}}};
   ApiError missing = parse_error(body);
   EXPECT_EQ(missing.status(), 400);
   EXPECT_EQ(missing.param(), "tool_choice");
@@ -126,7 +126,7 @@ class StarterStructuredTest : public ::testing::Test {
     if (server_) server_->stop();
     if (thread_.joinable()) thread_.join();
   }
-  httplib::Result post(const J& body) {
+  httplib::Result post(const OJ& body) {
     httplib::Client c("127.0.0.1", port_);
     c.set_read_timeout(120, 0);
     return c.Post("/v1/chat/completions", body.dump(), "application/json");
@@ -138,7 +138,7 @@ class StarterStructuredTest : public ::testing::Test {
 };
 
 TEST_F(StarterStructuredTest, JsonSchemaAtTemperatureOneIsValidForEverySeed) {
-  const J schema = J::parse(R"({"type": "object", "properties": {
+  const OJ schema = OJ::parse(R"({"type": "object", "properties": {
       "name": {"type": "string", "maxLength": 16},
       "color": {"enum": ["red", "green", "blue"]},
       "count": {"type": "integer"},
@@ -146,7 +146,7 @@ TEST_F(StarterStructuredTest, JsonSchemaAtTemperatureOneIsValidForEverySeed) {
       "ok": {"type": "boolean"}},
       "required": ["name", "color", "count", "ok"], "additionalProperties": false})");
   for (int seed : {1, 2, 3, 4}) {
-    J body = {{"messages", J::array({J{{"role", "user"}, {"content", "Describe a fruit as JSON."}}})},
+    OJ body = {{"messages", OJ::array({OJ{{"role", "user"}, {"content", "Describe a fruit as JSON."}}})},
               {"temperature", 1.0},
               {"seed", seed},
               {"max_tokens", 400},
@@ -154,10 +154,10 @@ TEST_F(StarterStructuredTest, JsonSchemaAtTemperatureOneIsValidForEverySeed) {
     auto r = post(body);
     ASSERT_TRUE(r);
     ASSERT_EQ(r->status, 200) << r->body;
-    J resp = J::parse(r->body);
+    OJ resp = OJ::parse(r->body);
     EXPECT_EQ(resp["choices"][0]["finish_reason"], "stop") << r->body;
     const std::string content = resp["choices"][0]["message"]["content"];
-    J v = J::parse(content, nullptr, false);
+    OJ v = OJ::parse(content, nullptr, false);
     ASSERT_FALSE(v.is_discarded()) << "seed " << seed << ": not JSON: " << content;
     ASSERT_TRUE(v.is_object()) << content;
     for (const char* k : {"name", "color", "count", "ok"}) EXPECT_TRUE(v.contains(k)) << k << " missing: " << content;
@@ -175,7 +175,7 @@ TEST_F(StarterStructuredTest, JsonSchemaAtTemperatureOneIsValidForEverySeed) {
 }
 
 TEST_F(StarterStructuredTest, JsonObjectAndForcedToolCall) {
-  J body = {{"messages", J::array({J{{"role", "user"}, {"content", "Weather in Paris?"}}})},
+  OJ body = {{"messages", OJ::array({OJ{{"role", "user"}, {"content", "Weather in Paris?"}}})},
             {"temperature", 1.0},
             {"seed", 5},
             {"max_tokens", 300},
@@ -183,9 +183,9 @@ TEST_F(StarterStructuredTest, JsonObjectAndForcedToolCall) {
   auto r = post(body);
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
-  J resp = J::parse(r->body);
+  OJ resp = OJ::parse(r->body);
   if (resp["choices"][0]["finish_reason"] == "stop") {
-    J v = J::parse(std::string(resp["choices"][0]["message"]["content"]), nullptr, false);
+    OJ v = OJ::parse(std::string(resp["choices"][0]["message"]["content"]), nullptr, false);
     EXPECT_TRUE(v.is_object()) << r->body;
   } else {
     EXPECT_EQ(resp["choices"][0]["finish_reason"], "length") << r->body;  // free JSON may run long
@@ -193,19 +193,19 @@ TEST_F(StarterStructuredTest, JsonObjectAndForcedToolCall) {
 
   body.erase("response_format");
   body["tools"] = weather_tools();
-  body["tool_choice"] = J{{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  body["tool_choice"] = OJ{{"type", "function"}, {"function", {{"name", "get_weather"}}}};
   for (int seed : {6, 7}) {
     body["seed"] = seed;
     r = post(body);
     ASSERT_TRUE(r);
     ASSERT_EQ(r->status, 200) << r->body;
-    resp = J::parse(r->body);
-    const J& choice = resp["choices"][0];
+    resp = OJ::parse(r->body);
+    const OJ& choice = resp["choices"][0];
     EXPECT_EQ(choice["finish_reason"], "tool_calls") << r->body;
     ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u) << r->body;
-    const J& fn = choice["message"]["tool_calls"][0]["function"];
+    const OJ& fn = choice["message"]["tool_calls"][0]["function"];
     EXPECT_EQ(fn["name"], "get_weather");
-    J args = J::parse(std::string(fn["arguments"]));
+    OJ args = OJ::parse(std::string(fn["arguments"]));
     EXPECT_EQ(args.size(), 2u) << args;
     EXPECT_TRUE(args["city"].is_string());
     EXPECT_TRUE(args["unit"] == "c" || args["unit"] == "f") << args;
@@ -217,8 +217,8 @@ TEST_F(StarterStructuredTest, JsonObjectAndForcedToolCall) {
   r = post(body);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400);
-  EXPECT_EQ(J::parse(r->body)["error"]["type"], "invalid_request_error");
-  EXPECT_EQ(J::parse(r->body)["error"]["param"], "response_format");
+  EXPECT_EQ(OJ::parse(r->body)["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(OJ::parse(r->body)["error"]["param"], "response_format");
   body["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", {{"type", "string"}, {"format", "ipv6"}}}}}};
   r = post(body);
   ASSERT_TRUE(r);

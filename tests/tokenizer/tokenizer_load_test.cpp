@@ -27,7 +27,7 @@ std::string tiny_json(const std::string& model_extra = "", const std::string& re
       "merges":["a b",["ab","c"]]})" + rest + "}";
 }
 
-std::string error_of(const std::string& text) {
+std::string load_error_of(const std::string& text) {
   try {
     Tokenizer::from_json_text(text, "t.json");
   } catch (const hearth::Error& e) {
@@ -72,24 +72,24 @@ TEST(TokenizerLoad, IgnoreMergesMapsWholeWord) {
 }
 
 TEST(TokenizerLoad, ErrorsNameFileAndField) {
-  EXPECT_NE(error_of("{not json").find("t.json: invalid JSON"), std::string::npos);
-  EXPECT_NE(error_of(R"({"model":{"type":"WordPiece","vocab":{}}})").find("t.json: model.type: unsupported model type 'WordPiece'"),
+  EXPECT_NE(load_error_of("{not json").find("t.json: invalid JSON"), std::string::npos);
+  EXPECT_NE(load_error_of(R"({"model":{"type":"WordPiece","vocab":{}}})").find("t.json: model.type: unsupported model type 'WordPiece'"),
             std::string::npos);
-  EXPECT_NE(error_of(R"({"model":{"type":"BPE","merges":[]}})").find("t.json: model.vocab: missing"), std::string::npos);
-  EXPECT_NE(error_of(R"({"model":{"type":"BPE","vocab":{"a":0},"merges":["a q"]}})").find("t.json: model.merges[0]: merge token 'q'"),
+  EXPECT_NE(load_error_of(R"({"model":{"type":"BPE","merges":[]}})").find("t.json: model.vocab: missing"), std::string::npos);
+  EXPECT_NE(load_error_of(R"({"model":{"type":"BPE","vocab":{"a":0},"merges":["a q"]}})").find("t.json: model.merges[0]: merge token 'q'"),
             std::string::npos);
-  EXPECT_NE(error_of(tiny_json("", R"(,"normalizer":{"type":"Bogus"})")).find("t.json: normalizer.type: unsupported normalizer type 'Bogus'"),
+  EXPECT_NE(load_error_of(tiny_json("", R"(,"normalizer":{"type":"Bogus"})")).find("t.json: normalizer.type: unsupported normalizer type 'Bogus'"),
             std::string::npos);
-  EXPECT_NE(error_of(tiny_json("", R"(,"pre_tokenizer":{"type":"Split","pattern":{"Regex":"(a"},"behavior":"Isolated","invert":false})"))
+  EXPECT_NE(load_error_of(tiny_json("", R"(,"pre_tokenizer":{"type":"Split","pattern":{"Regex":"(a"},"behavior":"Isolated","invert":false})"))
                 .find("t.json: pre_tokenizer.pattern.Regex: bad regex /(a/"),
             std::string::npos);
-  EXPECT_NE(error_of(tiny_json("", R"(,"decoder":{"type":"Nope"})")).find("t.json: decoder.type: unsupported decoder type 'Nope'"),
+  EXPECT_NE(load_error_of(tiny_json("", R"(,"decoder":{"type":"Nope"})")).find("t.json: decoder.type: unsupported decoder type 'Nope'"),
             std::string::npos);
-  EXPECT_NE(error_of(tiny_json("", R"(,"post_processor":{"type":"TemplateProcessing","single":["<bos>","$A"],"special_tokens":{}})"))
+  EXPECT_NE(load_error_of(tiny_json("", R"(,"post_processor":{"type":"TemplateProcessing","single":["<bos>","$A"],"special_tokens":{}})"))
                 .find("t.json: post_processor.single[0]: special token '<bos>' is not in special_tokens"),
             std::string::npos);
   // Found by the fuzzer: a number too large for a double escaped as nlohmann's out_of_range.
-  EXPECT_NE(error_of(R"({"model":{"type":"BPE","vocab":{},"merges":[]},"x":1E99999})").find("t.json: invalid JSON"),
+  EXPECT_NE(load_error_of(R"({"model":{"type":"BPE","vocab":{},"merges":[]},"x":1E99999})").find("t.json: invalid JSON"),
             std::string::npos);
   try {
     Tokenizer::from_dir("/nonexistent/dir");

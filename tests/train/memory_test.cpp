@@ -34,7 +34,7 @@ struct LoraStack {
   LayerStack stack;
 };
 
-std::unique_ptr<LoraStack> make(int64_t L, const at::Device& d) {
+std::unique_ptr<LoraStack> make_memory_model(int64_t L, const at::Device& d) {
   auto s = std::make_unique<LoraStack>();
   s->model = random_llama(L, 9, {d, at::kFloat});
   hearth::adapters::LoraConfig lc;
@@ -66,7 +66,7 @@ int64_t measure_peak(int64_t seg) {
     if (f) pclose(f);
     return peak;
   }
-  auto s = make(16, d);
+  auto s = make_memory_model(16, d);
   hearth::nn::ActiveAdapters active({"train"});
   at::manual_seed(0);
   at::Tensor ids = at::randint(0, 97, {1, 768}, at::kLong).to(d);
@@ -86,7 +86,7 @@ int64_t measure_peak(int64_t seg) {
 TEST(TrainMemory, CpuChild) {
   const char* seg = std::getenv("HEARTH_MEM_SEG");
   if (!seg) GTEST_SKIP() << "run by PeakFallsWithSegmentSize in a child process";
-  auto s = make(16, at::kCPU);
+  auto s = make_memory_model(16, at::kCPU);
   hearth::nn::ActiveAdapters active({"train"});
   at::manual_seed(0);
   at::Tensor ids = at::randint(0, 97, {1, 768}, at::kLong);
@@ -113,7 +113,7 @@ TEST(TrainMemory, PeakFallsWithSegmentSize) {
 
 TEST(TrainMemory, ActiveMemoryFlatOver50Steps) {
   const at::Device d = test_device();
-  auto s = make(8, d);
+  auto s = make_memory_model(8, d);
   hearth::nn::ActiveAdapters active({"train"});
   std::vector<std::pair<std::string, at::Tensor>> named;
   std::vector<at::Tensor> ts;

@@ -23,24 +23,24 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
+struct PrefTempDir {
   fs::path path;
-  explicit TempDir(const std::string& name) : path(fs::temp_directory_path() / ("hearth_pref_" + name)) {
+  explicit PrefTempDir(const std::string& name) : path(fs::temp_directory_path() / ("hearth_pref_" + name)) {
     hearth::io::remove_tree(path);
     fs::create_directories(path);
   }
-  ~TempDir() { hearth::io::remove_tree(path); }
+  ~PrefTempDir() { hearth::io::remove_tree(path); }
   fs::path write(const std::string& file, const std::string& text) const {
     hearth::io::write_file_atomic(path / file, text);
     return path / file;
   }
 };
 
-const fs::path kTiny = golden("models/llama_mha");
-hearth::tokenizer::Tokenizer tiny() { return hearth::tokenizer::Tokenizer::from_dir(kTiny); }
+const fs::path kPrefTiny = golden("models/llama_mha");
+hearth::tokenizer::Tokenizer pref_tiny() { return hearth::tokenizer::Tokenizer::from_dir(kPrefTiny); }
 
-hearth::tokenizer::Tokenizer tiny_chat(const TempDir& d) {
-  fs::copy_file(kTiny / "tokenizer.json", d.path / "tokenizer.json", fs::copy_options::overwrite_existing);
+hearth::tokenizer::Tokenizer pref_tiny_chat(const PrefTempDir& d) {
+  fs::copy_file(kPrefTiny / "tokenizer.json", d.path / "tokenizer.json", fs::copy_options::overwrite_existing);
   d.write("tokenizer_config.json", R"({"bos_token": "<|bos|>", "eos_token": "<|endoftext|>", "chat_template":
     "{% for m in messages %}<|bos|>{{ m.role }}:\n{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<|bos|>assistant:\n{% endif %}"})");
   return hearth::tokenizer::Tokenizer::from_dir(d.path);
@@ -50,7 +50,7 @@ std::string tail_text(const hearth::tokenizer::Tokenizer& tok, const Example& e)
   return tok.decode(std::vector<int32_t>(e.tokens.begin() + e.prompt_len, e.tokens.end()), false);
 }
 
-std::string error_of(const fs::path& file, const hearth::tokenizer::Tokenizer& tok, int64_t max_len = 512) {
+std::string pref_error_of(const fs::path& file, const hearth::tokenizer::Tokenizer& tok, int64_t max_len = 512) {
   try {
     load_preference_jsonl(file, tok, max_len);
   } catch (const hearth::Error& e) {
@@ -98,8 +98,8 @@ TrainConfig pref_config(const fs::path& data, const fs::path& out, const std::st
 }  // namespace
 
 TEST(PreferenceData, TextPromptAndTextResponses) {
-  TempDir d("text");
-  auto tok = tiny();
+  PrefTempDir d("text");
+  auto tok = pref_tiny();
   auto ds = load_preference_jsonl(
       d.write("train.jsonl", R"({"prompt": "Question: one", "chosen": " two", "rejected": " three four"})" "\n"), tok, 512);
   ASSERT_EQ(ds.pairs.size(), 1u);
@@ -127,8 +127,8 @@ TEST(PreferenceData, TextPromptAndTextResponses) {
 }
 
 TEST(PreferenceData, MessagesPromptWithTextAndMessageResponses) {
-  TempDir d("chat");
-  auto tok = tiny_chat(d);
+  PrefTempDir d("chat");
+  auto tok = pref_tiny_chat(d);
   auto ds = load_preference_jsonl(
       d.write("train.jsonl",
               R"({"prompt": [{"role": "user", "content": "hi"}], "chosen": "hello", "rejected": {"role": "assistant", "content": "go away"}})"
@@ -150,8 +150,8 @@ TEST(PreferenceData, MessagesPromptWithTextAndMessageResponses) {
 }
 
 TEST(PreferenceData, LeftTruncationAndDoubledBos) {
-  TempDir d("trunc");
-  auto tok = tiny();
+  PrefTempDir d("trunc");
+  auto tok = pref_tiny();
   const std::string prompt = "one two three four five six seven eight nine ten";
   auto file = d.write("train.jsonl", nlohmann::json{{"prompt", prompt}, {"chosen", " yes"}, {"rejected", " no no no no"}}.dump() + "\n");
   auto full = load_preference_jsonl(file, tok, 512);
@@ -181,8 +181,8 @@ TEST(PreferenceData, LeftTruncationAndDoubledBos) {
 }
 
 TEST(PreferenceData, BadRowsNameFileLineAndField) {
-  TempDir d("bad");
-  auto tok = tiny();
+  PrefTempDir d("bad");
+  auto tok = pref_tiny();
   const std::string ok = R"({"prompt": "a", "chosen": " b", "rejected": " c"})";
   struct Case {
     std::string row, want;
@@ -199,18 +199,18 @@ TEST(PreferenceData, BadRowsNameFileLineAndField) {
            {R"({"prompt": "a", "chosen": " b", "rejected": " c")", "train.jsonl:2: not valid JSON"},
            {R"([1, 2])", "train.jsonl:2: row must be a JSON object"},
        }) {
-    const std::string e = error_of(d.write("train.jsonl", ok + "\n" + c.row + "\n"), tok);
+    const std::string e = pref_error_of(d.write("train.jsonl", ok + "\n" + c.row + "\n"), tok);
     EXPECT_EQ(e.rfind(c.want, 0), 0u) << "got: " << e;
     EXPECT_EQ(e.find('\n'), std::string::npos) << e;
   }
   // A message response with the wrong role (chat template present).
-  TempDir dc("bad_chat");
-  auto chat = tiny_chat(dc);
-  const std::string e = error_of(
+  PrefTempDir dc("bad_chat");
+  auto chat = pref_tiny_chat(dc);
+  const std::string e = pref_error_of(
       dc.write("train.jsonl", R"({"prompt": [{"role": "user", "content": "a"}], "chosen": {"role": "user", "content": "b"}, "rejected": "c"})" "\n"),
       chat);
   EXPECT_EQ(e, "train.jsonl:1: \"chosen\": a message response must have \"role\": \"assistant\"");
-  EXPECT_EQ(error_of(d.write("empty.jsonl", "\n"), tok).find("no rows") != std::string::npos, true);
+  EXPECT_EQ(pref_error_of(d.write("empty.jsonl", "\n"), tok).find("no rows") != std::string::npos, true);
   // SFT data refuses preference rows with a pointer to --method.
   try {
     load_jsonl(d.write("train.jsonl", ok + "\n"), tok, {});
@@ -221,16 +221,16 @@ TEST(PreferenceData, BadRowsNameFileLineAndField) {
 }
 
 TEST(PreferenceTrainer, DpoAndOrpoLoraLossFallsAndMetricsAreReported) {
-  TempDir d("lora");
+  PrefTempDir d("lora");
   write_pairs(d.path);
-  auto tok = tiny();
+  auto tok = pref_tiny();
   for (const char* method : {"dpo", "orpo"}) {
     for (int64_t seg : {0, 1}) {
       const fs::path out = d.path / (std::string(method) + std::to_string(seg));
       TrainConfig c = pref_config(d.path, out, method);
       c.segment_size = seg;
       if (std::string(method) == "orpo") c.learning_rate = 5e-3;
-      auto model = hearth::models::load_model(kTiny, {});
+      auto model = hearth::models::load_model(kPrefTiny, {});
       TrainResult r = run_training(c, *model, tok);
       ASSERT_EQ(r.step_losses.size(), 8u);
       std::printf("[%s seg %lld] losses:", method, static_cast<long long>(seg));
@@ -257,31 +257,31 @@ TEST(PreferenceTrainer, DpoAndOrpoLoraLossFallsAndMetricsAreReported) {
 }
 
 TEST(PreferenceTrainer, SegmentedRunGivesTheSameLosses) {
-  TempDir d("seg_eq");
+  PrefTempDir d("seg_eq");
   write_pairs(d.path);
-  auto tok = tiny();
+  auto tok = pref_tiny();
   std::vector<double> losses[2];
   for (int64_t seg : {0, 1}) {
     TrainConfig c = pref_config(d.path, d.path / ("o" + std::to_string(seg)), "dpo");
     c.iters = 4;
     c.segment_size = seg;
-    auto model = hearth::models::load_model(kTiny, {});
+    auto model = hearth::models::load_model(kPrefTiny, {});
     losses[seg] = run_training(c, *model, tok).step_losses;
   }
   for (size_t i = 0; i < losses[0].size(); ++i) EXPECT_NEAR(losses[1][i], losses[0][i], 1e-6 * losses[0][i]) << i;
 }
 
 TEST(PreferenceTrainer, DpoFullFineTuneUsesThePrecomputedBaseReference) {
-  TempDir d("full");
+  PrefTempDir d("full");
   write_pairs(d.path);
-  auto tok = tiny();
+  auto tok = pref_tiny();
   TrainConfig c = pref_config(d.path, d.path / "out", "dpo");
   c.fine_tune_type = "full";
   c.learning_rate = 1e-3;
   c.iters = 6;
   std::vector<std::string> notes;
   c.on_note = [&](const std::string& s) { notes.push_back(s); };
-  auto model = hearth::models::load_model(kTiny, {});
+  auto model = hearth::models::load_model(kPrefTiny, {});
   TrainResult r = run_training(c, *model, tok);
   ASSERT_EQ(r.step_losses.size(), 6u);
   EXPECT_NEAR(r.step_losses[0], std::log(2.0), 1e-5);  // untouched weights: policy = reference
@@ -293,28 +293,28 @@ TEST(PreferenceTrainer, DpoFullFineTuneUsesThePrecomputedBaseReference) {
 }
 
 TEST(PreferenceTrainer, ResumeContinuesAndRefusesAnotherMethod) {
-  TempDir d("resume");
+  PrefTempDir d("resume");
   write_pairs(d.path);
-  auto tok = tiny();
+  auto tok = pref_tiny();
   TrainConfig c = pref_config(d.path, d.path / "whole", "orpo");
   c.iters = 6;
-  auto m1 = hearth::models::load_model(kTiny, {});
+  auto m1 = hearth::models::load_model(kPrefTiny, {});
   const auto whole = run_training(c, *m1, tok).step_losses;
   TrainConfig a = c;
   a.adapter_path = d.path / "part";
   a.iters = 3;
-  auto m2 = hearth::models::load_model(kTiny, {});
+  auto m2 = hearth::models::load_model(kPrefTiny, {});
   run_training(a, *m2, tok);
   TrainConfig b = c;
   b.adapter_path = d.path / "part";
   b.resume = d.path / "part";
-  auto m3 = hearth::models::load_model(kTiny, {});
+  auto m3 = hearth::models::load_model(kPrefTiny, {});
   const auto rest = run_training(b, *m3, tok).step_losses;
   ASSERT_EQ(rest.size(), 3u);
   for (int i = 0; i < 3; ++i) EXPECT_NEAR(rest[i], whole[3 + i], 1e-6 * whole[3 + i]) << i;
   TrainConfig other = b;
   other.method = "dpo";
-  auto m4 = hearth::models::load_model(kTiny, {});
+  auto m4 = hearth::models::load_model(kPrefTiny, {});
   try {
     run_training(other, *m4, tok);
     ADD_FAILURE() << "no error";
@@ -351,10 +351,10 @@ TEST(PreferenceTrainer, BadOptionsNameTheFlag) {
 
 #ifdef HEARTH_BINARY
 TEST(PreferenceCli, DpoRunsLossFallsAdapterWritten) {
-  TempDir d("cli");
+  PrefTempDir d("cli");
   write_pairs(d.path);
   const fs::path out = d.path / "out";
-  const std::string cmd = std::string(HEARTH_BINARY) + " train --method dpo --beta 0.2 --model " + kTiny.string() +
+  const std::string cmd = std::string(HEARTH_BINARY) + " train --method dpo --beta 0.2 --model " + kPrefTiny.string() +
                           " --data " + d.path.string() + " --adapter-path " + out.string() +
                           " --iters 10 --batch-size 2 --lora-rank 4 --learning-rate 2e-3 --steps-per-report 1"
                           " --segment-size 1 --device cpu > " + (d.path / "log.txt").string() + " 2>&1";
@@ -379,7 +379,7 @@ TEST(PreferenceCli, DpoRunsLossFallsAdapterWritten) {
 
   // A bad row: one line naming the file, the line and the field; non-zero exit.
   hearth::io::write_file_atomic(d.path / "train.jsonl", R"({"prompt": "a", "chosen": 1, "rejected": "b"})" "\n");
-  const std::string bad = std::string(HEARTH_BINARY) + " train --method orpo --model " + kTiny.string() + " --data " +
+  const std::string bad = std::string(HEARTH_BINARY) + " train --method orpo --model " + kPrefTiny.string() + " --data " +
                           d.path.string() + " --adapter-path " + (d.path / "bad").string() + " --device cpu > " +
                           (d.path / "bad.txt").string() + " 2>&1";
   EXPECT_NE(std::system(bad.c_str()), 0);

@@ -104,7 +104,7 @@ struct Toy {
   }
 };
 
-double rel(const at::Tensor& a, const at::Tensor& b) {
+double rel_segmented(const at::Tensor& a, const at::Tensor& b) {
   return ((a - b).norm() / b.norm().clamp_min(1e-30)).item<double>();
 }
 
@@ -139,7 +139,7 @@ void check_all_segmentations(bool train_ends, bool streams = false) {
     EXPECT_NEAR(r.loss_sum / r.n_tokens, ref_loss, 1e-6 * std::abs(ref_loss)) << "segment " << c.seg;
     auto g = toy.grads();
     ASSERT_EQ(g.size(), ref.size());
-    for (size_t i = 0; i < g.size(); ++i) EXPECT_LT(rel(g[i], ref[i]), 1e-6) << "segment " << c.seg << " param " << i;
+    for (size_t i = 0; i < g.size(); ++i) EXPECT_LT(rel_segmented(g[i], ref[i]), 1e-6) << "segment " << c.seg << " param " << i;
   }
 }
 

@@ -29,13 +29,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
+struct TrainerTempDir {
   fs::path path;
-  explicit TempDir(const std::string& name) : path(fs::temp_directory_path() / ("hearth_tr_" + name)) {
+  explicit TrainerTempDir(const std::string& name) : path(fs::temp_directory_path() / ("hearth_tr_" + name)) {
     hearth::io::remove_tree(path);
     fs::create_directories(path);
   }
-  ~TempDir() { hearth::io::remove_tree(path); }
+  ~TrainerTempDir() { hearth::io::remove_tree(path); }
 };
 
 const char* kRows[] = {"the quick brown fox jumps over the lazy dog", "a stitch in time saves nine",
@@ -131,7 +131,7 @@ TEST(NamedAdamW, StateRoundTripContinuesIdentically) {
   EXPECT_GT((straight - at::arange(6, at::kFloat).reshape({2, 3})).abs().max().item<float>(), 0.1f);
 }
 
-void check_resume(TrainConfig c, const TempDir& d) {
+void check_resume(TrainConfig c, const TrainerTempDir& d) {
   c.adapter_path = d.path / "straight";
   auto tok = tiny_tok();
   TrainResult straight;
@@ -184,13 +184,13 @@ void check_resume(TrainConfig c, const TempDir& d) {
 }
 
 TEST(Trainer, ResumeGivesTheSameLossesFull) {
-  TempDir d("resume_full");
+  TrainerTempDir d("resume_full");
   write_data(d.path);
   check_resume(base_config(d.path, d.path), d);
 }
 
 TEST(Trainer, ResumeGivesTheSameLossesLoraWithDropout) {
-  TempDir d("resume_lora");
+  TrainerTempDir d("resume_lora");
   write_data(d.path);
   TrainConfig c = base_config(d.path, d.path);
   c.fine_tune_type = "lora";
@@ -202,7 +202,7 @@ TEST(Trainer, ResumeGivesTheSameLossesLoraWithDropout) {
 }
 
 TEST(Trainer, LoraSavesMlxAndPeftAdaptersThatLoad) {
-  TempDir d("lora_save");
+  TrainerTempDir d("lora_save");
   write_data(d.path);
   auto tok = tiny_tok();
   for (const char* fmt : {"mlx", "peft"}) {
@@ -223,7 +223,7 @@ TEST(Trainer, LoraSavesMlxAndPeftAdaptersThatLoad) {
 }
 
 TEST(Trainer, BadConfigAndCheckpointErrors) {
-  TempDir d("bad");
+  TrainerTempDir d("bad");
   write_data(d.path);
   auto tok = tiny_tok();
   auto m = tiny_model();
@@ -260,7 +260,7 @@ int count_optimizer_files(const fs::path& dir) {
 // Issue 16 items 11-12: a crash at any point of writing a checkpoint leaves the last complete one,
 // --resume reproduces the loss trajectory from it, and metrics.jsonl has each step once.
 TEST(Trainer, CrashWhileCheckpointingResumesFromTheLastCompleteOne) {
-  TempDir d("crash_ckpt");
+  TrainerTempDir d("crash_ckpt");
   write_data(d.path);
   auto tok = tiny_tok();
   TrainConfig c = base_config(d.path, d.path / "straight");
@@ -326,7 +326,7 @@ TEST(Trainer, CrashWhileCheckpointingResumesFromTheLastCompleteOne) {
 }
 
 TEST(Trainer, ResumeChecksCheckpointFieldsAndRemovesStaleTemporaries) {
-  TempDir d("resume_checks");
+  TrainerTempDir d("resume_checks");
   write_data(d.path);
   auto tok = tiny_tok();
   TrainConfig c = base_config(d.path, d.path / "out");
@@ -395,7 +395,7 @@ TEST(Trainer, ResumeChecksCheckpointFieldsAndRemovesStaleTemporaries) {
 // than 16 layers train without flags; a larger explicit value stays an error.
 TEST(Trainer, DefaultNumLayersIsAll) {
   EXPECT_EQ(TrainConfig{}.num_layers, -1);
-  TempDir d("num_layers");
+  TrainerTempDir d("num_layers");
   write_data(d.path);
   auto tok = tiny_tok();
   TrainConfig c = base_config(d.path, d.path / "out");
@@ -433,7 +433,7 @@ pid_t spawn(const std::vector<std::string>& args, int* out_fd) {
 }  // namespace
 
 TEST(TrainCli, SigintWritesALoadableCheckpointAndExitsZero) {
-  TempDir d("sigint");
+  TrainerTempDir d("sigint");
   write_data(d.path);
   const fs::path out = d.path / "out";
   int fd = -1;
@@ -478,7 +478,7 @@ TEST(TrainCli, SigintWritesALoadableCheckpointAndExitsZero) {
 // Items 23 and 26 through the CLI: no --num-layers on a 2-layer model trains (the default used to
 // be 16), and rows whose prompt fills --max-seq-length are skipped with a count in the log.
 TEST(TrainCli, DefaultsTrainASmallModelAndSkippedRowsAreLogged) {
-  TempDir d("cli_defaults");
+  TrainerTempDir d("cli_defaults");
   std::string rows;
   for (const char* r : kRows) rows += std::string("{\"prompt\": \"") + r + "\", \"completion\": \" yes\"}\n";
   std::string long_prompt;
@@ -499,7 +499,7 @@ TEST(TrainCli, DefaultsTrainASmallModelAndSkippedRowsAreLogged) {
 }
 
 TEST(TrainCli, EndToEndLossFalls) {
-  TempDir d("e2e");
+  TrainerTempDir d("e2e");
   write_data(d.path);
   const fs::path out = d.path / "out";
   const std::string cmd = std::string(HEARTH_BINARY) + " train --model " + golden("models/llama_mha").string() +
