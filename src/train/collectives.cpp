@@ -8,15 +8,17 @@
 #include "core/error.h"
 
 // c10d's backend headers are wrapped in USE_C10D_<BACKEND>; libtorch was built with them, and a
-// backend is compiled here only when its headers (and their library's) are present.
-#if __has_include(<gloo/algorithm.h>) && __has_include(<torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>)
+// backend is compiled here only when its headers (and their library's) are present, and not at all
+// with -DHEARTH_C10D_BACKENDS=OFF (HEARTH_NO_C10D_BACKENDS: a libtorch whose backend headers do not
+// build here still builds Hearth, without data-parallel training).
+#if !defined(HEARTH_NO_C10D_BACKENDS) && __has_include(<gloo/algorithm.h>) && __has_include(<torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>)
 #define HEARTH_HAS_GLOO 1
 #ifndef USE_C10D_GLOO
 #define USE_C10D_GLOO
 #endif
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
-#if defined(HEARTH_HAS_NCCL) && __has_include(<torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>)
+#if defined(HEARTH_HAS_NCCL) && !defined(HEARTH_NO_C10D_BACKENDS) && __has_include(<torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>)
 #ifndef USE_C10D_NCCL
 #define USE_C10D_NCCL
 #endif

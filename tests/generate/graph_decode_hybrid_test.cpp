@@ -21,20 +21,20 @@ namespace {
 
 const std::filesystem::path kQwen = std::filesystem::path(HEARTH_SOURCE_DIR) / "tests/golden/models/qwen3_5";
 
-struct Out {
+struct HybridOut {
   std::vector<int64_t> tokens;
   std::vector<at::Tensor> logprobs;
   bool static_decode = false, cuda_graph = false;
 };
 
-Out run(models::Model& model, const std::vector<int64_t>& prompt, int64_t max_tokens, const char* graphs,
+HybridOut run_hybrid(models::Model& model, const std::vector<int64_t>& prompt, int64_t max_tokens, const char* graphs,
         const char* static_decode) {
   setenv("HEARTH_CUDA_GRAPHS", graphs, 1);
   setenv("HEARTH_STATIC_DECODE", static_decode, 1);
   GenerateOptions o;
   o.max_tokens = max_tokens;
   o.logprobs = true;
-  Out out;
+  HybridOut out;
   GenerationResult r = generate(model, prompt, o, [&](int64_t, const at::Tensor& lp) {
     out.logprobs.push_back(lp.to(at::kCPU).clone());
     return true;
@@ -47,7 +47,7 @@ Out run(models::Model& model, const std::vector<int64_t>& prompt, int64_t max_to
   return out;
 }
 
-std::vector<int64_t> prompt_of(int64_t n) {
+std::vector<int64_t> hybrid_prompt(int64_t n) {
   std::vector<int64_t> p;
   for (int64_t i = 0; i < n; ++i) p.push_back((i * 13 + 7) % 97 + 2);
   return p;
@@ -59,8 +59,8 @@ TEST(StaticDecodeHybrid, Qwen3_5GreedyEqualsTheEagerLoop) {
     auto model = models::load_model(kQwen / variant, {at::kCPU, at::kFloat});
     // 40-token prompt, 300 new tokens: the KV layers' static buffers regrow mid-way, and the
     // recurrent states are handed back to growing caches and static again at each regrowth.
-    Out eager = run(*model, prompt_of(40), 300, "0", "0");
-    Out stat = run(*model, prompt_of(40), 300, "1", "1");
+    HybridOut eager = run_hybrid(*model, hybrid_prompt(40), 300, "0", "0");
+    HybridOut stat = run_hybrid(*model, hybrid_prompt(40), 300, "1", "1");
     EXPECT_FALSE(eager.static_decode);
     EXPECT_TRUE(stat.static_decode);
     ASSERT_EQ(eager.tokens.size(), 300u);
@@ -107,8 +107,8 @@ TEST(StaticRecurrentCache, WritesInPlaceAndHandsBackACopy) {
 TEST(StaticDecodeHybrid, CudaGraphEqualsTheSameStepEager) {
   if (!compat::cuda_available()) GTEST_SKIP() << "needs a CUDA device";
   auto model = models::load_model(kQwen / "q35_tied_hv2", {at::kCUDA, at::kBFloat16});
-  Out graph = run(*model, prompt_of(40), 200, "1", "0");
-  Out eager_static = run(*model, prompt_of(40), 200, "nocapture", "0");
+  HybridOut graph = run_hybrid(*model, hybrid_prompt(40), 200, "1", "0");
+  HybridOut eager_static = run_hybrid(*model, hybrid_prompt(40), 200, "nocapture", "0");
   EXPECT_TRUE(graph.cuda_graph);
   EXPECT_EQ(graph.tokens, eager_static.tokens);
   size_t identical = 0;
@@ -117,7 +117,7 @@ TEST(StaticDecodeHybrid, CudaGraphEqualsTheSameStepEager) {
   std::cout << "[static-decode-hybrid] graph vs the same step eager: " << identical << "/" << graph.logprobs.size()
             << " steps bit-identical\n";
   EXPECT_GE(identical * 100, graph.logprobs.size() * 95);
-  Out eager = run(*model, prompt_of(40), 200, "0", "0");
+  HybridOut eager = run_hybrid(*model, hybrid_prompt(40), 200, "0", "0");
   size_t agree = 0;
   while (agree < eager.tokens.size() && agree < graph.tokens.size() && eager.tokens[agree] == graph.tokens[agree]) ++agree;
   std::cout << "[static-decode-hybrid] bf16 graph vs eager loop: " << agree << "/" << eager.tokens.size()

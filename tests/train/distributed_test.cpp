@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "train/collectives.h"
 #include "train/distributed.h"
+#include <torch/version.h>
 
 namespace {
 
@@ -147,8 +148,16 @@ int free_port() {
   return port;
 }
 
+// Debian's libtorch 1.x (this machine, CI) must come with Gloo: scripts/setup installs libgloo-dev.
+// PyTorch 2.x's pip wheel (the GPU machine) ships no gloo headers: there the suite is skipped.
+#define HEARTH_REQUIRE_GLOO()                                                                      \
+  do {                                                                                             \
+    if (TORCH_VERSION_MAJOR >= 2 && !hearth::train::gloo_built()) GTEST_SKIP() << "no Gloo in this libtorch"; \
+    ASSERT_TRUE(hearth::train::gloo_built()) << "this build has no Gloo (libgloo-dev missing at build time)"; \
+  } while (0)
+
 TEST(Gloo, TwoRanksAllReduceAndBroadcast) {
-  ASSERT_TRUE(hearth::train::gloo_built()) << "this build has no Gloo (libgloo-dev missing at build time)";
+  HEARTH_REQUIRE_GLOO();
   auto server = hearth::train::StoreServer::start(std::chrono::seconds(20));
   std::vector<std::vector<double>> sums(2), bcast(2);
   std::vector<double> scalar(2);
@@ -186,6 +195,7 @@ TEST(Gloo, TwoRanksAllReduceAndBroadcast) {
 }
 
 TEST(Gloo, RendezvousWithNobodyThereTimesOutNamingTheAddress) {
+  HEARTH_REQUIRE_GLOO();
   const int port = free_port();
   hearth::train::DistEnv env;
   env.rank = 1;

@@ -8,12 +8,12 @@
 using namespace hearth::train;
 
 namespace {
-struct Batch {
+struct LossBatch {
   at::Tensor hidden, labels, w;  // [B, T, C], [B, T], [V, C]
 };
-Batch make(int64_t B, int64_t T, int64_t C, int64_t V) {
+LossBatch make(int64_t B, int64_t T, int64_t C, int64_t V) {
   at::manual_seed(3);
-  Batch s{at::randn({B, T, C}, at::kDouble), at::randint(0, V, {B, T}, at::kLong), at::randn({V, C}, at::kDouble)};
+  LossBatch s{at::randn({B, T, C}, at::kDouble), at::randint(0, V, {B, T}, at::kLong), at::randn({V, C}, at::kDouble)};
   s.labels.index_put_({0, at::indexing::Slice(0, 3)}, kIgnoreIndex);  // prompt of row 0
   s.labels.index_put_({1, at::indexing::Slice(T - 2, T)}, kIgnoreIndex);  // padding of row 1
   return s;
@@ -27,7 +27,7 @@ TEST(Loss, ShiftLabelsMovesTargetsLeft) {
 }
 
 TEST(Loss, ChunkedVjpMatchesFullAutograd) {
-  Batch s = make(2, 11, 8, 13);
+  LossBatch s = make(2, 11, 8, 13);
   at::Tensor targets = shift_labels(s.labels);
   // Reference: at::cross_entropy with ignore_index, mean over supervised tokens, full autograd.
   at::Tensor h = s.hidden.clone().requires_grad_(true);

@@ -17,19 +17,19 @@
 #include "train/trainer.h"
 #include "train_test_util.h"
 
-using namespace hearth::train;
+namespace hearth::train {
+namespace {
+
 using namespace hearth::train::testing;
 namespace fs = std::filesystem;
 
-namespace {
-
-struct TempDir {
+struct MpTempDir {
   fs::path path;
-  explicit TempDir(const std::string& name) : path(fs::temp_directory_path() / ("hearth_mp_" + name)) {
+  explicit MpTempDir(const std::string& name) : path(fs::temp_directory_path() / ("hearth_mp_" + name)) {
     hearth::io::remove_tree(path);
     fs::create_directories(path);
   }
-  ~TempDir() { hearth::io::remove_tree(path); }
+  ~MpTempDir() { hearth::io::remove_tree(path); }
 };
 
 void write_data(const fs::path& dir) {
@@ -148,7 +148,7 @@ TEST(MixedPrecision, FlagValues) {
     EXPECT_NE(std::string(e.what()).find("loss scaling"), std::string::npos) << e.what();
   }
   EXPECT_THROW(parse_mixed_precision("bfloat16"), hearth::Error);
-  TempDir d("flags");
+  MpTempDir d("flags");
   write_data(d.path);
   auto tok = tiny_tok();
   auto m = tiny_model(at::kFloat);  // mixed needs the bf16 compute copy
@@ -161,7 +161,7 @@ TEST(MixedPrecision, FlagValues) {
 // nats the run descends, and far above what rounding gives, so a real defect (fp32 state lost,
 // gradients dropped or doubled, masters not copied back) fails.
 TEST(MixedPrecision, Bf16FullFineTuneTracksFp32AndKeepsFp32Masters) {
-  TempDir d("full");
+  MpTempDir d("full");
   write_data(d.path);
   auto tok = tiny_tok();
   auto m32 = tiny_model(at::kFloat);
@@ -200,7 +200,7 @@ TEST(MixedPrecision, Bf16FullFineTuneTracksFp32AndKeepsFp32Masters) {
 }
 
 TEST(MixedPrecision, Bf16ResumeGivesTheSameLosses) {
-  TempDir d("resume");
+  MpTempDir d("resume");
   write_data(d.path);
   auto tok = tiny_tok();
   TrainConfig c = config(d.path, d.path / "straight", "bf16");
@@ -244,7 +244,7 @@ TEST(MixedPrecision, Bf16ResumeGivesTheSameLosses) {
 // floor is taken from two fp32 runs whose bases differ only by bf16 rounding (2^-9 relative): the
 // mixed run must stay as close to fp32 as that perturbation alone moves it (x2, + 0.02).
 TEST(MixedPrecision, Bf16LoraTrainsFp32AdaptersOverABf16Base) {
-  TempDir d("lora");
+  MpTempDir d("lora");
   write_data(d.path);
   auto tok = tiny_tok();
   auto lora = [&](const std::string& mp, at::ScalarType dt, bool round_base, const char* out) {
@@ -303,7 +303,7 @@ TEST(ChunkedCrossEntropy, DeferredLossEqualsTheSyncedSum) {
 // An fp32 checkpoint's own tensors start the masters (cfg.master_init): with lr 0 the saved fp32
 // weights are the checkpoint's exactly, not their bf16 rounding (which they are without it).
 TEST(MixedPrecision, MasterInitKeepsTheFp32CheckpointValues) {
-  TempDir d("init");
+  MpTempDir d("init");
   write_data(d.path);
   auto tok = tiny_tok();
   auto f32 = tiny_model(at::kFloat);
@@ -361,3 +361,5 @@ TEST(MixedPrecision, Bf16SegmentedEqualsFullBackward) {
     }
   }
 }
+
+}  // namespace hearth::train
