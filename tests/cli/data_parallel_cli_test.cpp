@@ -19,7 +19,7 @@
 #include "io/safetensors.h"
 #include "test_paths.h"
 #include "train/collectives.h"
-#include <torch/version.h>
+#include "core/torch_compat.h"
 
 namespace {
 
@@ -93,7 +93,7 @@ class DataParallelCli : public ::testing::Test {
  protected:
   // PyTorch 2.x's pip wheel (the GPU machine) ships no gloo headers: there the suite is skipped;
   // Debian's libtorch 1.x (CI) must have Gloo (scripts/setup installs libgloo-dev).
-  static bool no_gloo() { return TORCH_VERSION_MAJOR >= 2 && !hearth::train::gloo_built(); }
+  static bool no_gloo() { return hearth::compat::torch_version()[0] >= '2' && !hearth::train::gloo_built(); }
   void SetUp() override {
     if (no_gloo()) GTEST_SKIP() << "no Gloo in this libtorch";
   }

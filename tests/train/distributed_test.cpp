@@ -13,7 +13,7 @@
 #include "core/error.h"
 #include "train/collectives.h"
 #include "train/distributed.h"
-#include <torch/version.h>
+#include "core/torch_compat.h"
 
 namespace {
 
@@ -152,7 +152,7 @@ int free_port() {
 // PyTorch 2.x's pip wheel (the GPU machine) ships no gloo headers: there the suite is skipped.
 #define HEARTH_REQUIRE_GLOO()                                                                      \
   do {                                                                                             \
-    if (TORCH_VERSION_MAJOR >= 2 && !hearth::train::gloo_built()) GTEST_SKIP() << "no Gloo in this libtorch"; \
+    if (hearth::compat::torch_version()[0] >= '2' && !hearth::train::gloo_built()) GTEST_SKIP() << "no Gloo in this libtorch"; \
     ASSERT_TRUE(hearth::train::gloo_built()) << "this build has no Gloo (libgloo-dev missing at build time)"; \
   } while (0)
 
