@@ -105,6 +105,11 @@ at::Tensor GatedDeltaNet::forward(const at::Tensor& x, cache::RecurrentCache* ca
   return out_proj.forward(core);
 }
 
+at::Tensor DecoderLayer::mlp_residual(const at::Tensor& residual, const at::Tensor& mixed) const {
+  at::Tensor h = residual + mixed;
+  return h + mlp.forward(post_attention_layernorm.forward(h));
+}
+
 Boundary Qwen3_5Model::embed(const at::Tensor& input_ids) {
   HEARTH_CHECK(input_ids.dim() == 2, model_type(), ": input_ids must be [B, T], got ", input_ids.sizes());
   return Boundary(embed_tokens_.forward(input_ids.to(placement_.device, at::kLong)));
@@ -159,12 +164,7 @@ Boundary Qwen3_5Model::forward_layers(const Boundary& in, int64_t begin, int64_t
         outs.push_back(l.self_attn->forward(xg, rope[g].first, rope[g].second, rg.offset, kv));
       }
     }
-    x = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
-    h = residual + x;
-    residual = h;
-    x = l.post_attention_layernorm.forward(h);
-    x = l.mlp.forward(x);
-    h = residual + x;
+    h = l.mlp_residual(residual, outs.size() == 1 ? outs[0] : at::cat(outs, 0));
   }
   return Boundary(h);
 }
@@ -200,11 +200,7 @@ Boundary Qwen3_5Model::forward_static(const Boundary& in, int64_t begin, int64_t
       HEARTH_CHECK(kv, who, ": layer ", i, " (full attention) is not a static KV cache in a static step");
       x = l.self_attn->forward(x, cos, sin, st.host_offset, kv, mask);
     }
-    h = residual + x;
-    residual = h;
-    x = l.post_attention_layernorm.forward(h);
-    x = l.mlp.forward(x);
-    h = residual + x;
+    h = l.mlp_residual(residual, x);
   }
   return Boundary(h);
 }

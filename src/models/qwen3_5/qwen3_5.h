@@ -84,6 +84,9 @@ struct DecoderLayer {
   std::optional<Attention> self_attn;       // full-attention layers
   std::optional<GatedDeltaNet> linear_attn;  // linear-attention layers
   nn::GatedMLP mlp;
+  /// The block's second half, as Qwen3_5DecoderLayer.forward: h = residual + the token mixer's
+  /// output [B, T, C], then h + mlp(post_attention_layernorm(h)).
+  at::Tensor mlp_residual(const at::Tensor& residual, const at::Tensor& mixed) const;
 };
 
 /// Where a checkpoint keeps the language model: "model." (qwen3_5_text, qwen3_next),
