@@ -15,6 +15,7 @@
 #include "train/mixed_precision.h"
 #include "train/optimizer.h"
 #include "train/trainer.h"
+#include "../io/io_test_util.h"
 #include "train_test_util.h"
 
 namespace hearth::train {
@@ -22,15 +23,6 @@ namespace {
 
 using namespace hearth::train::testing;
 namespace fs = std::filesystem;
-
-struct MpTempDir {
-  fs::path path;
-  explicit MpTempDir(const std::string& name) : path(fs::temp_directory_path() / ("hearth_mp_" + name)) {
-    hearth::io::remove_tree(path);
-    fs::create_directories(path);
-  }
-  ~MpTempDir() { hearth::io::remove_tree(path); }
-};
 
 void write_data(const fs::path& dir) {
   const char* rows[] = {"the quick brown fox jumps over the lazy dog", "a stitch in time saves nine",
@@ -148,11 +140,11 @@ TEST(MixedPrecision, FlagValues) {
     EXPECT_NE(std::string(e.what()).find("loss scaling"), std::string::npos) << e.what();
   }
   EXPECT_THROW(parse_mixed_precision("bfloat16"), hearth::Error);
-  MpTempDir d("flags");
-  write_data(d.path);
+  hearth::testing::TempDir d;
+  write_data(d.path());
   auto tok = tiny_tok();
   auto m = tiny_model(at::kFloat);  // mixed needs the bf16 compute copy
-  EXPECT_THROW(run_training(config(d.path, d.path / "o", "bf16"), *m, tok), hearth::Error);
+  EXPECT_THROW(run_training(config(d.path(), d.path() / "o", "bf16"), *m, tok), hearth::Error);
 }
 
 // Tolerance: bf16 keeps 8 significant bits (relative rounding 2^-9 ≈ 0.002) in every matmul and
@@ -161,13 +153,13 @@ TEST(MixedPrecision, FlagValues) {
 // nats the run descends, and far above what rounding gives, so a real defect (fp32 state lost,
 // gradients dropped or doubled, masters not copied back) fails.
 TEST(MixedPrecision, Bf16FullFineTuneTracksFp32AndKeepsFp32Masters) {
-  MpTempDir d("full");
-  write_data(d.path);
+  hearth::testing::TempDir d;
+  write_data(d.path());
   auto tok = tiny_tok();
   auto m32 = tiny_model(at::kFloat);
-  TrainResult a = run_training(config(d.path, d.path / "fp32", "none"), *m32, tok);
+  TrainResult a = run_training(config(d.path(), d.path() / "fp32", "none"), *m32, tok);
   auto m16 = tiny_model(at::kBFloat16);
-  TrainResult b = run_training(config(d.path, d.path / "bf16", "bf16"), *m16, tok);
+  TrainResult b = run_training(config(d.path(), d.path() / "bf16", "bf16"), *m16, tok);
   ASSERT_EQ(a.step_losses.size(), 20u);
   const auto [mx, mean] = loss_gap(a, b);
   std::printf("[mixed] max |d| %.5f mean |d| %.5f\n", mx, mean);
@@ -176,7 +168,7 @@ TEST(MixedPrecision, Bf16FullFineTuneTracksFp32AndKeepsFp32Masters) {
   EXPECT_LT(b.step_losses.back(), b.step_losses.front() - 1.0);  // it trained
   // The saved weights and the checkpoint's params and AdamW state are fp32; the model holds their
   // bf16 rounding.
-  auto w = hearth::io::SafetensorsFile::open(d.path / "bf16/adapters.safetensors");
+  auto w = hearth::io::SafetensorsFile::open(d.path() / "bf16/adapters.safetensors");
   std::map<std::string, at::Tensor> model_w;
   for (auto& [n, t] : m16->named_parameters()) model_w[n] = t;
   ASSERT_GT(w->tensors().size(), 0u);
@@ -187,8 +179,8 @@ TEST(MixedPrecision, Bf16FullFineTuneTracksFp32AndKeepsFp32Masters) {
     EXPECT_EQ(model_w[info.name].scalar_type(), at::kBFloat16) << info.name;
     EXPECT_TRUE(model_w[info.name].detach().equal(t.to(at::kBFloat16))) << info.name;
   }
-  const std::string opt_file = hearth::io::read_json(d.path / "bf16/checkpoint.json")["optimizer"];
-  auto o = hearth::io::SafetensorsFile::open(d.path / "bf16" / opt_file);
+  const std::string opt_file = hearth::io::read_json(d.path() / "bf16/checkpoint.json")["optimizer"];
+  auto o = hearth::io::SafetensorsFile::open(d.path() / "bf16" / opt_file);
   int fp32_state = 0;
   for (const auto& info : o->tensors()) {
     const at::Tensor t = o->tensor(info.name);
@@ -200,10 +192,10 @@ TEST(MixedPrecision, Bf16FullFineTuneTracksFp32AndKeepsFp32Masters) {
 }
 
 TEST(MixedPrecision, Bf16ResumeGivesTheSameLosses) {
-  MpTempDir d("resume");
-  write_data(d.path);
+  hearth::testing::TempDir d;
+  write_data(d.path());
   auto tok = tiny_tok();
-  TrainConfig c = config(d.path, d.path / "straight", "bf16");
+  TrainConfig c = config(d.path(), d.path() / "straight", "bf16");
   c.iters = 6;
   c.steps_per_report = 1;
   TrainResult straight;
@@ -212,7 +204,7 @@ TEST(MixedPrecision, Bf16ResumeGivesTheSameLosses) {
     straight = run_training(c, *m, tok);
   }
   std::atomic<bool> stop{false};
-  c.adapter_path = d.path / "split";
+  c.adapter_path = d.path() / "split";
   c.stop = &stop;
   TrainResult first, second;
   {
@@ -234,8 +226,8 @@ TEST(MixedPrecision, Bf16ResumeGivesTheSameLosses) {
     const double got = i < 3 ? first.step_losses[i] : second.step_losses[i - 3];
     EXPECT_EQ(got, straight.step_losses[i]) << "step " << i + 1;
   }
-  auto a = hearth::io::SafetensorsFile::open(d.path / "straight/adapters.safetensors");
-  auto b = hearth::io::SafetensorsFile::open(d.path / "split/adapters.safetensors");
+  auto a = hearth::io::SafetensorsFile::open(d.path() / "straight/adapters.safetensors");
+  auto b = hearth::io::SafetensorsFile::open(d.path() / "split/adapters.safetensors");
   for (const auto& info : a->tensors()) EXPECT_TRUE(a->tensor(info.name).equal(b->tensor(info.name))) << info.name;
 }
 
@@ -244,11 +236,11 @@ TEST(MixedPrecision, Bf16ResumeGivesTheSameLosses) {
 // floor is taken from two fp32 runs whose bases differ only by bf16 rounding (2^-9 relative): the
 // mixed run must stay as close to fp32 as that perturbation alone moves it (x2, + 0.02).
 TEST(MixedPrecision, Bf16LoraTrainsFp32AdaptersOverABf16Base) {
-  MpTempDir d("lora");
-  write_data(d.path);
+  hearth::testing::TempDir d;
+  write_data(d.path());
   auto tok = tiny_tok();
   auto lora = [&](const std::string& mp, at::ScalarType dt, bool round_base, const char* out) {
-    TrainConfig c = config(d.path, d.path / out, mp);
+    TrainConfig c = config(d.path(), d.path() / out, mp);
     c.fine_tune_type = "lora";
     c.lora_rank = 4;
     c.learning_rate = 1e-2;
@@ -271,7 +263,7 @@ TEST(MixedPrecision, Bf16LoraTrainsFp32AdaptersOverABf16Base) {
   EXPECT_LT(mx, 2 * nmx + 0.02);
   EXPECT_LT(mean, 2 * nmean + 0.02);
   EXPECT_LT(b.step_losses.back(), b.step_losses.front() - 0.5);
-  auto w = hearth::io::SafetensorsFile::open(d.path / "bf16/adapters.safetensors");
+  auto w = hearth::io::SafetensorsFile::open(d.path() / "bf16/adapters.safetensors");
   ASSERT_GT(w->tensors().size(), 0u);
   for (const auto& info : w->tensors()) EXPECT_EQ(w->tensor(info.name).scalar_type(), at::kFloat) << info.name;
 }
@@ -303,14 +295,14 @@ TEST(ChunkedCrossEntropy, DeferredLossEqualsTheSyncedSum) {
 // An fp32 checkpoint's own tensors start the masters (cfg.master_init): with lr 0 the saved fp32
 // weights are the checkpoint's exactly, not their bf16 rounding (which they are without it).
 TEST(MixedPrecision, MasterInitKeepsTheFp32CheckpointValues) {
-  MpTempDir d("init");
-  write_data(d.path);
+  hearth::testing::TempDir d;
+  write_data(d.path());
   auto tok = tiny_tok();
   auto f32 = tiny_model(at::kFloat);
   std::map<std::string, at::Tensor> orig;
   for (auto& [n, t] : f32->named_parameters()) orig[n] = t.detach();
   for (bool with_init : {true, false}) {
-    TrainConfig c = config(d.path, d.path / (with_init ? "init" : "plain"), "bf16");
+    TrainConfig c = config(d.path(), d.path() / (with_init ? "init" : "plain"), "bf16");
     c.iters = 1;
     c.learning_rate = 0;
     c.weight_decay = 0;
@@ -326,7 +318,7 @@ TEST(MixedPrecision, MasterInitKeepsTheFp32CheckpointValues) {
     if (with_init) EXPECT_EQ(exact, n);
     else EXPECT_LT(exact, n);  // the bf16 rounding of random weights differs from them
   }
-  TrainConfig bad = config(d.path, d.path / "bad", "bf16");
+  TrainConfig bad = config(d.path(), d.path() / "bad", "bf16");
   bad.master_init["model.norm.weight"] = at::zeros({3});
   auto m = tiny_model(at::kBFloat16);
   EXPECT_THROW(run_training(bad, *m, tok), hearth::Error);
