@@ -17,6 +17,7 @@
 // these conversations into it). Deterministic: a seeded PRNG, the same files every run.
 import path from 'node:path';
 import { loadBrown, writeJsonl } from './brown.mjs';
+import { makeRng } from './corpus_parts.mjs';
 import { COPY_FRAMES, OOS_EXPECT, OOS_TEMPLATES, OUT_OF_SCOPE, TOPICS } from './tour_guide_topics.mjs';
 
 const args = process.argv.slice(2);
@@ -32,30 +33,6 @@ const trainRows = Number(option('--train-rows', '30000'));
 const validRows = Number(option('--valid-rows', '500'));
 for (const [n, v] of [['--seed', seed], ['--train-rows', trainRows], ['--valid-rows', validRows]])
   if (!Number.isInteger(v) || v < 0) throw new Error(`${n}: expected a non-negative integer, got ${v}`);
-
-/** mulberry32: a small seeded PRNG; pick/int/chance helpers on top. */
-export function makeRng(s) {
-  let a = s >>> 0;
-  const next = () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-  const r = { next };
-  r.int = (lo, hi) => lo + Math.floor(next() * (hi - lo + 1));
-  r.pick = (xs) => xs[Math.floor(next() * xs.length)];
-  r.chance = (p) => next() < p;
-  r.shuffle = (xs) => {
-    for (let i = xs.length - 1; i > 0; --i) {
-      const j = Math.floor(next() * (i + 1));
-      [xs[i], xs[j]] = [xs[j], xs[i]];
-    }
-    return xs;
-  };
-  return r;
-}
 
 /** Splits a template list: index i is held out when i % 5 == 3 (lists of 4+ only). */
 function split(list) {
