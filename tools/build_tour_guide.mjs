@@ -116,7 +116,8 @@ function topicQuestion(t, r, held) {
 }
 const oosQuestion = (r, held) => noise(wrap(r.pick(held ? OOS.held : OOS.train)[1](r), r, PREFIXES.train, SUFFIXES.train), r);
 
-// Copy texts: sentences of Brown "train" documents, 4-40 words, disjoint ranges per file.
+// Copy texts: sentences of Brown "train" documents, 4-40 words, disjoint ranges per file; none with
+// "??" (a Form C leftover: `about"??`).
 const copyPool = [];
 for (const d of loadBrown()) {
   if (d.split !== 'train') continue;
@@ -124,7 +125,7 @@ for (const d of loadBrown()) {
     if (p.headline) continue;
     for (const s of p.sentences) {
       const n = s.split(' ').length;
-      if (n >= 4 && n <= 40 && s.length <= 240 && !s.includes('\n')) copyPool.push(s);
+      if (n >= 4 && n <= 40 && s.length <= 240 && !s.includes('\n') && !s.includes('??')) copyPool.push(s);
     }
   }
 }
