@@ -4,7 +4,8 @@
 # side by side: a 23 M model leaves the GPU mostly idle). Step counts are sized from a short probe
 # run so each phase fits its time budget; the chosen commands are printed and logged, so the
 # model card can quote them exactly. Not a test and not used by CI.
-# Usage: tools/train_starter.sh HEARTH_BINARY WORKDIR   (data in data/pretrain, data/chunk)
+# Usage: tools/train_starter.sh HEARTH_BINARY WORKDIR   (data in data/pretrain, data/chunk; v2: build data/chat first,
+# then data/pretrain and data/chunk: docs/starter.md "Starter v2 data")
 # Env: PRETRAIN_S (seconds for pretraining, default 240), LORA_S (default 150); PRETRAIN_ITERS /
 # LORA_ITERS skip the probes; PRETRAIN_BATCH (default 32 sequences of 1024), PRETRAIN_LR (1e-3); LORA_CONFIGS="name rank scale lr,..." (default three settings).
 set -uo pipefail
