@@ -130,8 +130,16 @@ for (const d of loadBrown()) {
   }
 }
 makeRng(seed + 1).shuffle(copyPool);
-let copyNext = { train: 0, valid: 40000, held: 42000 };
-const copyText = (which) => copyPool[copyNext[which]++ % copyPool.length];
+// Disjoint ranges of the shuffled pool: held-out and valid take the last 1,000 each, train the rest
+// (train uses ~7,500; it would wrap within its own range only).
+const L = copyPool.length;
+if (L < 10000) throw new Error(`copy sentence pool: only ${L} sentences (expected 36,000+)`);
+const copyRange = { train: [0, L - 2000], valid: [L - 2000, L - 1000], held: [L - 1000, L] };
+const copyNext = { train: 0, valid: 0, held: 0 };
+const copyText = (which) => {
+  const [a, b] = copyRange[which];
+  return copyPool[a + (copyNext[which]++ % (b - a))];
+};
 /** [question, the text to repeat]. */
 const copyQuestion = (r, which, held) => {
   const x = copyText(which);
