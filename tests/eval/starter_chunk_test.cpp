@@ -2,8 +2,8 @@
 // (tests/data/chunk_test_small.jsonl: the first 12 rows of data/chunk/test.jsonl — documents never
 // trained on — whose completion is under 300 characters, as tools/build_chunk_dataset.mjs wrote
 // them). Thresholds come from the measured result with slack for other BLAS/libtorch builds
-// (measured on Debian libtorch 1.13: adapter 11.41/100 with 12/12 valid JSON, base 0.00 with 0/12;
-// on 200 test rows: see models/starter/MODEL_CARD.md).
+// (starter v2, measured on Debian libtorch 1.13: adapter 90.97/100 with 12/12 valid JSON, base 0.00
+// with 0/12; on 100 test rows and the outside set: see models/starter/MODEL_CARD.md).
 #include <gtest/gtest.h>
 
 #include <regex>
@@ -40,8 +40,8 @@ TEST(StarterChunk, AdapterScoresFarAboveTheBase) {
   const Score base = eval_chunk("--max-tokens 64");  // the base never closes a JSON array: keep it short
   std::cout << "[chunk] adapter " << adapter.score << "/100, " << adapter.valid_pct << "% valid JSON; base " << base.score
             << "/100, " << base.valid_pct << "% valid JSON\n";
-  EXPECT_GE(adapter.score, 5.0);
-  EXPECT_GE(adapter.valid_pct, 75.0);
+  EXPECT_GE(adapter.score, 75.0);
+  EXPECT_GE(adapter.valid_pct, 90.0);
   EXPECT_LE(base.score, 1.0);
   EXPECT_LE(base.valid_pct, 10.0);
 }
