@@ -1,6 +1,8 @@
 // StaticKVCache: fixed buffers written at device-held positions (graph-capturable decode).
 #include "cache/static_kv_cache.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace hearth::cache {
@@ -20,7 +22,34 @@ StaticKVCache::StaticKVCache(std::shared_ptr<StaticState> state, const KVCache& 
   values_ = alloc(from.values_buffer());
 }
 
+StaticKVCache::StaticKVCache(std::shared_ptr<StaticState> state, const RotatingKVCache& from)
+    : state_(std::move(state)) {
+  const int64_t n = from.offset();
+  HEARTH_CHECK(n == state_->host_offset && n < state_->capacity, "StaticKVCache: ", n, " cached tokens for ",
+               state_->host_offset, " expected and a capacity of ", state_->capacity);
+  valid_from_ = from.start();
+  pending_ = from.clone();
+}
+
 KVView StaticKVCache::update(const at::Tensor& k, const at::Tensor& v) {
+  if (!keys_.defined() && pending_) {
+    // A rotating cache's tokens, read through a zero-token update of its snapshot (which returns
+    // what it holds and the position of the oldest), laid out by absolute position.
+    auto& rc = static_cast<RotatingKVCache&>(*pending_);
+    const KVView held = rc.update(k.narrow(2, 0, 0), v.narrow(2, 0, 0));
+    const int64_t n = held.keys.size(2);
+    HEARTH_CHECK(held.pos0 == valid_from_ && held.pos0 + n == state_->host_offset, "StaticKVCache: the rotating cache ",
+                 "holds positions ", held.pos0, "..", held.pos0 + n - 1, ", expected ", valid_from_, "..",
+                 state_->host_offset - 1);
+    auto alloc = [&](const at::Tensor& src) {
+      at::Tensor buf = at::zeros({src.size(0), src.size(1), state_->capacity, src.size(3)}, src.options());
+      if (n > 0) buf.narrow(2, held.pos0, n).copy_(src);
+      return buf;
+    };
+    keys_ = alloc(held.keys);
+    values_ = alloc(held.values);
+    pending_.reset();
+  }
   const int64_t B = keys_.size(0), H = keys_.size(1), S = keys_.size(2), D = keys_.size(3);
   HEARTH_CHECK(k.dim() == 4 && k.size(0) == B && k.size(1) == H && k.size(2) == 1 && k.size(3) == D &&
                    v.sizes() == k.sizes(),
@@ -38,6 +67,18 @@ int64_t StaticKVCache::trim(int64_t) { return 0; }
 
 std::unique_ptr<LayerCache> StaticKVCache::clone() const {
   throw Error("StaticKVCache: a static cache is not snapshotted; convert it with to_kv_cache first");
+}
+
+void StaticKVCache::extend(RotatingKVCache& to, int64_t n) const {
+  const int64_t from = to.offset();
+  HEARTH_CHECK(keys_.defined() && from >= valid_from_ && from <= n && n <= keys_.size(2), "StaticKVCache: cannot ",
+               "hand positions ", from, "..", n - 1, " to a rotating cache (held: ", valid_from_, "..",
+               keys_.defined() ? keys_.size(2) - 1 : -1, ")");
+  for (int64_t p = from; p < n;) {
+    const int64_t len = std::min(n - p, to.window());
+    to.update(keys_.narrow(2, p, len), values_.narrow(2, p, len));
+    p += len;
+  }
 }
 
 std::unique_ptr<KVCache> StaticKVCache::to_kv_cache(int64_t n) const {

@@ -29,28 +29,54 @@ struct StaticState {
   bool family_ran_static = false;
 };
 
-/// One layer's keys/values in fixed buffers [B, Hkv, capacity, D]. update() takes one token per row
-/// (k/v [B, Hkv, 1, D]) and writes it at state.positions[b] with device indexing only (no host
-/// sync, no allocation that depends on the data), returning the whole buffers (pos0 = 0; the
-/// family masks positions past each row's own with StaticState's masks).
+/// One layer's keys/values in fixed buffers [B, Hkv, capacity, D], token p at index p. update()
+/// takes one token per row (k/v [B, Hkv, 1, D]) and writes it at state.positions[b] with device
+/// indexing only (no host sync, no allocation that depends on the data), returning the whole
+/// buffers (pos0 = 0; the family masks positions past each row's own with StaticState's masks).
 class StaticKVCache : public KVCacheBase {
  public:
   /// Copies `from` (a filled KVCache of B rows holding state.host_offset tokens) into new buffers
   /// of state.capacity tokens. Throws hearth::Error when the tokens do not fit.
   StaticKVCache(std::shared_ptr<StaticState> state, const KVCache& from);
+  /// A sliding-window layer's cache as a full-capacity static one (memory: capacity tokens, not
+  /// the window; the family hides what the window excludes with a window mask). The
+  /// tokens `from` holds (positions from.start() .. state.host_offset-1) go to their absolute
+  /// positions; earlier positions, which `from` already dropped, stay zero — the window mask hides
+  /// them from every query at or past host_offset, since `from` keeps at least window-1 tokens.
+  /// The buffers are made at the first update(), whose k/v give their shape and dtype (a rotating
+  /// cache does not expose its buffers: a snapshot of `from` is read then and released), so that
+  /// first step must run eagerly, not under capture (Sequence::run_static's first call does).
+  /// Throws hearth::Error when the tokens do not fit; the first update() throws when its k/v do not
+  /// match `from`'s batch, heads, head dim or dtype.
+  StaticKVCache(std::shared_ptr<StaticState> state, const RotatingKVCache& from);
   KVView update(const at::Tensor& k, const at::Tensor& v) override;
   int64_t offset() const override { return state_->host_offset; }
   int64_t trim(int64_t n) override;  ///< 0: positions live on the device (the runner rewinds them)
-  int64_t nbytes() const override { return keys_.nbytes() + values_.nbytes(); }
+  int64_t nbytes() const override { return keys_.defined() ? keys_.nbytes() + values_.nbytes() : 0; }
   std::string kind() const override { return "static_kv"; }
   std::unique_ptr<LayerCache> clone() const override;
   /// The buffers' first `n` tokens as an ordinary growing cache (back to the eager path).
   std::unique_ptr<KVCache> to_kv_cache(int64_t n) const;
+  /// Back to a sliding-window cache: appends to `to` (the rotating cache this one was made from,
+  /// unchanged since) the buffers' positions to.offset() .. n-1, in updates of to.window() tokens,
+  /// so `to` ends as the eager loop would leave it (holding the last window-1 tokens or more; its
+  /// buffer may grow to about twice the window). Throws hearth::Error when those positions are
+  /// not all held here (to.offset() < valid_from() or > n, n > capacity, buffers not made yet).
+  void extend(RotatingKVCache& to, int64_t n) const;
+  /// The oldest position whose keys/values the buffers hold: 0, or from.start() for a cache made
+  /// from a RotatingKVCache (positions before it are zeros, always masked).
+  int64_t valid_from() const { return valid_from_; }
+  /// The buffers [B, Hkv, capacity, D] (undefined until the first update() for a cache made from a
+  /// RotatingKVCache): what a layer sharing this layer's keys/values (Gemma 4) attends over.
+  const at::Tensor& keys() const { return keys_; }
+  const at::Tensor& values() const { return values_; }
   const std::shared_ptr<StaticState>& state() const { return state_; }
 
  private:
   std::shared_ptr<StaticState> state_;
   at::Tensor keys_, values_;  // [B, Hkv, capacity, D]
+  int64_t valid_from_ = 0;
+  std::unique_ptr<LayerCache> pending_;  // a rotating cache's snapshot, read at the first update()
 };
 
 }  // namespace hearth::cache

@@ -39,8 +39,12 @@ bool Sequence::run_static(models::Model& model) {
   if (env_is("HEARTH_CUDA_GRAPHS", "0")) return false;
   if (!device.is_cuda() && !env_is("HEARTH_STATIC_DECODE", "1")) return false;
   if (!greedy_without_processors(opts_.sampling)) return false;
-  for (const auto& c : caches_)  // growing KV caches and recurrent states have static forms
-    if (!c || (typeid(*c) != typeid(cache::KVCache) && typeid(*c) != typeid(cache::RecurrentCache))) return false;
+  // Growing and sliding-window KV caches and recurrent states have static forms; a null entry (a
+  // layer without state of its own: Gemma 4's KV-sharing layers) stays null.
+  for (const auto& c : caches_)
+    if (c && typeid(*c) != typeid(cache::KVCache) && typeid(*c) != typeid(cache::RotatingKVCache) &&
+        typeid(*c) != typeid(cache::RecurrentCache))
+      return false;
   c10::NoGradGuard no_grad;
   nn::ActiveAdapters adapters(adapters_);
   const auto lopt = at::TensorOptions().dtype(at::kLong).device(device);
@@ -57,8 +61,12 @@ bool Sequence::run_static(models::Model& model) {
     st->positions = at::full({1}, offset_, lopt);
     cache::Caches stat;
     for (const auto& c : caches_) {
-      if (auto* rc = dynamic_cast<const cache::RecurrentCache*>(c.get()))
+      if (!c)
+        stat.push_back(nullptr);
+      else if (auto* rc = dynamic_cast<const cache::RecurrentCache*>(c.get()))
         stat.push_back(std::make_unique<cache::StaticRecurrentCache>(st, *rc));
+      else if (auto* wc = dynamic_cast<const cache::RotatingKVCache*>(c.get()))
+        stat.push_back(std::make_unique<cache::StaticKVCache>(st, *wc));  // buffers made by the first step
       else
         stat.push_back(std::make_unique<cache::StaticKVCache>(st, static_cast<const cache::KVCache&>(*c)));
     }
@@ -114,10 +122,14 @@ bool Sequence::run_static(models::Model& model) {
       ids.copy_(next);
       st->positions.add_(1);
     }
-    // Back to growing caches: the eager loop, the prompt cache and the next stretch read them.
+    // Back to growing caches: the eager loop, the prompt cache and the next stretch read them. A
+    // sliding-window cache was left as it was (the static one copied it): it takes the new tokens.
     for (size_t i = 0; i < caches_.size(); ++i) {
+      if (!stat[i]) continue;
       if (auto* rc = dynamic_cast<const cache::StaticRecurrentCache*>(stat[i].get()))
         caches_[i] = rc->to_recurrent_cache(offset_);
+      else if (auto* wc = dynamic_cast<cache::RotatingKVCache*>(caches_[i].get()))
+        static_cast<const cache::StaticKVCache&>(*stat[i]).extend(*wc, offset_);
       else
         caches_[i] = static_cast<const cache::StaticKVCache&>(*stat[i]).to_kv_cache(offset_);
     }

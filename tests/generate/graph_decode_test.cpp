@@ -20,6 +20,7 @@ using hearth::testing::tiny_llama_config;
 struct Out {
   std::vector<int64_t> tokens;
   std::vector<at::Tensor> logprobs;
+  bool static_decode = false;
 };
 
 Out run(models::Model& model, const std::vector<int64_t>& prompt, int64_t max_tokens, const char* graphs,
@@ -30,10 +31,12 @@ Out run(models::Model& model, const std::vector<int64_t>& prompt, int64_t max_to
   o.max_tokens = max_tokens;
   o.logprobs = true;
   Out out;
-  out.tokens = generate(model, prompt, o, [&](int64_t, const at::Tensor& lp) {
-                 out.logprobs.push_back(lp.to(at::kCPU).clone());
-                 return true;
-               }).tokens;
+  GenerationResult r = generate(model, prompt, o, [&](int64_t, const at::Tensor& lp) {
+    out.logprobs.push_back(lp.to(at::kCPU).clone());
+    return true;
+  });
+  out.tokens = r.tokens;
+  out.static_decode = r.stats.static_decode;
   unsetenv("HEARTH_CUDA_GRAPHS");
   unsetenv("HEARTH_STATIC_DECODE");
   return out;
@@ -75,9 +78,18 @@ TEST(StaticDecode, WithAnAdapterActive) {
   EXPECT_NE(run(*model, graph_prompt_of(9), 40, "0", "0").tokens, eager.tokens);  // the adapter matters
 }
 
-TEST(StaticDecode, SlidingWindowCachesFallBackToTheEagerLoop) {
-  auto model = random_llama(tiny_llama_config({{"model_type", "mistral"}, {"sliding_window", 6}}), at::kFloat, 23);
-  expect_close(run(*model, graph_prompt_of(12), 30, "1", "1"), run(*model, graph_prompt_of(12), 30, "0", "0"), 0.0);
+TEST(StaticDecode, SlidingWindowCachesDecodeStatic) {
+  // A rotating (sliding-window) cache becomes a full-capacity static one under the window mask and
+  // is handed back at each regrowth: 300 tokens cross the 6-token window 50 times.
+  auto model = random_llama(
+      tiny_llama_config({{"model_type", "mistral"}, {"sliding_window", 6}, {"max_position_embeddings", 1024}}),
+      at::kFloat, 23);
+  Out stat = run(*model, graph_prompt_of(12), 300, "1", "1");
+  Out eager = run(*model, graph_prompt_of(12), 300, "0", "0");
+  EXPECT_TRUE(stat.static_decode);
+  EXPECT_FALSE(eager.static_decode);
+  ASSERT_EQ(eager.tokens.size(), 300u);
+  expect_close(stat, eager, 1e-5);
 }
 
 TEST(StaticDecode, CudaGraphReplayIsBitIdenticalToTheSameStepEager) {

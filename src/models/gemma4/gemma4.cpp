@@ -1,7 +1,8 @@
 // The Gemma 4 forward pass, module for module as transformers' modeling_gemma4.py
 // (Gemma4RMSNorm, Gemma4TextRotaryEmbedding, Gemma4TextAttention, Gemma4TextMLP,
 // Gemma4TextDecoderLayer, Gemma4TextModel, Gemma4ForCausalLM), with the K/V of sharing layers
-// passed as Boundary streams. Weight loading and the module lists are in gemma4_load.cpp.
+// passed as Boundary streams. Weight loading and the module lists are in gemma4_load.cpp, the
+// static decode step in gemma4_static.cpp.
 #include "models/gemma4/gemma4.h"
 
 #include <algorithm>
@@ -30,27 +31,52 @@ at::Tensor Gemma4RMSNorm::forward(const at::Tensor& x) const {
 }
 
 std::pair<at::Tensor, at::Tensor> Gemma4Rotary::cos_sin(int64_t offset, int64_t T, at::ScalarType dtype) const {
-  at::Tensor pos = at::arange(offset, offset + T, at::TensorOptions().dtype(at::kLong).device(inv_freq.device()))
-                       .to(at::kFloat);
-  at::Tensor freqs = at::outer(pos, inv_freq);  // [T, D/2]: one product per entry, as the reference's matmul
+  return cos_sin_at(at::arange(offset, offset + T, at::TensorOptions().dtype(at::kLong).device(inv_freq.device())),
+                    dtype);
+}
+
+std::pair<at::Tensor, at::Tensor> Gemma4Rotary::cos_sin_at(const at::Tensor& positions, at::ScalarType dtype) const {
+  // [N, D/2]: one product per entry, as the reference's matmul
+  at::Tensor freqs = at::outer(positions.to(at::kFloat), inv_freq);
   at::Tensor emb = at::cat({freqs, freqs}, -1);
   return {emb.cos().to(dtype), emb.sin().to(dtype)};
 }
 
-at::Tensor Gemma4Attention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
-                                    cache::KVCacheBase* cache, const SharedKV* shared, SharedKV* own) const {
+at::Tensor Gemma4Attention::query(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
   const int64_t B = x.size(0), T = x.size(1);
   at::Tensor q = q_norm.forward(q_proj.forward(x).view({B, T, -1, head_dim}));
-  q = nn::apply_rotary(q.transpose(1, 2), cos, sin);  // [B, H, T, D]
+  return nn::apply_rotary(q.transpose(1, 2), cos, sin);  // [B, H, T, D]
+}
+
+std::pair<at::Tensor, at::Tensor> Gemma4Attention::key_value(const at::Tensor& x, const at::Tensor& cos,
+                                                             const at::Tensor& sin) const {
+  HEARTH_CHECK(has_kv, "Gemma4Attention: a KV-sharing layer was run without its donor's K/V");
+  const int64_t B = x.size(0), T = x.size(1);
+  at::Tensor k_raw = k_proj.forward(x).view({B, T, -1, head_dim});
+  at::Tensor v_raw = has_v_proj ? v_proj.forward(x).view({B, T, -1, head_dim}) : k_raw;
+  at::Tensor k = nn::apply_rotary(k_norm.forward(k_raw).transpose(1, 2), cos, sin);  // [B, Hkv, T, D]
+  at::Tensor v = v_norm.forward(v_raw).transpose(1, 2);
+  return {k, v};
+}
+
+at::Tensor Gemma4Attention::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   nn::AttentionParams p) const {
+  const int64_t B = q.size(0), T = q.size(2);
+  p.scale = 1.0;
+  p.backend = backend;
+  at::Tensor out = nn::attention(q, k, v, p);  // [B, H, T, D]
+  out = out.transpose(1, 2).contiguous().reshape({B, T, -1});
+  return o_proj.forward(out);
+}
+
+at::Tensor Gemma4Attention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
+                                    cache::KVCacheBase* cache, const SharedKV* shared, SharedKV* own) const {
+  at::Tensor q = query(x, cos, sin);
   SharedKV kv;
   if (shared) {
     kv = *shared;
   } else {
-    HEARTH_CHECK(has_kv, "Gemma4Attention: a KV-sharing layer was run without its donor's K/V");
-    at::Tensor k_raw = k_proj.forward(x).view({B, T, -1, head_dim});
-    at::Tensor v_raw = has_v_proj ? v_proj.forward(x).view({B, T, -1, head_dim}) : k_raw;
-    at::Tensor k = nn::apply_rotary(k_norm.forward(k_raw).transpose(1, 2), cos, sin);  // [B, Hkv, T, D]
-    at::Tensor v = v_norm.forward(v_raw).transpose(1, 2);
+    auto [k, v] = key_value(x, cos, sin);
     cache::KVView view{k, v, offset};
     if (cache) view = cache->update(k, v);
     if (sliding_window) {
@@ -69,14 +95,10 @@ at::Tensor Gemma4Attention::forward(const at::Tensor& x, const at::Tensor& cos, 
     if (own) *own = kv;
   }
   nn::AttentionParams p;
-  p.scale = 1.0;
   p.q_pos0 = offset;
   p.k_pos0 = kv.pos0;
   p.sliding_window = sliding_window;
-  p.backend = backend;
-  at::Tensor out = nn::attention(q, kv.k, kv.v, p);  // [B, H, T, D]
-  out = out.transpose(1, 2).contiguous().reshape({B, T, -1});
-  return o_proj.forward(out);
+  return attend(q, kv.k, kv.v, p);
 }
 
 at::Tensor Gemma4MLP::forward(const at::Tensor& x) const {
@@ -86,10 +108,14 @@ at::Tensor Gemma4MLP::forward(const at::Tensor& x) const {
 at::Tensor Gemma4DecoderLayer::forward(const at::Tensor& x, const at::Tensor& per_layer_input, const at::Tensor& cos,
                                        const at::Tensor& sin, int64_t offset, cache::KVCacheBase* cache,
                                        const SharedKV* shared, SharedKV* own) const {
+  return around_attention(x, self_attn.forward(input_layernorm.forward(x), cos, sin, offset, cache, shared, own),
+                          per_layer_input);
+}
+
+at::Tensor Gemma4DecoderLayer::around_attention(const at::Tensor& x, const at::Tensor& attn,
+                                                const at::Tensor& per_layer_input) const {
   at::Tensor residual = x;
-  at::Tensor h = input_layernorm.forward(x);
-  h = self_attn.forward(h, cos, sin, offset, cache, shared, own);
-  h = post_attention_layernorm.forward(h);
+  at::Tensor h = post_attention_layernorm.forward(attn);
   h = residual + h;
 
   residual = h;
@@ -116,8 +142,9 @@ Boundary Gemma4Model::embed(const at::Tensor& input_ids) {
   const at::Tensor ids = input_ids.to(placement_.device, at::kLong);
   const Gemma4Config& c = config_;
   // Gemma4TextScaledWordEmbedding: the fp32 scale is cast to the weight dtype before multiplying.
+  // Made on the device (a fill, no host-to-device copy), so a CUDA graph can capture the step.
   auto scaled = [](const at::Tensor& e, int64_t width) {
-    return e * at::scalar_tensor(std::sqrt(double(width)), at::kFloat).to(e.device(), e.scalar_type());
+    return e * at::full({}, std::sqrt(double(width)), e.options().dtype(at::kFloat)).to(e.scalar_type());
   };
   at::Tensor h = scaled(embed_tokens_.forward(ids), c.hidden_size);
   Boundary b(h);
@@ -142,17 +169,18 @@ Boundary Gemma4Model::forward_layers(const Boundary& in, int64_t begin, int64_t 
                ") outside [0, ", num_layers(), ")");
   HEARTH_CHECK(!caches || static_cast<int64_t>(caches->size()) == num_layers(), "Gemma4Model: got ",
                caches ? caches->size() : 0, " caches for ", num_layers(), " layers");
+  if (caches && begin < end)  // the static step: the first cache decides (sharers' entries are null)
+    for (const auto& entry : *caches)
+      if (entry) {
+        if (auto* sc = dynamic_cast<cache::StaticKVCache*>(entry.get()))
+          return forward_static(in, begin, end, *sc->state(), *caches);
+        break;
+      }
   const int64_t T = in.hidden.size(1);
   const at::ScalarType dtype = in.hidden.scalar_type();
   std::pair<at::Tensor, at::Tensor> rope[2];  // [0] full, [1] sliding; made on first use
   Boundary out = in;
-  at::Tensor per_layer_inputs;
-  if (c.hidden_size_per_layer_input > 0) {
-    const at::Tensor* pli = in.find("per_layer_inputs");
-    HEARTH_CHECK(pli && pli->dim() == 4 && pli->size(2) == num_layers(),
-                 "Gemma4Model: the boundary has no per_layer_inputs [B, T, L, P] stream (made by embed)");
-    per_layer_inputs = *pli;
-  }
+  const at::Tensor per_layer_inputs = per_layer_stream(in);
   at::Tensor h = in.hidden;
   for (int64_t i = begin; i < end; ++i) {
     const bool sliding = c.sliding[i];
@@ -190,6 +218,14 @@ Boundary Gemma4Model::forward_layers(const Boundary& in, int64_t begin, int64_t 
   }
   out.hidden = h;
   return out;
+}
+
+at::Tensor Gemma4Model::per_layer_stream(const Boundary& in) const {
+  if (config_.hidden_size_per_layer_input <= 0) return at::Tensor();
+  const at::Tensor* pli = in.find("per_layer_inputs");
+  HEARTH_CHECK(pli && pli->dim() == 4 && pli->size(2) == config_.num_hidden_layers,
+               "Gemma4Model: the boundary has no per_layer_inputs [B, T, L, P] stream (made by embed)");
+  return *pli;
 }
 
 at::Tensor Gemma4Model::head(const at::Tensor& hidden) {

@@ -1,7 +1,8 @@
 // The Gemma 4 text model (model_type gemma4_text, and the language model of gemma4): transformers'
 // modeling_gemma4.py (Gemma4TextAttention, Gemma4TextDecoderLayer, Gemma4TextModel,
-// Gemma4ForCausalLM) in C++, same module names and op order. Dense MLP only; no vision or audio
-// towers (their weights are ignored). Quantization and adapters live in nn::Linear, not here.
+// Gemma4ForCausalLM) in C++, same module names and op order, plus a one-token static decode step
+// over cache::StaticKVCache (CUDA-graph capturable). Dense MLP only; no vision or audio towers
+// (their weights are ignored). Quantization and adapters live in nn::Linear, not here.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -9,6 +10,7 @@
 #include <optional>
 #include <vector>
 
+#include "cache/static_kv_cache.h"
 #include "models/gemma4/config.h"
 #include "models/model.h"
 #include "models/registry.h"
@@ -33,6 +35,9 @@ struct Gemma4Rotary {
   /// cos, sin [T, D] in `dtype` on inv_freq's device for positions offset .. offset+T-1
   /// (freqs = inv_freq ⊗ positions in fp32, emb = cat(freqs, freqs)).
   std::pair<at::Tensor, at::Tensor> cos_sin(int64_t offset, int64_t T, at::ScalarType dtype) const;
+  /// The same for positions held in a tensor: positions [N] int64 on inv_freq's device → cos, sin
+  /// [N, D] (device ops only: a static step computes its rows from StaticState::positions).
+  std::pair<at::Tensor, at::Tensor> cos_sin_at(const at::Tensor& positions, at::ScalarType dtype) const;
 };
 
 /// The K/V a layer attends with: keys/values [B, Hkv, S, D], keys[:, :, 0] at absolute position pos0.
@@ -57,6 +62,21 @@ struct Gemma4Attention {
   /// this layer attended with.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t offset,
                      cache::KVCacheBase* cache, const SharedKV* shared, SharedKV* own) const;
+  /// One decode token per row over static caches: x [B, 1, C], cos/sin [B, 1, 1, D] (each row's
+  /// RoPE row), mask [B, 1, 1, S] additive over the capacity S (StaticState's full or window
+  /// mask) → [B, 1, C]. A layer with its own K/V writes them into `cache` at the state's device
+  /// positions and attends over its buffers; a sharer passes cache = null and `shared` = its
+  /// donor's cache (this step's token already written). Same projections, norms, RoPE and scale 1
+  /// as forward(); the attention reads the whole capacity under the mask (another summation order).
+  at::Tensor forward_static(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& mask,
+                            cache::StaticKVCache* cache, const cache::StaticKVCache* shared) const;
+
+ private:
+  // q [B, H, T, D] after q_norm and RoPE; k/v [B, Hkv, T, D] (k after k_norm and RoPE, v after v_norm).
+  at::Tensor query(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
+  std::pair<at::Tensor, at::Tensor> key_value(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
+  // attention(q, k, v, p) then o_proj: [B, H, T, D] → [B, T, C].
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, nn::AttentionParams p) const;
 };
 
 /// Gemma4TextMLP: down_proj(gelu_tanh(gate_proj(x)) · up_proj(x)).
@@ -80,6 +100,10 @@ struct Gemma4DecoderLayer {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& per_layer_input, const at::Tensor& cos,
                      const at::Tensor& sin, int64_t offset, cache::KVCacheBase* cache, const SharedKV* shared,
                      SharedKV* own) const;
+  /// The block around its attention: x [B, T, C] the layer input, attn [B, T, C] the attention
+  /// output for input_layernorm(x) → the layer output (post-attention norm and residual, the MLP
+  /// sandwich, the per-layer input, layer_scalar). forward() and the static step both end here.
+  at::Tensor around_attention(const at::Tensor& x, const at::Tensor& attn, const at::Tensor& per_layer_input) const;
 };
 
 class Gemma4Model : public Model {
@@ -101,11 +125,18 @@ class Gemma4Model : public Model {
   /// a sharer reads them, so a range that starts after the donor needs them in `in` (throws
   /// hearth::Error otherwise). With caches the donor's K/V are what its cache returned. Rows must
   /// share one position (pos.common).
+  /// Static caches (cache::StaticKVCache, the decode runner's: generate/graph_decode.cpp) take the
+  /// static step instead: one token per row at StaticState::positions, RoPE rows and the full and
+  /// window masks [B, 1, 1, capacity] built on the device once per step, sliding layers over
+  /// full-capacity buffers under the window mask, sharers over their donor's static buffers (read
+  /// from caches[kv_source], so no shared_kv streams are needed or set). Every op besides the
+  /// attention's length is the eager path's; sets StaticState::family_ran_static.
   Boundary forward_layers(const Boundary& in, int64_t begin, int64_t end, const Positions& pos,
                           cache::Caches* caches) override;
   /// norm, tied lm_head, then tanh(logits / cap) · cap when final_logit_softcapping is set.
   at::Tensor head(const at::Tensor& hidden) override;
   /// RotatingKVCache(sliding_window) for sliding layers, KVCache for full ones, null for sharers.
+  /// (The static decode runner turns each into a full-capacity StaticKVCache and back.)
   cache::Caches make_cache() const override;
 
   const std::string& model_type() const override { return config_.model_type; }
@@ -127,6 +158,12 @@ class Gemma4Model : public Model {
   const Gemma4Rotary& rotary(bool sliding) const { return sliding ? sliding_rotary_ : full_rotary_; }
 
  private:
+  // The static step (see forward_layers): caches holds every layer, static or null (sharers).
+  Boundary forward_static(const Boundary& in, int64_t begin, int64_t end, cache::StaticState& st,
+                          cache::Caches& caches);
+  // The "per_layer_inputs" stream of `in` (undefined without per-layer inputs); throws when missing.
+  at::Tensor per_layer_stream(const Boundary& in) const;
+
   Gemma4Config config_;
   nn::LoadOptions placement_;
   std::string prefix_;
