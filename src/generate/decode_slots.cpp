@@ -98,8 +98,8 @@ std::unique_ptr<DecodeSlots> DecodeSlots::create(models::Model& model, int64_t s
       const auto& kv = static_cast<const cache::KVCache&>(*c);
       const at::Tensor& k = kv.keys_buffer();
       const at::Tensor& v = kv.values_buffer();
-      at::Tensor keys = at::zeros({slots, k.size(1), capacity, k.size(3)}, k.options());
-      at::Tensor values = at::zeros({slots, v.size(1), capacity, v.size(3)}, v.options());
+      at::Tensor keys = at::empty({slots, k.size(1), capacity, k.size(3)}, k.options());  // see ensure_zeroed
+      at::Tensor values = at::empty({slots, v.size(1), capacity, v.size(3)}, v.options());
       p->full_.push_back(std::make_unique<cache::StaticKVCache>(p->full_state_, keys, values));
       p->buffers_.emplace_back(keys, values);
       p->recurrent_.push_back(false);
@@ -110,6 +110,7 @@ std::unique_ptr<DecodeSlots> DecodeSlots::create(models::Model& model, int64_t s
   // family's static path; a family that treats the static caches as ordinary ones, or refuses
   // them, cannot use slots.
   try {
+    p->ensure_zeroed(length_buckets(capacity).front());
     Bucket& bk = p->bucket(1, length_buckets(capacity).front());
     p->forward(bk);
     if (!bk.state->family_ran_static) return unusable(model.model_type() + " has no static decode step");
@@ -118,6 +119,17 @@ std::unique_ptr<DecodeSlots> DecodeSlots::create(models::Model& model, int64_t s
   }
   p->buckets_.clear();
   return p;
+}
+
+void DecodeSlots::ensure_zeroed(int64_t tokens) {
+  tokens = std::min(tokens, capacity_);
+  if (tokens <= zeroed_) return;
+  for (size_t i = 0; i < buffers_.size(); ++i)
+    if (!recurrent_[i]) {
+      buffers_[i].first.narrow(2, zeroed_, tokens - zeroed_).zero_();
+      buffers_[i].second.narrow(2, zeroed_, tokens - zeroed_).zero_();
+    }
+  zeroed_ = tokens;
 }
 
 DecodeSlots::~DecodeSlots() {
@@ -152,6 +164,10 @@ bool DecodeSlots::fits(const Sequence& s) const {
 void DecodeSlots::admit(Sequence& s) {
   const int64_t slot = std::find(occupant_.begin(), occupant_.end(), nullptr) - occupant_.begin();
   HEARTH_CHECK(slot < slots_ && fits(s), "decode slots: admit of a sequence that does not fit");
+  // Every length bucket this sequence can reach reads finite values in every row (before its own
+  // tokens are written: the fill covers all rows).
+  const int64_t remaining = s.opts_.max_tokens - static_cast<int64_t>(s.result_.tokens.size());
+  ensure_zeroed(pick_bucket(length_buckets(capacity_), s.offset_ + remaining));
   for (size_t i = 0; i < full_.size(); ++i) {
     if (recurrent_[i])
       static_cast<cache::StaticRecurrentCache&>(*full_[i]).write_row(slot, static_cast<const cache::RecurrentCache&>(*s.caches_[i]));

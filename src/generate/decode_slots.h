@@ -93,6 +93,9 @@ class DecodeSlots {
   Bucket& bucket(int64_t b, int64_t len);
   void forward(Bucket& bk);  // the step itself: ids_/positions_ → logits_/next_ rows [0, b)
   void run_step(Bucket& bk, const std::vector<Sequence*>& rows);
+  /// Zero-fills tokens [zeroed_, tokens) of every row of the KV buffers (allocated uninitialised, so
+  /// a CPU pool costs memory only as far as sequences reach; a masked key must still be finite).
+  void ensure_zeroed(int64_t tokens);
 
   models::Model& model_;
   int64_t slots_ = 0, capacity_ = 0, nbytes_ = 0;
@@ -105,6 +108,7 @@ class DecodeSlots {
   std::vector<Sequence*> occupant_;                 // per slot (nullptr = free)
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Bucket>> buckets_;
   bool capture_ = true;
+  int64_t zeroed_ = 0;  // tokens [0, zeroed_) of every KV row hold finite values
   int64_t graph_steps_ = 0, eager_steps_ = 0;
 };
 
