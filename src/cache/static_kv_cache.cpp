@@ -20,6 +20,43 @@ StaticKVCache::StaticKVCache(std::shared_ptr<StaticState> state, const KVCache& 
   };
   keys_ = alloc(k);
   values_ = alloc(from.values_buffer());
+  flat_keys_ = keys_.view({-1, keys_.size(3)});
+  flat_values_ = values_.view({-1, values_.size(3)});
+  row_stride_ = state_->capacity;
+}
+
+StaticKVCache::StaticKVCache(std::shared_ptr<StaticState> state, const at::Tensor& pk, const at::Tensor& pv)
+    : state_(std::move(state)) {
+  HEARTH_CHECK(pk.defined() && pk.dim() == 4 && pk.is_contiguous() && pv.sizes() == pk.sizes() && pv.is_contiguous(),
+               "StaticKVCache: pool buffers must be two contiguous [S, Hkv, C, D] tensors of one shape");
+  const int64_t B = state_->positions.defined() ? state_->positions.numel() : 0;
+  HEARTH_CHECK(B >= 1 && B <= pk.size(0) && state_->capacity >= 1 && state_->capacity <= pk.size(2),
+               "StaticKVCache: a window of ", B, " rows and ", state_->capacity, " tokens does not fit a pool of ",
+               pk.size(0), " rows and ", pk.size(2), " tokens");
+  keys_ = pk.narrow(0, 0, B).narrow(2, 0, state_->capacity);
+  values_ = pv.narrow(0, 0, B).narrow(2, 0, state_->capacity);
+  flat_keys_ = pk.view({-1, pk.size(3)});
+  flat_values_ = pv.view({-1, pv.size(3)});
+  row_stride_ = pk.size(2);
+}
+
+void StaticKVCache::write_row(int64_t row, const KVCache& from) {
+  const at::Tensor& k = from.keys_buffer();
+  const int64_t n = from.offset();
+  HEARTH_CHECK(k.defined() && k.size(0) == 1, "StaticKVCache: write_row takes a filled cache of one row");
+  HEARTH_CHECK(row >= 0 && row < keys_.size(0) && n <= keys_.size(2) && k.size(1) == keys_.size(1) &&
+                   k.size(3) == keys_.size(3),
+               "StaticKVCache: ", n, " tokens of shape ", k.sizes(), " do not fit row ", row, " of ", keys_.sizes());
+  keys_[row].narrow(1, 0, n).copy_(k[0].narrow(1, 0, n));
+  values_[row].narrow(1, 0, n).copy_(from.values_buffer()[0].narrow(1, 0, n));
+}
+
+std::unique_ptr<KVCache> StaticKVCache::read_row(int64_t row, int64_t n) const {
+  HEARTH_CHECK(row >= 0 && row < keys_.size(0) && n >= 0 && n <= keys_.size(2), "StaticKVCache: row ", row,
+               " and ", n, " tokens asked of ", keys_.sizes());
+  auto c = std::make_unique<KVCache>();
+  if (n > 0) c->update(keys_.narrow(0, row, 1).narrow(2, 0, n), values_.narrow(0, row, 1).narrow(2, 0, n));
+  return c;
 }
 
 StaticKVCache::StaticKVCache(std::shared_ptr<StaticState> state, const RotatingKVCache& from)
@@ -48,18 +85,23 @@ KVView StaticKVCache::update(const at::Tensor& k, const at::Tensor& v) {
     };
     keys_ = alloc(held.keys);
     values_ = alloc(held.values);
+    flat_keys_ = keys_.view({-1, keys_.size(3)});
+    flat_values_ = values_.view({-1, values_.size(3)});
+    row_stride_ = state_->capacity;
     pending_.reset();
   }
   const int64_t B = keys_.size(0), H = keys_.size(1), S = keys_.size(2), D = keys_.size(3);
   HEARTH_CHECK(k.dim() == 4 && k.size(0) == B && k.size(1) == H && k.size(2) == 1 && k.size(3) == D &&
                    v.sizes() == k.sizes(),
                "StaticKVCache: update takes one token per row, [", B, ", ", H, ", 1, ", D, "], got ", k.sizes());
-  // Flat row index of (b, h, positions[b]) in the [B·H·S, D] view of the buffers.
+  (void)S;
+  // Flat row index of (b, h, positions[b]) in the [rows·H·stride, D] view of the storage (rows
+  // [0, B) come first in it, so a window's index is the same formula).
   auto lopt = at::TensorOptions().dtype(at::kLong).device(keys_.device());
-  at::Tensor base = (at::arange(B * H, lopt) * S).view({B, H});
+  at::Tensor base = (at::arange(B * H, lopt) * row_stride_).view({B, H});
   at::Tensor idx = (base + state_->positions.view({B, 1})).reshape({B * H});
-  keys_.view({B * H * S, D}).index_copy_(0, idx, k.reshape({B * H, D}).to(keys_.scalar_type()));
-  values_.view({B * H * S, D}).index_copy_(0, idx, v.reshape({B * H, D}).to(values_.scalar_type()));
+  flat_keys_.index_copy_(0, idx, k.reshape({B * H, D}).to(keys_.scalar_type()));
+  flat_values_.index_copy_(0, idx, v.reshape({B * H, D}).to(values_.scalar_type()));
   return {keys_, values_, 0};
 }
 

@@ -33,6 +33,10 @@ struct StaticState {
 /// takes one token per row (k/v [B, Hkv, 1, D]) and writes it at state.positions[b] with device
 /// indexing only (no host sync, no allocation that depends on the data), returning the whole
 /// buffers (pos0 = 0; the family masks positions past each row's own with StaticState's masks).
+///
+/// The buffers may also be a window of a larger pool (generate/decode_slots.h: rows [0, B) and
+/// tokens [0, capacity) of [S, Hkv, C, D]), so that one pool serves every (batch, length) bucket;
+/// rows of the pool are filled from and read back into growing caches with write_row/read_row.
 class StaticKVCache : public KVCacheBase {
  public:
   /// Copies `from` (a filled KVCache of B rows holding state.host_offset tokens) into new buffers
@@ -49,6 +53,16 @@ class StaticKVCache : public KVCacheBase {
   /// Throws hearth::Error when the tokens do not fit; the first update() throws when its k/v do not
   /// match `from`'s batch, heads, head dim or dtype.
   StaticKVCache(std::shared_ptr<StaticState> state, const RotatingKVCache& from);
+  /// A view over `pool_keys`/`pool_values` [S, Hkv, C, D] (contiguous, owned by the caller, who
+  /// keeps them alive): rows [0, B) with B = state.positions.numel() and tokens [0, state.capacity).
+  /// Writes land in the pool. Throws hearth::Error when B > S, capacity > C, or shapes differ.
+  StaticKVCache(std::shared_ptr<StaticState> state, const at::Tensor& pool_keys, const at::Tensor& pool_values);
+  /// Copies the `from.offset()` tokens of `from` (one row, [1, Hkv, n, D]) into row `row` of these
+  /// buffers at positions [0, n) (the rest of the row is left as it was: the masks hide it).
+  /// Throws hearth::Error when the row, the token count or the shapes do not fit.
+  void write_row(int64_t row, const KVCache& from);
+  /// Row `row`'s first `n` tokens as an ordinary growing cache of one row (a copy).
+  std::unique_ptr<KVCache> read_row(int64_t row, int64_t n) const;
   KVView update(const at::Tensor& k, const at::Tensor& v) override;
   int64_t offset() const override { return state_->host_offset; }
   int64_t trim(int64_t n) override;  ///< 0: positions live on the device (the runner rewinds them)
@@ -74,7 +88,9 @@ class StaticKVCache : public KVCacheBase {
 
  private:
   std::shared_ptr<StaticState> state_;
-  at::Tensor keys_, values_;  // [B, Hkv, capacity, D]
+  at::Tensor keys_, values_;  // [B, Hkv, capacity, D] (a window of the flat buffers below)
+  at::Tensor flat_keys_, flat_values_;  // the contiguous storage as [rows·Hkv·stride, D]
+  int64_t row_stride_ = 0;              // tokens between two (row, head) pairs in the flat storage
   int64_t valid_from_ = 0;
   std::unique_ptr<LayerCache> pending_;  // a rotating cache's snapshot, read at the first update()
 };

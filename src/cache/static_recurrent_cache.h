@@ -23,6 +23,16 @@ class StaticRecurrentCache : public RecurrentCache {
   /// Copies `from` (a filled RecurrentCache holding state.host_offset tokens) into new buffers.
   /// Throws hearth::Error when `from` is empty or holds another number of tokens.
   StaticRecurrentCache(std::shared_ptr<StaticState> state, const RecurrentCache& from);
+  /// A view over pool buffers conv [S, convDim, W] and float32 recurrent [S, Hv, Dk, Dv] (owned by
+  /// the caller, who keeps them alive): rows [0, B), B = state.positions.numel() (generate/
+  /// decode_slots.h). write() lands in the pool. Throws hearth::Error when B > S or the recurrent
+  /// buffer is not float32.
+  StaticRecurrentCache(std::shared_ptr<StaticState> state, const at::Tensor& pool_conv, const at::Tensor& pool_recurrent);
+  /// Copies `from` (a filled RecurrentCache of one row) into row `row` of these buffers. Throws
+  /// hearth::Error when the row or the shapes do not fit.
+  void write_row(int64_t row, const RecurrentCache& from);
+  /// Row `row`'s states as an ordinary RecurrentCache of one row holding `n` tokens (a copy).
+  std::unique_ptr<RecurrentCache> read_row(int64_t row, int64_t n) const;
   /// Overwrites both buffers with a step's new states (shapes and dtypes as held; throws
   /// hearth::Error otherwise — checked on the host, outside any device work).
   void write(const at::Tensor& conv_state, const at::Tensor& recurrent_state);

@@ -3,6 +3,7 @@
 #include <c10/core/GradMode.h>
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <iostream>
 
@@ -10,6 +11,7 @@
 #include "core/error.h"
 #include "core/torch_compat.h"
 #include "generate/batch.h"
+#include "generate/decode_slots.h"
 #include "generate/generate.h"
 #include "io/hf_config.h"
 #include "models/registry.h"
@@ -30,11 +32,16 @@ double median(std::vector<double> v) {
 }
 
 // Aggregate decode speed of `batch` sequences stepped together (generate/batch.h): all prefilled
-// first, then timed from the step after every first token to the last token.
+// first, then timed from the step after every first token to the last token. Through decode slots
+// (generate/decode_slots.h) unless HEARTH_DECODE_SLOTS=0 or the model cannot use them.
 int bench_batch(hearth::models::Model& model, const std::vector<int64_t>& prompt,
                 const hearth::generate::GenerateOptions& opts, int64_t batch, int runs) {
   using Clock = std::chrono::steady_clock;
   std::vector<double> rates;
+  std::unique_ptr<hearth::generate::DecodeSlots> slots;
+  std::string why = "HEARTH_DECODE_SLOTS=0";
+  if (const char* env = std::getenv("HEARTH_DECODE_SLOTS"); !env || std::string(env) != "0")
+    slots = hearth::generate::DecodeSlots::create(model, batch, static_cast<int64_t>(prompt.size()) + opts.max_tokens + 1, &why);
   for (int r = 0; r <= runs; ++r) {
     std::vector<std::unique_ptr<hearth::generate::Sequence>> seqs;
     std::vector<hearth::generate::Sequence*> live;
@@ -46,7 +53,7 @@ int bench_batch(hearth::models::Model& model, const std::vector<int64_t>& prompt
     auto prefilling = [&] {
       return std::any_of(live.begin(), live.end(), [](auto* s) { return s->prefilling(); });
     };
-    while (prefilling()) hearth::generate::step(model, live, opts.prefill_step_size);
+    while (prefilling()) hearth::generate::step(model, live, opts.prefill_step_size, slots.get());
     int64_t before = 0;
     for (auto* s : live) before += static_cast<int64_t>(s->result().tokens.size());
     hearth::compat::synchronize(model.placement().device);
@@ -55,7 +62,7 @@ int bench_batch(hearth::models::Model& model, const std::vector<int64_t>& prompt
       std::vector<hearth::generate::Sequence*> running;
       for (auto* s : live)
         if (!s->done()) running.push_back(s);
-      hearth::generate::step(model, running, opts.prefill_step_size);
+      hearth::generate::step(model, running, opts.prefill_step_size, slots.get());
     }
     hearth::compat::synchronize(model.placement().device);
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -66,7 +73,12 @@ int bench_batch(hearth::models::Model& model, const std::vector<int64_t>& prompt
   std::printf("batch %lld: prompt %lld tokens each, generate %lld tokens each, median of %d runs\n",
               static_cast<long long>(batch), static_cast<long long>(prompt.size()),
               static_cast<long long>(opts.max_tokens), runs);
-  std::printf("decode (aggregate over the batch, eager batched step): %.1f tok/s\n", median(rates));
+  if (slots)
+    std::printf("decode (aggregate over the batch, decode slots, %s): %.1f tok/s\n",
+                slots->graph_steps() > 0 ? "CUDA graphs" : "eager static step", median(rates));
+  else
+    std::printf("decode (aggregate over the batch, ragged batched step; no slots: %s): %.1f tok/s\n", why.c_str(),
+                median(rates));
   return 0;
 }
 

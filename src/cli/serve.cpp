@@ -64,6 +64,17 @@ int run_serve(const ServeArgs& a) {
       std::cerr << "hearth: cache memory budget " << server_opts.memory_budget / (1 << 20) << " MiB ("
                 << model_engine->state_bytes(model_engine->context_length()) / (1 << 20)
                 << " MiB for one request filling the context)" << std::endl;
+    std::string why;
+    const int64_t slot_bytes = model_engine->start_decode_slots(static_cast<int64_t>(server_opts.max_num_seqs),
+                                                                server_opts.memory_budget, &why);
+    if (const generate::DecodeSlots* slots = model_engine->decode_slots()) {
+      // The slots' caches are held for the server's life: they come out of the running requests' budget.
+      if (server_opts.memory_budget > 0) server_opts.memory_budget -= slot_bytes;
+      std::cerr << "hearth: decode slots: " << slots->slots() << " x " << slots->capacity() << " tokens ("
+                << slot_bytes / (1 << 20) << " MiB)" << std::endl;
+    } else {
+      std::cerr << "hearth: decode slots off: " << why << std::endl;
+    }
     engine = std::move(model_engine);
   }
 
@@ -159,7 +170,12 @@ std::function<int()> setup_serve(CLI::App& app) {
                  "Default generated-token limit for chat requests that set none (0 = context length)");
   app.add_option("--device", a->engine.device, "cpu | cuda (default: cuda when available)");
   app.add_option("--dtype", a->engine.dtype, "float32 | bfloat16 | float16 (default: the checkpoint's torch_dtype on cuda, float32 on cpu)");
-  app.add_option("--context-length", a->engine.context_length, "Prompt + output token cap (default: the model's)");
+  app.add_option("--context-length,--max-model-len", a->engine.context_length,
+                 "Prompt + output token cap (default: the model's); also each decode slot's size, capped by the "
+                 "memory budget");
+  app.add_flag_callback("--no-decode-slots", [a] { a->engine.decode_slots = false; },
+               "Decode every running request through the ragged batched path instead of decode slots (static "
+               "per-slot caches, CUDA graphs on the GPU); HEARTH_DECODE_SLOTS=0 does the same");
   app.add_option("--adapter", a->adapters, "Mount a LoRA adapter at start: NAME=PATH (repeatable)");
   app.add_option("--adapter-dir", a->adapter_dirs,
                  "Folder under which POST /v1/adapters may load adapters (repeatable; MODEL/adapters always is)");

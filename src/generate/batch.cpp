@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/torch_compat.h"
+#include "generate/decode_slots.h"
 #include "nn/linear.h"
 
 namespace hearth::generate {
@@ -32,12 +33,18 @@ Sequence::Sequence(std::vector<int64_t> prompt, GenerateOptions opts, cache::Cac
 }
 
 Sequence::~Sequence() {
+  if (slots_) slots_->release(*this, /*read_back=*/false);
   if (parent_) std::erase(parent_->forks_, this);
   for (Sequence* c : forks_) {
     c->parent_ = nullptr;
     c->done_ = true;
     c->error_ = "the sequence whose prompt prefill it shared was dropped before the prefill ended";
   }
+}
+
+cache::Caches& Sequence::caches() {
+  if (slots_) slots_->release(*this, /*read_back=*/true);
+  return caches_;
 }
 
 void Sequence::share_prefill(Sequence& child) {
@@ -173,7 +180,7 @@ void Sequence::finish_stats(const models::Model& model) {
   st.peak_memory_bytes = compat::peak_memory_bytes(model.placement().device);
 }
 
-void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t prefill_budget) {
+void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t prefill_budget, DecodeSlots* slots) {
   c10::NoGradGuard no_grad;
   // Prompt chunks first, in order, within the budget (at least one chunk).
   int64_t spent = 0;
@@ -190,6 +197,18 @@ void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t pref
   for (Sequence* s : seqs)
     if (!s->done() && !s->prefilling() && s->pending_ >= 0) dec.push_back(s);
   if (dec.empty()) return;
+  {
+    // Slotted rows decode together in place (decode_slots.h); the others take the ragged path.
+    std::vector<Sequence*> slotted, ragged;
+    for (Sequence* s : dec) {
+      if (s->slots_ && s->slots_ != slots) s->slots_->release(*s, /*read_back=*/true);  // another pool's
+      if (slots && !s->slots_ && slots->fits(*s)) slots->admit(*s);
+      (s->slots_ ? slotted : ragged).push_back(s);
+    }
+    if (slots) slots->decode(slotted);
+    dec.swap(ragged);
+    if (dec.empty()) return;
+  }
   const at::Device device = model.placement().device;
   auto feed = [&](const std::vector<Sequence*>& rows) {
     const int64_t B = static_cast<int64_t>(rows.size());

@@ -17,6 +17,8 @@
 
 namespace hearth::generate {
 
+class DecodeSlots;
+
 /// One generation in progress. Created with its prompt and options; advanced only by step().
 /// Follows generate()'s semantics exactly: prefill in chunks of opts.prefill_step_size, sample, call
 /// on_step per token (not for an EOS), stop at an EOS id, after opts.max_tokens tokens, or when
@@ -30,7 +32,7 @@ class Sequence {
   Sequence(std::vector<int64_t> prompt, GenerateOptions opts, cache::Caches caches,
            std::vector<std::string> adapters, StepCallback on_step);
   /// A sequence still waiting for a prefill it shares (share_prefill) ends with error(); one whose
-  /// prefill others share releases them.
+  /// prefill others share releases them; one in a decode slot frees it.
   ~Sequence();
   Sequence(const Sequence&) = delete;
   Sequence& operator=(const Sequence&) = delete;
@@ -56,8 +58,12 @@ class Sequence {
   bool prefilling() const { return !done_ && !parent_ && offset_ < static_cast<int64_t>(prompt_.size()); }
   /// Tokens generated so far and the stats (complete once done()).
   const GenerationResult& result() const { return result_; }
-  /// The caches: every token whose keys/values were computed (see generate()).
-  cache::Caches& caches() { return caches_; }
+  /// The caches: every token whose keys/values were computed (see generate()). A sequence that
+  /// decodes in a decode slot (decode_slots.h) has its caches read back from the slot first (the
+  /// slot is freed and it decodes on through the ragged path).
+  cache::Caches& caches();
+  /// True while it decodes in a slot of a DecodeSlots pool.
+  bool in_slot() const { return slots_ != nullptr; }
   const std::vector<int64_t>& prompt() const { return prompt_; }
   const std::vector<std::string>& adapters() const { return adapters_; }
 
@@ -80,7 +86,9 @@ class Sequence {
   void on_snapshot(int64_t every, SnapshotFn fn);
 
  private:
-  friend void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t prefill_budget);
+  friend class DecodeSlots;
+  friend void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t prefill_budget,
+                   DecodeSlots* slots);
   void check_prompt(const models::Model& model);
   void prefill_chunk(models::Model& model);
   void sample_and_emit(const at::Tensor& last_logits);  // last_logits [V]; a throw ends only this sequence
@@ -106,6 +114,8 @@ class Sequence {
   int64_t snapshot_every_ = 0;
   SnapshotFn on_snapshot_;
   std::chrono::steady_clock::time_point t0_, t1_, t_last_;
+  DecodeSlots* slots_ = nullptr;  // the pool whose slot slot_ holds this sequence's caches
+  int64_t slot_ = -1;
 };
 
 /// One scheduler iteration over `seqs` (sequences already done are skipped): prefills prompt chunks
@@ -118,6 +128,15 @@ class Sequence {
 /// floating-point summation order of the batched matmuls. A sequence whose own sampling throws ends
 /// with Sequence::error() set; the others go on. Throws hearth::Error / c10::Error from the model's
 /// forward (the sequences are then in an undefined state and must be dropped).
-void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t prefill_budget);
+///
+/// With `slots` (a DecodeSlots pool built for `model`): a decoding sequence that fits a free slot
+/// (prompt + max_tokens within its capacity, plain KV / recurrent caches) moves into it and decodes
+/// there, all slotted rows in one static step (a replayed CUDA graph on the GPU), with no per-step
+/// copies of its caches; a slotted sequence that ends is read back into growing caches and its
+/// slot freed. Sequences that do not fit decode through the ragged path above in the same step.
+/// Same tokens as without slots (greedy: identical on CPU in tests; the logits differ by the
+/// summation order of the padded attention).
+void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t prefill_budget,
+          DecodeSlots* slots = nullptr);
 
 }  // namespace hearth::generate

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 
 #include "adapters/adapter.h"
@@ -396,7 +397,36 @@ bool ModelEngine::on_step(Running& r, int64_t id, const at::Tensor& logprobs) {
 void ModelEngine::step(const std::vector<ActiveSequence*>& seqs) {
   std::vector<generate::Sequence*> v;
   for (ActiveSequence* a : seqs) v.push_back(static_cast<Running*>(a)->seq.get());
-  generate::step(*model_, v, generate::GenerateOptions{}.prefill_step_size);
+  generate::step(*model_, v, generate::GenerateOptions{}.prefill_step_size, slots_.get());
+}
+
+int64_t ModelEngine::start_decode_slots(int64_t num_seqs, int64_t memory_budget, std::string* why) {
+  auto off = [&](std::string reason) {
+    if (why) *why = std::move(reason);
+    return int64_t{0};
+  };
+  slots_.reset();
+  const char* env = std::getenv("HEARTH_DECODE_SLOTS");
+  if (!opts_.decode_slots || (env && std::string(env) == "0")) return off("decode slots are off");
+  if (!batching_) return off("this model's RoPE (dynamic NTK) does not batch");
+  if (num_seqs < 1) return off("no sequences to hold");
+  int64_t capacity = context_length_;
+  if (memory_budget > 0) {
+    // The pool takes at most half the budget and leaves one full-context request its room.
+    const int64_t share = std::min(memory_budget / 2, memory_budget - state_bytes(context_length_));
+    const int64_t per_slot = share / num_seqs - fixed_state_bytes_;
+    if (per_slot <= 0) return off("the memory budget leaves no room for decode slots");
+    if (kv_bytes_per_token_ > 0) capacity = std::min(capacity, per_slot / kv_bytes_per_token_);
+  } else {
+    capacity = std::min<int64_t>(capacity, 4096);
+  }
+  if (capacity > 128) capacity = capacity / 64 * 64;  // aligned length buckets for the attention kernels
+  if (capacity < 128)
+    return off(cat("decode slots of ", capacity, " tokens are too short to be worth it (raise --memory-budget)"));
+  std::string reason;
+  slots_ = generate::DecodeSlots::create(*model_, num_seqs, capacity, &reason);
+  if (!slots_) return off(reason);
+  return slots_->nbytes();
 }
 
 Finish ModelEngine::finish_sequence(ActiveSequence& a) {

@@ -16,6 +16,7 @@
 #include "chat/chat_template.h"
 #include "chat/reasoning.h"
 #include "chat/tool_calls.h"
+#include "generate/decode_slots.h"
 #include "generate/generate.h"
 #include "io/hf_config.h"
 #include "models/model.h"
@@ -59,6 +60,10 @@ struct ModelEngineOptions {
   /// `hearth serve --thinking on|off`: chat_template_kwargs.enable_thinking for chat requests that
   /// do not set it (unset: the template's own default).
   std::optional<bool> thinking;
+  /// Decode slots (generate/decode_slots.h) for the batched decode step once start_decode_slots()
+  /// sizes them (`hearth serve --no-decode-slots` or HEARTH_DECODE_SLOTS=0: off, every decoding
+  /// row takes the ragged path as before).
+  bool decode_slots = true;
 };
 
 /// `--adapter-path DIR` of generate/chat/eval: a LoRA adapter is mounted as `id` and made the
@@ -113,6 +118,18 @@ class ModelEngine : public Engine {
   int64_t state_bytes(int64_t tokens) const override;
   /// The device the model runs on (for the server's default memory budget).
   at::Device device() const { return model_->placement().device; }
+  /// Builds the decode-slot pool (generate::DecodeSlots) for `num_seqs` running sequences (the
+  /// server's --max-num-seqs) and returns the bytes it holds, which the caller takes out of the
+  /// running requests' memory budget. Each slot holds C = context_length() tokens, capped so that
+  /// the pool takes at most half of `memory_budget` and leaves room for one request filling the
+  /// context (memory_budget 0 = none: C is capped at 4096 instead); a sequence longer than C
+  /// decodes through the ragged path. Returns 0, building nothing, when slots are off
+  /// (opts.decode_slots false, HEARTH_DECODE_SLOTS=0, no batching, C below 128) or the model
+  /// cannot use them (a family without a static step, sliding-window or shared KV layers); `why`
+  /// then says which. Call once, before generating.
+  int64_t start_decode_slots(int64_t num_seqs, int64_t memory_budget, std::string* why = nullptr);
+  /// The pool, or nullptr when there is none.
+  const generate::DecodeSlots* decode_slots() const { return slots_.get(); }
   std::unique_ptr<ActiveSequence> start_sequence(const Prompt& prompt, const CompletionRequest& req,
                                                  TokenCallback on_token) override;
   /// n > 1: choice 0 takes the prompt cache and prefills; choices 1..n-1 share that prefill
@@ -198,6 +215,7 @@ class ModelEngine : public Engine {
   bool hybrid_ = false;    // a layer keeps a recurrent state: snapshots for the prompt cache
   bool batching_ = true;  // off for dynamic-NTK RoPE (its tables depend on the longest row seen)
   int64_t kv_bytes_per_token_ = 0, fixed_state_bytes_ = 0;  // state_bytes()' probe
+  std::unique_ptr<generate::DecodeSlots> slots_;  // after model_: destroyed first
 };
 
 }  // namespace hearth::server

@@ -1,0 +1,309 @@
+// DecodeSlots: the slot pool of decode_slots.h — admission into slots, the bucketed static step
+// (recorded once per bucket), sampling of the slotted rows, and reading slots back into growing
+// caches. Not the ragged path or prefill (batch.cpp).
+#include "generate/decode_slots.h"
+
+#include <c10/core/GradMode.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <typeinfo>
+
+#include "core/error.h"
+#include "core/torch_compat.h"
+#include "generate/batch.h"
+#include "nn/linear.h"
+
+namespace hearth::generate {
+
+namespace {
+bool slots_env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v && std::strcmp(v, value) == 0;
+}
+
+// Sampling that is a plain argmax of the raw logits, with nothing handed to the callback: the row's
+// token is the step's own argmax (one device-to-host copy for every such row together).
+bool plain_greedy(const GenerateOptions& o) {
+  const SamplingParams& s = o.sampling;
+  return !o.logprobs && s.temperature == 0.0 && (s.repetition_penalty == 0.0 || s.repetition_penalty == 1.0) &&
+         s.presence_penalty == 0.0 && s.frequency_penalty == 0.0 && s.logit_bias.empty() && !s.constraint;
+}
+
+// The smallest entry of `ladder` (ascending) that is >= need; the last one when none is.
+int64_t pick_bucket(const std::vector<int64_t>& ladder, int64_t need) {
+  for (int64_t v : ladder)
+    if (v >= need) return v;
+  return ladder.back();
+}
+}  // namespace
+
+std::vector<int64_t> DecodeSlots::batch_buckets(int64_t slots) {
+  std::vector<int64_t> out;
+  for (int64_t b = 1; b < slots; b *= 2) out.push_back(b);
+  out.push_back(slots);
+  return out;
+}
+
+std::vector<int64_t> DecodeSlots::length_buckets(int64_t capacity) {
+  std::vector<int64_t> out;
+  for (int64_t l = 128; l < capacity; l *= 2) out.push_back(l);
+  out.push_back(capacity);
+  return out;
+}
+
+DecodeSlots::DecodeSlots(models::Model& model, int64_t slots, int64_t capacity)
+    : model_(model), slots_(slots), capacity_(capacity), device_(model.placement().device) {}
+
+std::unique_ptr<DecodeSlots> DecodeSlots::create(models::Model& model, int64_t slots, int64_t capacity, std::string* why) {
+  HEARTH_CHECK(slots >= 1 && capacity >= 2, "decode slots: need at least one slot of two tokens, got ", slots,
+               " slots of ", capacity);
+  auto unusable = [&](std::string reason) -> std::unique_ptr<DecodeSlots> {
+    if (why) *why = std::move(reason);
+    return nullptr;
+  };
+  c10::NoGradGuard no_grad;
+  cache::Caches probe = model.make_cache();
+  for (size_t i = 0; i < probe.size(); ++i) {
+    const cache::LayerCache* c = probe[i].get();
+    if (!c || (typeid(*c) != typeid(cache::KVCache) && typeid(*c) != typeid(cache::RecurrentCache)))
+      return unusable(cat("layer ", i, "'s cache is ", c ? c->kind() : std::string("shared"),
+                          " (slots hold plain KV caches and recurrent states)"));
+  }
+  const at::Device device = model.placement().device;
+  const auto lopt = at::TensorOptions().dtype(at::kLong).device(device);
+  at::Tensor probe_logits = model.forward(at::zeros({1, 1}, lopt), 0, &probe);  // shapes and dtypes of every layer
+  std::unique_ptr<DecodeSlots> p(new DecodeSlots(model, slots, capacity));
+  p->capture_ = !slots_env_is("HEARTH_CUDA_GRAPHS", "0") && !slots_env_is("HEARTH_CUDA_GRAPHS", "nocapture");
+  p->positions_ = at::zeros({slots}, lopt);
+  p->ids_ = at::zeros({slots, 1}, lopt);
+  p->logits_ = at::zeros({slots, probe_logits.size(-1)}, probe_logits.options().dtype(at::kFloat));
+  p->next_ = at::zeros({slots}, lopt);
+  p->occupant_.assign(static_cast<size_t>(slots), nullptr);
+  p->full_state_ = std::make_shared<cache::StaticState>();
+  p->full_state_->positions = p->positions_;
+  p->full_state_->capacity = capacity;
+  for (const auto& c : probe) {
+    if (const auto* rc = dynamic_cast<const cache::RecurrentCache*>(c.get())) {
+      const at::Tensor& cs = rc->conv_state();
+      const at::Tensor& rs = rc->recurrent_state();
+      at::Tensor conv = at::zeros({slots, cs.size(1), cs.size(2)}, cs.options());
+      at::Tensor rec = at::zeros({slots, rs.size(1), rs.size(2), rs.size(3)}, rs.options());
+      p->full_.push_back(std::make_unique<cache::StaticRecurrentCache>(p->full_state_, conv, rec));
+      p->buffers_.emplace_back(conv, rec);
+      p->recurrent_.push_back(true);
+      p->nbytes_ += conv.nbytes() + rec.nbytes();
+    } else {
+      const auto& kv = static_cast<const cache::KVCache&>(*c);
+      const at::Tensor& k = kv.keys_buffer();
+      const at::Tensor& v = kv.values_buffer();
+      at::Tensor keys = at::empty({slots, k.size(1), capacity, k.size(3)}, k.options());  // see ensure_zeroed
+      at::Tensor values = at::empty({slots, v.size(1), capacity, v.size(3)}, v.options());
+      p->full_.push_back(std::make_unique<cache::StaticKVCache>(p->full_state_, keys, values));
+      p->buffers_.emplace_back(keys, values);
+      p->recurrent_.push_back(false);
+      p->nbytes_ += keys.nbytes() + values.nbytes();
+    }
+  }
+  // One eager step over the first bucket (its rows are free: garbage at position 0) proves the
+  // family's static path; a family that treats the static caches as ordinary ones, or refuses
+  // them, cannot use slots.
+  try {
+    p->ensure_zeroed(length_buckets(capacity).front());
+    Bucket& bk = p->bucket(1, length_buckets(capacity).front());
+    p->forward(bk);
+    if (!bk.state->family_ran_static) return unusable(model.model_type() + " has no static decode step");
+  } catch (const std::exception& e) {
+    return unusable(model.model_type() + "'s static decode step failed: " + e.what());
+  }
+  p->buckets_.clear();
+  return p;
+}
+
+void DecodeSlots::ensure_zeroed(int64_t tokens) {
+  tokens = std::min(tokens, capacity_);
+  if (tokens <= zeroed_) return;
+  for (size_t i = 0; i < buffers_.size(); ++i)
+    if (!recurrent_[i]) {
+      buffers_[i].first.narrow(2, zeroed_, tokens - zeroed_).zero_();
+      buffers_[i].second.narrow(2, zeroed_, tokens - zeroed_).zero_();
+    }
+  zeroed_ = tokens;
+}
+
+DecodeSlots::~DecodeSlots() {
+  for (Sequence* s : occupant_) {
+    if (!s) continue;
+    try {
+      release(*s, /*read_back=*/true);
+    } catch (const std::exception&) {
+      s->slots_ = nullptr;  // its caches are lost; it must not touch this pool again
+      s->slot_ = -1;
+    }
+  }
+}
+
+int64_t DecodeSlots::occupied() const {
+  return std::count_if(occupant_.begin(), occupant_.end(), [](const Sequence* s) { return s != nullptr; });
+}
+
+bool DecodeSlots::fits(const Sequence& s) const {
+  if (s.slots_ || s.done_ || s.pending_ < 0 || s.caches_.size() != full_.size()) return false;
+  if (std::find(occupant_.begin(), occupant_.end(), nullptr) == occupant_.end()) return false;
+  for (size_t i = 0; i < full_.size(); ++i) {
+    const cache::LayerCache* c = s.caches_[i].get();
+    if (!c || typeid(*c) != (recurrent_[i] ? typeid(cache::RecurrentCache) : typeid(cache::KVCache))) return false;
+    if (!recurrent_[i] && static_cast<const cache::KVCache&>(*c).keys_buffer().size(0) != 1) return false;
+  }
+  // Tokens still to feed: one per token still to generate (the last one is never fed).
+  const int64_t remaining = s.opts_.max_tokens - static_cast<int64_t>(s.result_.tokens.size());
+  return s.offset_ + remaining <= capacity_;
+}
+
+void DecodeSlots::admit(Sequence& s) {
+  const int64_t slot = std::find(occupant_.begin(), occupant_.end(), nullptr) - occupant_.begin();
+  HEARTH_CHECK(slot < slots_ && fits(s), "decode slots: admit of a sequence that does not fit");
+  // Every length bucket this sequence can reach reads finite values in every row (before its own
+  // tokens are written: the fill covers all rows).
+  const int64_t remaining = s.opts_.max_tokens - static_cast<int64_t>(s.result_.tokens.size());
+  ensure_zeroed(pick_bucket(length_buckets(capacity_), s.offset_ + remaining));
+  for (size_t i = 0; i < full_.size(); ++i) {
+    if (recurrent_[i])
+      static_cast<cache::StaticRecurrentCache&>(*full_[i]).write_row(slot, static_cast<const cache::RecurrentCache&>(*s.caches_[i]));
+    else
+      static_cast<cache::StaticKVCache&>(*full_[i]).write_row(slot, static_cast<const cache::KVCache&>(*s.caches_[i]));
+  }
+  occupant_[static_cast<size_t>(slot)] = &s;
+  s.slots_ = this;
+  s.slot_ = slot;
+  s.caches_.clear();  // the slot holds them now (read back by release)
+  s.result_.stats.static_decode = true;
+}
+
+void DecodeSlots::release(Sequence& s, bool read_back) {
+  HEARTH_CHECK(s.slots_ == this && s.slot_ >= 0 && s.slot_ < slots_, "decode slots: release of a sequence not in this pool");
+  if (read_back) {
+    cache::Caches out;
+    for (size_t i = 0; i < full_.size(); ++i) {
+      if (recurrent_[i]) out.push_back(static_cast<const cache::StaticRecurrentCache&>(*full_[i]).read_row(s.slot_, s.offset_));
+      else out.push_back(static_cast<const cache::StaticKVCache&>(*full_[i]).read_row(s.slot_, s.offset_));
+    }
+    s.caches_ = std::move(out);
+  }
+  occupant_[static_cast<size_t>(s.slot_)] = nullptr;
+  s.slots_ = nullptr;
+  s.slot_ = -1;
+}
+
+DecodeSlots::Bucket& DecodeSlots::bucket(int64_t b, int64_t len) {
+  auto& entry = buckets_[{b, len}];
+  if (entry) return *entry;
+  auto bk = std::make_unique<Bucket>();
+  bk->b = b;
+  bk->state = std::make_shared<cache::StaticState>();
+  bk->state->positions = positions_.narrow(0, 0, b);
+  bk->state->capacity = len;
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    const auto& [x, y] = buffers_[i];
+    if (recurrent_[i]) bk->caches.push_back(std::make_unique<cache::StaticRecurrentCache>(bk->state, x, y));
+    else bk->caches.push_back(std::make_unique<cache::StaticKVCache>(bk->state, x, y));
+  }
+  entry = std::move(bk);
+  return *entry;
+}
+
+void DecodeSlots::forward(Bucket& bk) {
+  const int64_t b = bk.b;
+  at::Tensor lg = model_.forward(ids_.narrow(0, 0, b), models::Positions::uniform(0, b), &bk.caches);  // [b, 1, V]
+  at::Tensor out = logits_.narrow(0, 0, b);
+  out.copy_(lg.select(1, 0));
+  next_.narrow(0, 0, b).copy_(out.argmax(-1));
+}
+
+void DecodeSlots::run_step(Bucket& bk, const std::vector<Sequence*>& rows) {
+  const int64_t b = bk.b;
+  // Inputs: each row's pending token and position; free rows feed token 0 at position 0.
+  std::vector<int64_t> host(static_cast<size_t>(2 * b), 0);
+  bool lora = false;
+  for (const Sequence* s : rows) {
+    host[static_cast<size_t>(s->slot_)] = s->pending_;
+    host[static_cast<size_t>(b + s->slot_)] = s->offset_;
+    lora = lora || !s->adapters_.empty();
+  }
+  at::Tensor h = at::tensor(host, at::TensorOptions().dtype(at::kLong));
+  ids_.narrow(0, 0, b).copy_(h.narrow(0, 0, b).view({b, 1}));
+  positions_.narrow(0, 0, b).copy_(h.narrow(0, b, b));
+  if (lora) {
+    // Per-row adapters: eager, through the same buffers (a graph would bake in one assignment).
+    std::vector<std::vector<std::string>> adapters(static_cast<size_t>(b));
+    for (const Sequence* s : rows) adapters[static_cast<size_t>(s->slot_)] = s->adapters_;
+    nn::RowAdapters scope(std::move(adapters));
+    forward(bk);
+    ++eager_steps_;
+    return;
+  }
+  if (!bk.recorded) {
+    auto fn = [this, p = &bk] { forward(*p); };
+    if (device_.is_cuda() && capture_) {
+      // The capture's warm-up runs the step once more: a recurrent state advances each time (a KV
+      // write rewrites the same position), so the states of rows [0, b) are put back after it.
+      std::vector<std::pair<at::Tensor, at::Tensor>> saved;
+      for (size_t i = 0; i < buffers_.size(); ++i)
+        if (recurrent_[i]) saved.emplace_back(buffers_[i].first.narrow(0, 0, b).clone(), buffers_[i].second.narrow(0, 0, b).clone());
+      compat::synchronize(device_);  // the warm-up runs on a side stream: inputs and saved states first
+      try {
+        bk.recorded = std::make_unique<compat::RecordedStep>(fn, device_, /*warmup=*/1);
+      } catch (const Error&) {
+        bk.recorded.reset();  // a capture the backend refused: the same step, eagerly
+      }
+      size_t j = 0;
+      for (size_t i = 0; i < buffers_.size(); ++i)
+        if (recurrent_[i]) {
+          buffers_[i].first.narrow(0, 0, b).copy_(saved[j].first);
+          buffers_[i].second.narrow(0, 0, b).copy_(saved[j].second);
+          ++j;
+        }
+    }
+    if (!bk.recorded) bk.recorded = std::make_unique<compat::RecordedStep>(fn, at::Device(at::kCPU), 0);
+  }
+  bk.recorded->replay();
+  if (bk.recorded->captured()) ++graph_steps_;
+  else ++eager_steps_;
+}
+
+void DecodeSlots::decode(const std::vector<Sequence*>& rows) {
+  if (rows.empty()) return;
+  int64_t top = 0, longest = 0;
+  for (const Sequence* s : rows) {
+    top = std::max(top, s->slot_);
+    longest = std::max(longest, s->offset_);
+  }
+  Bucket& bk = bucket(pick_bucket(batch_buckets(slots_), top + 1), pick_bucket(length_buckets(capacity_), longest + 1));
+  run_step(bk, rows);
+  const bool graph = bk.recorded && bk.recorded->captured();
+  // Outputs to the host: the argmax of every row at once; on a GPU, the logits of the rows that
+  // sample on the host (non-greedy, no logprobs) in one copy instead of one per row.
+  at::Tensor next_host = next_.narrow(0, 0, bk.b).to(at::kCPU);
+  std::vector<int64_t> host_rows;
+  for (const Sequence* s : rows)
+    if (!plain_greedy(s->opts_) && !s->opts_.logprobs && device_.is_cuda()) host_rows.push_back(s->slot_);
+  at::Tensor host_logits;
+  if (!host_rows.empty())
+    host_logits = logits_.index_select(0, at::tensor(host_rows, at::TensorOptions().dtype(at::kLong)).to(device_)).to(at::kCPU);
+  const int64_t* next = next_host.data_ptr<int64_t>();
+  int64_t j = 0;
+  for (Sequence* s : rows) {
+    s->offset_ += 1;
+    s->result_.stats.cuda_graph = s->result_.stats.cuda_graph || graph;
+    if (plain_greedy(s->opts_)) s->emit(next[s->slot_], at::Tensor());
+    else if (!s->opts_.logprobs && device_.is_cuda()) s->sample_and_emit(host_logits[j++]);
+    else s->sample_and_emit(logits_[s->slot_]);
+    if (s->done()) {
+      release(*s, /*read_back=*/true);
+      s->finish_stats(model_);
+    }
+  }
+}
+
+}  // namespace hearth::generate

@@ -1,0 +1,115 @@
+// Decode slots (vLLM style): a pool of S rows × C tokens of static caches for every layer, in which
+// decoding sequences live once their prefill is done, so that the batched decode step of
+// generate::step runs the family's static path over slots [0, bucket) with no per-step KV copies,
+// replayed as one CUDA graph per (batch bucket, length bucket) on the GPU. Not the scheduler
+// (batch.h step() decides who decodes) and not prefill (growing caches, as before).
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cache/static_kv_cache.h"
+#include "cache/static_recurrent_cache.h"
+#include "core/cuda_graph.h"
+#include "models/model.h"
+
+namespace hearth::generate {
+
+class Sequence;
+
+/// The pool. Each layer holds one static buffer set: KV layers [S, Hkv, C, D] (the model's dtype),
+/// recurrent-state layers conv [S, convDim, W] and float32 state [S, Hv, Dk, Dv]; one positions
+/// tensor [S] (int64, device) and one token-id tensor [S, 1] are the step's only inputs; logits
+/// [S, V] float32 and their argmax [S] its outputs.
+///
+/// A decoding sequence (prefill done) whose every layer cache is a plain KVCache or RecurrentCache
+/// and whose prompt + remaining tokens fit C takes the lowest free slot (admit): its growing
+/// caches are copied into the slot's rows once and dropped. It then decodes in place. When it
+/// ends (or someone asks for its caches: Sequence::caches()) its rows are read back into growing
+/// caches of exactly its tokens and the slot is freed; a Sequence destroyed in a slot frees it.
+///
+/// A step (decode) runs over rows [0, b), b = the smallest of {1, 2, 4, …, S} above the highest
+/// occupied slot, and tokens [0, L), L = the smallest of {128, 256, …, C} above the highest
+/// position among them (attention reads L, not C). Free rows in [0, b) compute harmless garbage at
+/// position 0 (their outputs are ignored; a slot's rows are overwritten when it is taken). On CUDA
+/// each (b, L) step is captured once as a CUDA graph (compat::RecordedStep) and replayed; on CPU,
+/// or with HEARTH_CUDA_GRAPHS=0 / nocapture, the same step runs eagerly. A step in which a row has
+/// LoRA adapters runs eagerly through the same buffers inside nn::RowAdapters (a graph would bake
+/// in one row-to-adapter assignment).
+class DecodeSlots {
+ public:
+  /// Builds a pool of `slots` rows × `capacity` tokens for `model` and proves the family's static
+  /// path with one eager step. Returns nullptr (with the reason in *why when given) when the model
+  /// cannot use slots: a layer cache that is not a plain KVCache or RecurrentCache (sliding
+  /// windows, shared KV), or a family without a static step (Gemma 4 today). Throws hearth::Error
+  /// when slots < 1 or capacity < 2, and c10::Error when the buffers cannot be allocated.
+  static std::unique_ptr<DecodeSlots> create(models::Model& model, int64_t slots, int64_t capacity,
+                                             std::string* why = nullptr);
+  /// Reads every occupied slot back into its sequence's growing caches (they go on eagerly).
+  ~DecodeSlots();
+  DecodeSlots(const DecodeSlots&) = delete;
+  DecodeSlots& operator=(const DecodeSlots&) = delete;
+
+  int64_t slots() const { return slots_; }
+  int64_t capacity() const { return capacity_; }
+  /// Bytes of the pool's cache buffers (KV and states; not the step's activations or graphs).
+  int64_t nbytes() const { return nbytes_; }
+  /// Occupied slots.
+  int64_t occupied() const;
+  /// Steps replayed from a captured CUDA graph / run eagerly (on CPU every step is eager).
+  int64_t graph_steps() const { return graph_steps_; }
+  int64_t eager_steps() const { return eager_steps_; }
+  /// Batch buckets for S slots: 1, 2, 4, … below S, then S. Length buckets for C: 128, 256, …
+  /// below C, then C.
+  static std::vector<int64_t> batch_buckets(int64_t slots);
+  static std::vector<int64_t> length_buckets(int64_t capacity);
+
+ private:
+  friend class Sequence;
+  friend void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t prefill_budget,
+                   DecodeSlots* slots);
+  struct Bucket {
+    std::shared_ptr<cache::StaticState> state;
+    cache::Caches caches;  // windows of the pool: rows [0, b), tokens [0, L)
+    std::unique_ptr<compat::RecordedStep> recorded;
+    int64_t b = 0;
+  };
+  DecodeSlots(models::Model& model, int64_t slots, int64_t capacity);
+
+  /// Whether `s` (decoding, not in a slot) can take a slot now.
+  bool fits(const Sequence& s) const;
+  /// Moves `s` into the lowest free slot (fits(s) must hold).
+  void admit(Sequence& s);
+  /// Frees `s`'s slot; with `read_back`, its caches are first read back into s.caches_.
+  void release(Sequence& s, bool read_back);
+  /// One decode step over the slotted sequences `rows`: feeds each one's pending token, samples
+  /// its next one with its own sampler.
+  void decode(const std::vector<Sequence*>& rows);
+  Bucket& bucket(int64_t b, int64_t len);
+  void forward(Bucket& bk);  // the step itself: ids_/positions_ → logits_/next_ rows [0, b)
+  void run_step(Bucket& bk, const std::vector<Sequence*>& rows);
+  /// Zero-fills tokens [zeroed_, tokens) of every row of the KV buffers (allocated uninitialised, so
+  /// a CPU pool costs memory only as far as sequences reach; a masked key must still be finite).
+  void ensure_zeroed(int64_t tokens);
+
+  models::Model& model_;
+  int64_t slots_ = 0, capacity_ = 0, nbytes_ = 0;
+  at::Device device_;
+  std::shared_ptr<cache::StaticState> full_state_;  // all rows, all tokens: write_row/read_row
+  cache::Caches full_;                              // per layer, over the whole pool
+  std::vector<std::pair<at::Tensor, at::Tensor>> buffers_;  // per layer: (keys, values) or (conv, recurrent)
+  std::vector<bool> recurrent_;                     // per layer
+  at::Tensor positions_, ids_, logits_, next_;      // [S], [S, 1], [S, V] float32, [S]
+  std::vector<Sequence*> occupant_;                 // per slot (nullptr = free)
+  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Bucket>> buckets_;
+  bool capture_ = true;
+  int64_t zeroed_ = 0;  // tokens [0, zeroed_) of every KV row hold finite values
+  int64_t graph_steps_ = 0, eager_steps_ = 0;
+};
+
+}  // namespace hearth::generate
