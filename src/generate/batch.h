@@ -69,7 +69,7 @@ class Sequence {
 
   /// Runs the rest of this sequence (it must have its first token: !prefilling()) on the static
   /// fast path of graph_decode.cpp when it applies — greedy without logits processors, every layer
-  /// an ordinary KV cache, a family with a static step, the model on CUDA (or HEARTH_STATIC_DECODE=1)
+  /// a growing or sliding-window KV cache, a recurrent state or none, a family with a static step, the model on CUDA (or HEARTH_STATIC_DECODE=1)
   /// and HEARTH_CUDA_GRAPHS not "0" — with a CUDA graph replayed per token on CUDA. Returns false,
   /// changing nothing, when it does not apply. Same tokens as the eager loop (up to the rounding
   /// of attention over the padded static length).

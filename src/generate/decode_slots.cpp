@@ -13,23 +13,15 @@
 #include "core/error.h"
 #include "core/torch_compat.h"
 #include "generate/batch.h"
+#include "generate/static_decode_util.h"
 #include "nn/linear.h"
 
 namespace hearth::generate {
 
 namespace {
-bool slots_env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v && std::strcmp(v, value) == 0;
-}
-
 // Sampling that is a plain argmax of the raw logits, with nothing handed to the callback: the row's
 // token is the step's own argmax (one device-to-host copy for every such row together).
-bool plain_greedy(const GenerateOptions& o) {
-  const SamplingParams& s = o.sampling;
-  return !o.logprobs && s.temperature == 0.0 && (s.repetition_penalty == 0.0 || s.repetition_penalty == 1.0) &&
-         s.presence_penalty == 0.0 && s.frequency_penalty == 0.0 && s.logit_bias.empty() && !s.constraint;
-}
+bool plain_greedy(const GenerateOptions& o) { return !o.logprobs && greedy_without_processors(o.sampling); }
 
 // The smallest entry of `ladder` (ascending) that is >= need; the last one when none is.
 int64_t pick_bucket(const std::vector<int64_t>& ladder, int64_t need) {
@@ -75,7 +67,7 @@ std::unique_ptr<DecodeSlots> DecodeSlots::create(models::Model& model, int64_t s
   const auto lopt = at::TensorOptions().dtype(at::kLong).device(device);
   at::Tensor probe_logits = model.forward(at::zeros({1, 1}, lopt), 0, &probe);  // shapes and dtypes of every layer
   std::unique_ptr<DecodeSlots> p(new DecodeSlots(model, slots, capacity));
-  p->capture_ = !slots_env_is("HEARTH_CUDA_GRAPHS", "0") && !slots_env_is("HEARTH_CUDA_GRAPHS", "nocapture");
+  p->capture_ = !env_equals("HEARTH_CUDA_GRAPHS", "0") && !env_equals("HEARTH_CUDA_GRAPHS", "nocapture");
   p->positions_ = at::zeros({slots}, lopt);
   p->ids_ = at::zeros({slots, 1}, lopt);
   p->logits_ = at::zeros({slots, probe_logits.size(-1)}, probe_logits.options().dtype(at::kFloat));

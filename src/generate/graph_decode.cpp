@@ -3,8 +3,6 @@
 // the reference and the fallback.
 #include <c10/core/GradMode.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <typeinfo>
 #include <utility>
@@ -15,29 +13,20 @@
 #include "core/cuda_graph.h"
 #include "core/error.h"
 #include "generate/batch.h"
+#include "generate/static_decode_util.h"
 #include "nn/linear.h"
 
 namespace hearth::generate {
 
 namespace {
-bool env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v && std::strcmp(v, value) == 0;
-}
-
-bool greedy_without_processors(const SamplingParams& s) {
-  return s.temperature == 0.0 && (s.repetition_penalty == 0.0 || s.repetition_penalty == 1.0) &&
-         s.presence_penalty == 0.0 && s.frequency_penalty == 0.0 && s.logit_bias.empty() && !s.constraint;
-}
-
 int64_t round_up(int64_t n, int64_t step) { return (n + step - 1) / step * step; }
 }  // namespace
 
 bool Sequence::run_static(models::Model& model) {
   if (done_ || prefilling() || pending_ < 0) return false;
   const at::Device device = model.placement().device;
-  if (env_is("HEARTH_CUDA_GRAPHS", "0")) return false;
-  if (!device.is_cuda() && !env_is("HEARTH_STATIC_DECODE", "1")) return false;
+  if (env_equals("HEARTH_CUDA_GRAPHS", "0")) return false;
+  if (!device.is_cuda() && !env_equals("HEARTH_STATIC_DECODE", "1")) return false;
   if (!greedy_without_processors(opts_.sampling)) return false;
   // Growing and sliding-window KV caches and recurrent states have static forms; a null entry (a
   // layer without state of its own: Gemma 4's KV-sharing layers) stays null.
@@ -91,7 +80,7 @@ bool Sequence::run_static(models::Model& model) {
     first_round = false;
     // HEARTH_CUDA_GRAPHS=nocapture: the same static step, replayed eagerly (tests compare the two).
     std::unique_ptr<compat::RecordedStep> recorded;
-    const bool capture = !env_is("HEARTH_CUDA_GRAPHS", "nocapture");
+    const bool capture = !env_equals("HEARTH_CUDA_GRAPHS", "nocapture");
     if (capture) {
       try {
         recorded = std::make_unique<compat::RecordedStep>(fn, device, /*warmup=*/1);
