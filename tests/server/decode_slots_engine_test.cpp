@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "../adapters/lora_test_util.h"
+#include "engine_job_test_util.h"
 #include "server/engine_loop.h"
 #include "server/model_engine.h"
 
@@ -18,38 +19,11 @@ using namespace std::chrono_literals;
 using hearth::testing::golden_lora;
 using hearth::testing::golden_model;
 
-struct SlotAnswer {
-  std::string text, finish;
-  int64_t tokens = 0, cached = 0;
-};
-
-SlotAnswer slot_collect(Job& job) {
-  SlotAnswer a;
-  for (;;) {
-    auto ev = job.events.pop(50ms);
-    if (!ev) continue;
-    if (ev->kind == StreamEvent::Kind::kDelta) a.text += ev->text;
-    if (ev->kind == StreamEvent::Kind::kDone) {
-      a.finish = ev->finish_reason;
-      a.tokens = ev->completion_tokens;
-      a.cached = ev->cached_tokens;
-      return a;
-    }
-    if (ev->kind == StreamEvent::Kind::kError) {
-      a.finish = "error " + std::to_string(ev->status) + ": " + ev->message;
-      return a;
-    }
-  }
-}
+using SlotAnswer = hearth::server::testing::JobAnswer;
+SlotAnswer slot_collect(Job& job) { return hearth::server::testing::collect_job(job); }
 
 CompletionRequest slot_request(const std::string& prompt, int64_t max_tokens, std::optional<std::string> adapter = {}) {
-  CompletionRequest r;
-  r.chat = false;
-  r.prompt = prompt;
-  r.max_tokens = max_tokens;
-  r.sampling.temperature = 0.0;
-  r.adapter = std::move(adapter);
-  return r;
+  return hearth::server::testing::greedy_text_request(prompt, max_tokens, std::move(adapter));
 }
 
 std::unique_ptr<ModelEngine> slot_engine(const std::string& model, bool with_adapter) {

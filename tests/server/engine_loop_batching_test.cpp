@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "../adapters/lora_test_util.h"
+#include "engine_job_test_util.h"
 #include "server/engine_loop.h"
 #include "server/model_engine.h"
 
@@ -18,37 +19,11 @@ using namespace std::chrono_literals;
 using hearth::testing::golden_lora;
 using hearth::testing::golden_model;
 
+using Answer = hearth::server::testing::JobAnswer;
+using hearth::server::testing::greedy_text_request;
+Answer collect(Job& job) { return hearth::server::testing::collect_job(job); }
 CompletionRequest text_request(const std::string& prompt, int64_t max_tokens, std::optional<std::string> adapter = {}) {
-  CompletionRequest r;
-  r.chat = false;
-  r.prompt = prompt;
-  r.max_tokens = max_tokens;
-  r.sampling.temperature = 0.0;
-  r.adapter = std::move(adapter);
-  return r;
-}
-
-struct Answer {
-  std::string text, finish;
-  int64_t tokens = 0;
-};
-
-Answer collect(Job& job) {
-  Answer a;
-  for (;;) {
-    auto ev = job.events.pop(50ms);
-    if (!ev) continue;
-    if (ev->kind == StreamEvent::Kind::kDelta) a.text += ev->text;
-    if (ev->kind == StreamEvent::Kind::kDone) {
-      a.finish = ev->finish_reason;
-      a.tokens = ev->completion_tokens;
-      return a;
-    }
-    if (ev->kind == StreamEvent::Kind::kError) {
-      a.finish = "error " + std::to_string(ev->status) + ": " + ev->message;
-      return a;
-    }
-  }
+  return greedy_text_request(prompt, max_tokens, std::move(adapter));
 }
 
 std::unique_ptr<ModelEngine> engine_with_adapter() {
