@@ -422,7 +422,7 @@ int64_t ModelEngine::start_decode_slots(int64_t num_seqs, int64_t memory_budget,
   }
   if (capacity > 128) capacity = capacity / 64 * 64;  // aligned length buckets for the attention kernels
   if (capacity < 128)
-    return off(cat("decode slots of ", capacity, " tokens are too short to be worth it (raise --memory-budget)"));
+    return off(cat("decode slots of ", capacity, " tokens are too short to be worth it (raise --context-length or --memory-budget)"));
   std::string reason;
   slots_ = generate::DecodeSlots::create(*model_, num_seqs, capacity, &reason);
   if (!slots_) return off(reason);
