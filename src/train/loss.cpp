@@ -6,6 +6,16 @@
 
 #include "core/error.h"
 
+#ifdef HEARTH_WITH_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/cross_entropy.h"
+#endif
+
 namespace hearth::train {
 
 at::Tensor shift_labels(const at::Tensor& labels) {
@@ -36,6 +46,46 @@ at::Tensor chunk_ce_sum(const at::Tensor& logits, const at::Tensor& tgt) {
   return at::where(keep, lse - picked, at::zeros({}, lse.options())).sum();
 }
 
+#ifdef HEARTH_WITH_CUDA_KERNELS
+// The fused kernel (kernels/cross_entropy.cu) for a chunk's logits [B, t, V] on CUDA: sets `loss`
+// (0-dim fp32, Σ CE over kept positions) and `grad` (d(scale · Σ CE)/d logits, logits' dtype) and
+// returns true; false, touching nothing, when it does not apply (CPU, another dtype, or
+// HEARTH_FUSED_CE=0 — the autograd reference then runs).
+bool fused_ce(const at::Tensor& logits, const at::Tensor& tgt, double scale, at::Tensor& loss, at::Tensor& grad) {
+  if (!logits.is_cuda()) return false;
+  const at::ScalarType st = logits.scalar_type();
+  if (st != at::kFloat && st != at::kHalf && st != at::kBFloat16) return false;
+  static const bool off = [] {
+    const char* v = std::getenv("HEARTH_FUSED_CE");
+    return v != nullptr && std::strcmp(v, "0") == 0;
+  }();
+  if (off) return false;
+  const int64_t V = logits.size(-1);
+  at::Tensor x = logits.detach().reshape({-1, V}).contiguous();
+  at::Tensor t = tgt.reshape({-1}).to(at::kLong).contiguous();
+  at::Tensor rows = at::empty({x.size(0)}, x.options().dtype(at::kFloat));
+  at::Tensor g = at::empty_like(x);
+  const c10::cuda::CUDAGuard guard(x.device());
+  kernels::CrossEntropyArgs a;
+  a.logits = x.data_ptr();
+  a.dtype = st == at::kBFloat16 ? kernels::QDtype::kBFloat16 : st == at::kHalf ? kernels::QDtype::kFloat16
+                                                                                : kernels::QDtype::kFloat32;
+  a.targets = t.data_ptr<int64_t>();
+  a.ignore_index = kIgnoreIndex;
+  a.scale = static_cast<float>(scale);
+  a.loss_rows = rows.data_ptr<float>();
+  a.grad = g.data_ptr();
+  a.N = x.size(0);
+  a.V = V;
+  a.stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  const char* err = kernels::cross_entropy_fwd_bwd(a);
+  HEARTH_CHECK(err == nullptr, "cross_entropy: CUDA kernel failed: ", err);
+  loss = rows.sum();
+  grad = g.view(logits.sizes());
+  return true;
+}
+#endif
+
 // Supervised positions of each chunk of `targets` [B, T] (read on the CPU: free for CPU targets).
 std::vector<int64_t> chunk_counts(const at::Tensor& targets, int64_t chunk) {
   at::Tensor per_pos = targets.ne(kIgnoreIndex).sum(0).cpu();  // [T]
@@ -64,11 +114,22 @@ HeadVjp chunked_cross_entropy_vjp(const at::Tensor& hidden, const at::Tensor& ta
     if (count == 0) continue;  // no supervised position: zero gradient, skip the head entirely
     at::Tensor h = hidden.narrow(1, s, n).detach().requires_grad_(true);
     c10::AutoGradMode enable_grad(true);
-    at::Tensor loss = chunk_ce_sum(head(h), t);
+    at::Tensor logits = head(h);
     std::vector<at::Tensor> inputs{h};
     inputs.insert(inputs.end(), head_params.begin(), head_params.end());
-    auto grads = torch::autograd::grad({loss * scale}, inputs, /*grad_outputs=*/{}, /*retain_graph=*/false,
-                                       /*create_graph=*/false, /*allow_unused=*/true);
+    at::Tensor loss, grad_logits;
+#ifdef HEARTH_WITH_CUDA_KERNELS
+    fused_ce(logits, t, scale, loss, grad_logits);  // sets both where the kernel applies
+#endif
+    std::vector<at::Tensor> grads;
+    if (grad_logits.defined()) {
+      grads = torch::autograd::grad({logits}, inputs, {grad_logits}, /*retain_graph=*/false, /*create_graph=*/false,
+                                    /*allow_unused=*/true);
+    } else {
+      loss = chunk_ce_sum(logits, t);
+      grads = torch::autograd::grad({loss * scale}, inputs, /*grad_outputs=*/{}, /*retain_graph=*/false,
+                                    /*create_graph=*/false, /*allow_unused=*/true);
+    }
     r.grad_hidden.narrow(1, s, n).copy_(grads[0]);
     for (size_t i = 0; i < head_params.size(); ++i) {
       if (!grads[i + 1].defined()) continue;
