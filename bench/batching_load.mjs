@@ -5,6 +5,7 @@
 // request latency p50/p99, failures, and the server's RSS before/after. Loopback only, bounded.
 // Usage: node bench/batching_load.mjs --model DIR [--bin build/hearth] [--clients 1,8,32]
 //        [--requests 4] [--tokens 64] [--device cpu] [--max-num-seqs 32]
+//        [--server-args "--no-cuda-graph-warmup ..."] (extra `hearth serve` flags, space-separated)
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 
@@ -23,7 +24,8 @@ const pct = (xs, p) => { const s = [...xs].sort((a, b) => a - b); return s[Math.
 
 async function start() {
   const proc = spawn(bin, ['serve', '--model', args.model, '--device', args.device ?? 'cpu', '--port', '0',
-    '--max-num-seqs', args['max-num-seqs'] ?? '32', '--max-queue', '1024', '--prompt-cache-bytes', '0'],
+    '--max-num-seqs', args['max-num-seqs'] ?? '32', '--max-queue', '1024', '--prompt-cache-bytes', '0',
+    ...(args['server-args'] ?? '').split(' ').filter(Boolean)],
     { stdio: ['ignore', 'pipe', 'inherit'] });
   const url = await new Promise((resolve, reject) => {
     let buf = '';

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cmath>
 #include <csignal>
+#include <iomanip>
 #include <iostream>
 #include <memory>
 #include <thread>
@@ -72,6 +73,21 @@ int run_serve(const ServeArgs& a) {
       if (server_opts.memory_budget > 0) server_opts.memory_budget -= slot_bytes;
       std::cerr << "hearth: decode slots: " << slots->slots() << " x " << slots->capacity() << " tokens ("
                 << slot_bytes / (1 << 20) << " MiB)" << std::endl;
+      const size_t buckets = generate::DecodeSlots::all_buckets(slots->slots(), slots->capacity()).size();
+      if (!model_engine->device().is_cuda()) {
+        // CPU: steps run eagerly, nothing to capture.
+      } else if (!a.cuda_graph_warmup) {
+        std::cerr << "hearth: CUDA graph warm-up skipped (--no-cuda-graph-warmup): each of the " << buckets
+                  << " (batch, length) buckets is captured at its first use" << std::endl;
+      } else {
+        const int64_t free_before = compat::free_memory_bytes(model_engine->device());
+        const generate::DecodeSlots::Warmup w = model_engine->warm_up_decode_slots();
+        const int64_t used = free_before - compat::free_memory_bytes(model_engine->device());
+        std::cerr << "hearth: CUDA graphs: captured " << w.captured << " of " << buckets
+                  << " (batch, length) buckets in " << std::fixed << std::setprecision(1) << w.seconds << " s ("
+                  << std::max<int64_t>(used, 0) / (1 << 20) << " MiB; --no-cuda-graph-warmup skips this)"
+                  << std::defaultfloat << std::endl;
+      }
     } else {
       std::cerr << "hearth: decode slots off: " << why << std::endl;
     }
@@ -171,11 +187,18 @@ std::function<int()> setup_serve(CLI::App& app) {
   app.add_option("--device", a->engine.device, "cpu | cuda (default: cuda when available)");
   app.add_option("--dtype", a->engine.dtype, "float32 | bfloat16 | float16 (default: the checkpoint's torch_dtype on cuda, float32 on cpu)");
   app.add_option("--context-length,--max-model-len", a->engine.context_length,
-                 "Prompt + output token cap (default: the model's); also each decode slot's size, capped by the "
-                 "memory budget");
+                 "Prompt + output token cap (default: the model's max_position_embeddings; above the model's limit "
+                 "only with --allow-long-context); also each decode slot's size, capped by the memory budget");
+  app.add_flag("--allow-long-context", a->engine.allow_long_context,
+               "Accept a --context-length above the model's limit (config.json max_position_embeddings, times the "
+               "RoPE scaling factor where one applies); HEARTH_ALLOW_LONG_CONTEXT=1 does the same");
   app.add_flag_callback("--no-decode-slots", [a] { a->engine.decode_slots = false; },
                "Decode every running request through the ragged batched path instead of decode slots (static "
                "per-slot caches, CUDA graphs on the GPU); HEARTH_DECODE_SLOTS=0 does the same");
+  app.add_flag_callback("--no-cuda-graph-warmup", [a] { a->cuda_graph_warmup = false; },
+                        "Do not capture the decode slots' CUDA graphs (one per batch and length bucket) at start-up: "
+                        "each is captured at its first use instead, inside that request's latency (faster start); "
+                        "HEARTH_CUDA_GRAPHS=0 turns the graphs off altogether (vLLM's --enforce-eager)");
   app.add_option("--adapter", a->adapters, "Mount a LoRA adapter at start: NAME=PATH (repeatable)");
   app.add_option("--adapter-dir", a->adapter_dirs,
                  "Folder under which POST /v1/adapters may load adapters (repeatable; MODEL/adapters always is)");

@@ -22,6 +22,9 @@ struct ServeArgs {
   /// --memory-budget: "auto" (90% of the GPU's free memory after loading, or half the CPU's
   /// available memory), "0" (no budget), or bytes with an optional K/M/G suffix.
   std::string memory_budget = "auto";
+  /// Capture every decode-slot bucket's CUDA graph at start-up (--no-cuda-graph-warmup: false,
+  /// each is captured at its first use, inside that request's latency).
+  bool cuda_graph_warmup = true;
   bool fake_think_tags = false;  ///< fake engine: split <think>...</think> into reasoning_content
   /// JSON body of the ready-to-paste curl line printed at start ("" = a one-message "Hello!" chat).
   /// Must hold no single quote (it is printed inside '...').

@@ -6,6 +6,7 @@
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <typeinfo>
@@ -42,6 +43,17 @@ std::vector<int64_t> DecodeSlots::length_buckets(int64_t capacity) {
   std::vector<int64_t> out;
   for (int64_t l = 128; l < capacity; l *= 2) out.push_back(l);
   out.push_back(capacity);
+  return out;
+}
+
+std::pair<int64_t, int64_t> DecodeSlots::bucket_for(int64_t slots, int64_t capacity, int64_t top_slot, int64_t longest) {
+  return {pick_bucket(batch_buckets(slots), top_slot + 1), pick_bucket(length_buckets(capacity), longest + 1)};
+}
+
+std::vector<std::pair<int64_t, int64_t>> DecodeSlots::all_buckets(int64_t slots, int64_t capacity) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int64_t b : batch_buckets(slots))
+    for (int64_t l : length_buckets(capacity)) out.emplace_back(b, l);
   return out;
 }
 
@@ -235,6 +247,14 @@ void DecodeSlots::run_step(Bucket& bk, const std::vector<Sequence*>& rows) {
     ++eager_steps_;
     return;
   }
+  record(bk);
+  bk.recorded->replay();
+  if (bk.recorded->captured()) ++graph_steps_;
+  else ++eager_steps_;
+}
+
+void DecodeSlots::record(Bucket& bk) {
+  const int64_t b = bk.b;
   if (!bk.recorded) {
     auto fn = [this, p = &bk] { forward(*p); };
     if (device_.is_cuda() && capture_) {
@@ -259,9 +279,33 @@ void DecodeSlots::run_step(Bucket& bk, const std::vector<Sequence*>& rows) {
     }
     if (!bk.recorded) bk.recorded = std::make_unique<compat::RecordedStep>(fn, at::Device(at::kCPU), 0);
   }
-  bk.recorded->replay();
-  if (bk.recorded->captured()) ++graph_steps_;
-  else ++eager_steps_;
+}
+
+DecodeSlots::Warmup DecodeSlots::warm_up(bool run_eager) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Warmup w;
+  HEARTH_CHECK(occupied() == 0, "decode slots: warm_up needs an empty pool (", occupied(), " slots are occupied)");
+  const bool graphs = device_.is_cuda() && capture_;
+  if (!graphs && !run_eager) return w;
+  c10::NoGradGuard no_grad;
+  ensure_zeroed(capacity_);  // every length bucket reads finite keys
+  ids_.zero_();              // free rows: token 0 at position 0, as in any step
+  positions_.zero_();
+  for (const auto& [b, len] : all_buckets(slots_, capacity_)) {
+    Bucket& bk = bucket(b, len);
+    if (bk.recorded) continue;
+    record(bk);
+    bk.recorded->replay();  // the first replay's one-off costs (graph upload) are paid here too
+    ++w.buckets;
+    if (bk.recorded->captured()) ++w.captured;
+  }
+  compat::synchronize(device_);
+  w.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return w;
+}
+
+int64_t DecodeSlots::recorded_buckets() const {
+  return std::count_if(buckets_.begin(), buckets_.end(), [](const auto& e) { return e.second && e.second->recorded; });
 }
 
 void DecodeSlots::decode(const std::vector<Sequence*>& rows) {
@@ -271,7 +315,8 @@ void DecodeSlots::decode(const std::vector<Sequence*>& rows) {
     top = std::max(top, s->slot_);
     longest = std::max(longest, s->offset_);
   }
-  Bucket& bk = bucket(pick_bucket(batch_buckets(slots_), top + 1), pick_bucket(length_buckets(capacity_), longest + 1));
+  const auto [b, len] = bucket_for(slots_, capacity_, top, longest);
+  Bucket& bk = bucket(b, len);
   run_step(bk, rows);
   const bool graph = bk.recorded && bk.recorded->captured();
   // Outputs to the host: the argmax of every row at once; on a GPU, the logits of the rows that

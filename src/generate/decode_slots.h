@@ -68,6 +68,32 @@ class DecodeSlots {
   /// below C, then C.
   static std::vector<int64_t> batch_buckets(int64_t slots);
   static std::vector<int64_t> length_buckets(int64_t capacity);
+  /// The (b, L) bucket a decode step takes when the highest occupied slot is `top_slot` (0-based)
+  /// and the longest row is at position `longest` (its next token is written there): b the
+  /// smallest batch bucket above top_slot, L the smallest length bucket above longest.
+  static std::pair<int64_t, int64_t> bucket_for(int64_t slots, int64_t capacity, int64_t top_slot, int64_t longest);
+  /// Every (b, L) a pool of `slots` × `capacity` can ask for: batch_buckets × length_buckets, b
+  /// major (any top slot can meet any length, so each is reachable through bucket_for).
+  static std::vector<std::pair<int64_t, int64_t>> all_buckets(int64_t slots, int64_t capacity);
+
+  /// What warm_up() did.
+  struct Warmup {
+    int64_t buckets = 0;   ///< buckets whose step was recorded now
+    int64_t captured = 0;  ///< of them, captured as CUDA graphs
+    double seconds = 0;    ///< wall time of the whole warm-up
+  };
+  /// Records every bucket's step (all_buckets) before any request needs it, so that no request
+  /// pays for a capture inside its latency (as vLLM captures its batch sizes at start-up): on
+  /// CUDA with graphs on (HEARTH_CUDA_GRAPHS not 0 / nocapture), each (b, L) is captured as its
+  /// first use would (warm-up run, capture, recurrent states rewound) and replayed once; the
+  /// whole pool's KV buffers are zero-filled first. Elsewhere (CPU, graphs off) it does nothing
+  /// unless `run_eager`, which records and runs each bucket's step once eagerly (how CPU tests
+  /// exercise this path). The rows are free, so the steps write only garbage nobody reads;
+  /// warm-up steps count in neither graph_steps() nor eager_steps(). Requires an empty pool
+  /// (hearth::Error otherwise); c10::Error when a capture runs out of memory.
+  Warmup warm_up(bool run_eager = false);
+  /// Buckets whose step is recorded now (captured or eager).
+  int64_t recorded_buckets() const;
 
  private:
   friend class Sequence;
@@ -93,6 +119,9 @@ class DecodeSlots {
   Bucket& bucket(int64_t b, int64_t len);
   void forward(Bucket& bk);  // the step itself: ids_/positions_ → logits_/next_ rows [0, b)
   void run_step(Bucket& bk, const std::vector<Sequence*>& rows);
+  /// Records bk's step when it has none: a CUDA graph on CUDA with capture_ (the recurrent
+  /// states of rows [0, b) rewound after the capture's warm-up), else the eager function.
+  void record(Bucket& bk);
   /// Zero-fills tokens [zeroed_, tokens) of every row of the KV buffers (allocated uninitialised, so
   /// a CPU pool costs memory only as far as sequences reach; a masked key must still be finite).
   void ensure_zeroed(int64_t tokens);

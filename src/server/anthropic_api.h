@@ -19,7 +19,8 @@ namespace hearth::server {
 /// opaque); `max_tokens` (required unless `count_only`), `stop_sequences`, `temperature` [0,1],
 /// `top_p` [0,1], `top_k` >= 0, `tools` [{name, description, input_schema}] -> OpenAI tools,
 /// `tool_choice` {auto | any -> "required" | tool -> its name | none}, `thinking` {type: enabled |
-/// adaptive | disabled} -> chat_template_kwargs.enable_thinking, `stream`; `metadata`,
+/// adaptive | disabled} -> chat_template_kwargs.enable_thinking, `stream`; `seed` (any int64: not
+/// in Anthropic's API, an extension seeding the sampler as chat/completions' `seed` does); `metadata`,
 /// `cache_control` and unknown fields are ignored. A last message from the assistant (prefill)
 /// and image/document blocks and server tools are refused. Throws ApiError(400) naming the field.
 CompletionRequest parse_anthropic_request(const nlohmann::ordered_json& body, bool count_only);

@@ -197,6 +197,8 @@ CompletionRequest parse_anthropic_request(const json& body, bool count_only) {
   req.sampling.temperature = number_in(body, "temperature", 0, 1);
   req.sampling.top_p = number_in(body, "top_p", 0, 1);
   req.sampling.top_k = integer_in(body, "top_k", 0, kMaxTokensLimit);
+  // Not in Anthropic's API: an extension, seeded exactly as chat/completions' `seed` (any int64).
+  req.sampling.seed = integer_in(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
   parse_tools(body, req);
   if (const json* th = json_field(body, "thinking")) {
     if (!th->is_object()) bad_type("thinking", *th, "an object");

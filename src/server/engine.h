@@ -218,6 +218,14 @@ class Engine {
   /// state is constant): what the admission budget (EngineLoopOptions::memory_budget) counts.
   /// 0 = unknown (no budget applies). Any thread; constant after construction.
   virtual int64_t state_bytes(int64_t tokens) const { (void)tokens; return 0; }
+  /// How state_bytes(tokens) is computed, for error messages, /metrics and logs:
+  /// fixed + per_token * (tokens rounded up to a multiple of round_to). All 0 = unknown.
+  struct StateCharge {
+    int64_t per_token = 0;  ///< bytes per token of KV (all layers)
+    int64_t fixed = 0;      ///< bytes that do not grow with tokens (recurrent states, windows)
+    int64_t round_to = 0;   ///< the caches grow in steps of this many tokens
+  };
+  virtual StateCharge state_charge() const { return {}; }
   /// Starts generating for one request like generate() would (same sampling, adapters, prompt
   /// cache, callback semantics), computing nothing yet. Engine thread only. Throws like generate().
   virtual std::unique_ptr<ActiveSequence> start_sequence(const Prompt& prompt, const CompletionRequest& req,

@@ -42,6 +42,17 @@ class SlotGuard {
   std::counting_semaphore<>& s_;
 };
 
+// " (F fixed + P bytes per token x T tokens: prompt + max_tokens = N rounded up to the caches'
+// R-token growth step)", or "" when the engine does not say how it charges.
+std::string charge_explained(const Engine::StateCharge& c, int64_t tokens) {
+  if (c.per_token <= 0 && c.fixed <= 0) return "";
+  const int64_t r = std::max<int64_t>(c.round_to, 1);
+  const int64_t rounded = (std::max<int64_t>(tokens, 1) + r - 1) / r * r;
+  return cat(" (", c.fixed > 0 ? cat(c.fixed, " fixed bytes + ") : std::string(), c.per_token, " bytes per token x ", rounded,
+             " tokens: prompt + max_tokens = ", tokens, r > 1 ? cat(" rounded up to the caches' ", r, "-token growth step") : std::string(),
+             ")");
+}
+
 }  // namespace
 
 uint64_t request_text_bytes(const CompletionRequest& req) {
@@ -133,6 +144,7 @@ bool EngineLoop::prepare(Job& job) {
                                 req.max_tokens_param, "context_length_exceeded"));
     return false;
   }
+  const bool defaulted = !req.max_tokens;
   if (!req.max_tokens) {
     // The server's default (chat: --max-tokens, completions: 512) is only a cap: clamp it to the
     // room left; 0 fills the context.
@@ -145,6 +157,11 @@ bool EngineLoop::prepare(Job& job) {
       job.events.push(error_event(400, cat("This request needs ", need, " bytes of cache for its ", n_prompt,
                                            " prompt tokens and up to ", *req.max_tokens, " generated tokens",
                                            req.n > 1 ? cat(" in each of its n = ", req.n, " choices") : std::string(),
+                                           charge_explained(engine_.state_charge(), n_prompt + *req.max_tokens),
+                                           defaulted ? cat("; the request set no ", req.max_tokens_param, ", so the server's default (",
+                                                           *req.max_tokens, " tokens, ", *req.max_tokens == room ? "all the room left in the context" : "its cap",
+                                                           ") was reserved")
+                                                     : std::string(),
                                            ", more than the server's memory budget of ", opts_.memory_budget,
                                            " bytes (--memory-budget). Please reduce the prompt, ", req.max_tokens_param,
                                            req.n > 1 ? " or n." : "."),

@@ -26,9 +26,12 @@ struct EngineLoopOptions {
   /// --max-num-seqs). 1 = one at a time.
   size_t max_num_seqs = 32;  ///< a request with n choices takes n of them (n above it: 400 "n")
   /// Bytes of cache state the running generations may hold together (`--memory-budget`; 0 = no
-  /// limit). Each request reserves Engine::state_bytes(prompt + max_tokens) while it runs: one that
-  /// can never fit is refused (400, param "max_tokens", code "memory_budget_exceeded"), one that
-  /// does not fit now waits in the queue for running ones to finish.
+  /// limit). Each request reserves Engine::state_bytes(prompt + max_tokens) while it runs (per
+  /// choice; max_tokens after the default above, so a chat request without one reserves the whole
+  /// context when the default fills it): one that can never fit is refused (400, param
+  /// "max_tokens", code "memory_budget_exceeded", the message spelling out the charge:
+  /// Engine::state_charge's terms, and that max_tokens was defaulted when it was), one that does
+  /// not fit now waits in the queue for running ones to finish.
   int64_t memory_budget = 0;
 };
 
@@ -80,6 +83,8 @@ class EngineLoop {
   size_t running() const;
   /// Cache bytes the running generations reserved (see EngineLoopOptions::memory_budget).
   int64_t reserved_bytes() const;
+  /// EngineLoopOptions::memory_budget (0 = none).
+  int64_t memory_budget() const { return opts_.memory_budget; }
 
  private:
   struct Slot;

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "server/api_error.h"
+#include "server/http_transport.h"
 #include "server/openai_format.h"
 
 namespace hearth::server {
@@ -91,6 +92,22 @@ struct StreamState {
   Clock::time_point last_write = Clock::now();  // SSE keep-alive comments after 5 s of silence
 };
 
+// A non-streaming request's client, checked while its handler waits: nothing is written to it
+// before the answer, so only a look at its socket (current_client_closed) shows that it left.
+// Looks at most every 100 ms (a poll and a peek each: negligible beside a decode step).
+class ClientWatch {
+ public:
+  bool left() {
+    const auto now = Clock::now();
+    if (now < next_) return false;
+    next_ = now + 100ms;
+    return current_client_closed();
+  }
+
+ private:
+  Clock::time_point next_ = Clock::now() + 100ms;
+};
+
 }  // namespace
 
 void send_api_error(httplib::Response& res, int status, const std::string& message, const std::string& param,
@@ -148,8 +165,20 @@ void serve_generation(const GenerationContext& ctx, CompletionRequest req, std::
   // streaming request still waiting in the queue gets its headers and first chunk at once (then SSE
   // keep-alive comments) instead, so a proxy with a short idle timeout does not drop it; an error
   // after that (rare: its adapter unmounted meanwhile, shutdown) arrives as an error event.
+  // A non-streaming client that leaves cancels its job as a streaming one does (its write fails):
+  // a queued job is then dropped at admission, a running one ends at its next token, and its
+  // decode slot and memory budget are freed at once. Answered 499 (nginx's "client closed
+  // request"), which nobody reads but the request metrics count.
+  ClientWatch watch;
+  auto abandon = [&] {
+    job->cancelled = true;
+    ctx.metrics.count_client_disconnect(false);
+    close_after_response(res);
+    send_api_error(res, 499, "The client closed the request.", "", "client_closed_request");
+  };
   std::optional<StreamEvent> first;
-  while (!(first = job->events.pop(stream ? 50ms : 200ms)) && !stream) {
+  while (!(first = job->events.pop(stream ? 50ms : 100ms)) && !stream) {
+    if (watch.left()) return abandon();
   }
   if (first) {
     metrics->on_event(*first);
@@ -164,7 +193,8 @@ void serve_generation(const GenerationContext& ctx, CompletionRequest req, std::
   if (!stream) {
     std::vector<StreamEvent> deltas, dones;
     for (;;) {
-      auto ev = job->events.pop(200ms);
+      if (watch.left()) return abandon();  // also between events: a decoding job sends one per token
+      auto ev = job->events.pop(100ms);
       if (!ev) continue;
       metrics->on_event(*ev);
       if (ev->kind == StreamEvent::Kind::kDelta) {
@@ -231,8 +261,10 @@ void serve_generation(const GenerationContext& ctx, CompletionRequest req, std::
         }
         return true;
       },
-      [st](bool) {
-        if (!st->finished) st->job->cancelled = true;
+      [st, &m = ctx.metrics](bool) {
+        if (st->finished) return;
+        st->job->cancelled = true;  // the client went away (or a write failed): stop generating
+        m.count_client_disconnect(true);
       });
 }
 

@@ -46,7 +46,10 @@ Prompt count_prompt(Engine& engine, const CompletionRequest& req);
 /// Submits `req` (already validated and resolve_model()ed) and answers through `writer`:
 /// queue full -> 429 "queue_full" (503 while stopping); a kError first event -> its status in
 /// OpenAI's shape; otherwise 200 with writer->full() (non-streaming) or an SSE stream of
-/// writer->begin/delta/end/error (req.stream). A streaming client that leaves cancels the job.
+/// writer->begin/delta/end/error (req.stream). A client that leaves cancels the job: streaming,
+/// when a write fails; non-streaming, when current_client_closed() says so (checked every 100 ms
+/// while waiting; the request is then answered 499 "client_closed_request", which nobody reads).
+/// Both count in Metrics::count_client_disconnect.
 /// `arrived`: when the request arrived (for TTFT and duration). Metrics: prompt tokens at start,
 /// running sequences while generating, TTFT at the first delta, ITL, duration, generated and
 /// cached tokens at kDone.

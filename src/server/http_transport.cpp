@@ -133,6 +133,19 @@ void refuse(int fd, size_t cap) {
   lingering_close(fd, std::chrono::milliseconds(200), 64u << 10);
 }
 
+// Still connected? A readable socket with nothing to read (end of stream) or in error means the
+// peer closed or reset it. Reads nothing: MSG_PEEK.
+bool peer_closed(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, 0) <= 0) return false;
+  char c;
+  ssize_t n;
+  do n = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  while (n < 0 && errno == EINTR);
+  if (n == 0) return true;
+  return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK;
+}
+
 thread_local GuardedHttpServer::Conn* tls_conn = nullptr;
 
 }  // namespace
@@ -148,15 +161,7 @@ struct GuardedHttpServer::Conn : httplib::Stream {
 
   bool is_writable() const override {
     if (!wait(POLLOUT, Clock::now() + secs(lim.write_timeout_s), false)) return false;
-    // Still connected: a readable socket with nothing to read means the peer closed it.
-    pollfd p{sock, POLLIN, 0};
-    if (::poll(&p, 1, 0) > 0) {
-      char c;
-      ssize_t n = ::recv(sock, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-      if (n == 0) return false;
-      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
-    }
-    return true;
+    return !peer_closed(sock);
   }
 
   ssize_t read(char* ptr, size_t size) override {
@@ -242,6 +247,8 @@ struct GuardedHttpServer::Conn : httplib::Stream {
 };
 
 ReadFailure current_read_failure() { return tls_conn ? tls_conn->failure : ReadFailure::kNone; }
+
+bool current_client_closed() { return tls_conn && peer_closed(tls_conn->sock); }
 
 void close_after_response(httplib::Response& res) {
   res.set_header("Connection", "close");

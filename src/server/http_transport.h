@@ -41,6 +41,13 @@ enum class ReadFailure {
 
 /// The read failure of the request being handled on this thread (kNone outside a connection).
 ReadFailure current_read_failure();
+/// Whether the client of the request being handled on this thread has closed its connection (or
+/// it was reset): a non-blocking peek at the socket, which reads nothing (an end of stream or an
+/// error there means the client left; bytes waiting, e.g. a pipelined request, mean it did not).
+/// A client that only shut down its sending side counts as gone, as nginx and uvicorn treat it.
+/// False outside a GuardedHttpServer connection. For handlers that wait long before answering
+/// (a non-streaming generation) and want to stop work nobody will read.
+bool current_client_closed();
 /// Closes the connection after the current response (and says so with "Connection: close"):
 /// for answers given before the request body was read, or after a failed read, so that unread
 /// body bytes are never parsed as the next request.

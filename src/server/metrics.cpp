@@ -105,7 +105,12 @@ void Metrics::add_running(int delta) {
   running_ += delta;
 }
 
-std::string Metrics::render(size_t queue_length, int64_t cache_reserved_bytes) const {
+void Metrics::count_client_disconnect(bool stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++disconnects_[stream ? 1 : 0];
+}
+
+std::string Metrics::render(size_t queue_length, const CacheBudgetGauges& budget) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
   header(out, "hearth_requests_total", "counter", "HTTP requests answered, by route and status code.");
@@ -121,13 +126,30 @@ std::string Metrics::render(size_t queue_length, int64_t cache_reserved_bytes) c
   sample(out, "hearth_prompt_cache_hits_total", static_cast<double>(cache_hits_));
   header(out, "hearth_prompt_cache_hit_tokens_total", "counter", "Prompt tokens served from the prompt cache (not prefilled).");
   sample(out, "hearth_prompt_cache_hit_tokens_total", static_cast<double>(cache_hit_tokens_));
+  header(out, "hearth_client_disconnects_total", "counter",
+         "Generation requests cancelled because their client closed the connection before the answer was complete.");
+  sample(out, "hearth_client_disconnects_total{stream=\"false\"}", static_cast<double>(disconnects_[0]));
+  sample(out, "hearth_client_disconnects_total{stream=\"true\"}", static_cast<double>(disconnects_[1]));
   header(out, "hearth_queue_length", "gauge", "Requests waiting for the engine.");
   sample(out, "hearth_queue_length", static_cast<double>(queue_length));
   header(out, "hearth_running_sequences", "gauge", "Requests generating now.");
   sample(out, "hearth_running_sequences", static_cast<double>(running_));
   header(out, "hearth_cache_reserved_bytes", "gauge",
-         "Cache bytes the running requests reserved (prompt + max_tokens each) against --memory-budget.");
-  sample(out, "hearth_cache_reserved_bytes", static_cast<double>(cache_reserved_bytes));
+         "Cache bytes the running requests reserved against --memory-budget (each: fixed + bytes per token x "
+         "(prompt + max_tokens) rounded up, per choice).");
+  sample(out, "hearth_cache_reserved_bytes", static_cast<double>(budget.reserved_bytes));
+  header(out, "hearth_memory_budget_bytes", "gauge",
+         "Cache bytes the running requests may reserve together (--memory-budget less the decode slots; 0 = no limit).");
+  sample(out, "hearth_memory_budget_bytes", static_cast<double>(budget.budget_bytes));
+  header(out, "hearth_request_charge_bytes_per_token", "gauge",
+         "A request's charge per token of prompt + max_tokens (KV bytes of all layers).");
+  sample(out, "hearth_request_charge_bytes_per_token", static_cast<double>(budget.per_token_bytes));
+  header(out, "hearth_request_charge_fixed_bytes", "gauge",
+         "A request's charge that does not grow with tokens (recurrent states, sliding windows).");
+  sample(out, "hearth_request_charge_fixed_bytes", static_cast<double>(budget.fixed_bytes));
+  header(out, "hearth_request_charge_round_to_tokens", "gauge",
+         "prompt + max_tokens is rounded up to a multiple of this (the caches' growth step) before charging.");
+  sample(out, "hearth_request_charge_round_to_tokens", static_cast<double>(budget.round_to_tokens));
   histogram(out, "hearth_time_to_first_token_seconds", "Seconds from a request's arrival to its first output text.", ttft_);
   histogram(out, "hearth_inter_token_latency_seconds",
             "Seconds between generated tokens (each request's mean gap after its first output, once per gap).", itl_);

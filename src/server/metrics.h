@@ -32,10 +32,22 @@ struct GenerationSample {
   int64_t cached_tokens = 0;      ///< prompt tokens served from the prompt cache
 };
 
+/// The cache-budget gauges, read at scrape time (EngineLoop and Engine::state_charge): what the
+/// running requests reserved, the budget, and the terms of a request's charge, which is
+/// fixed + per_token * (prompt + max_tokens rounded up to round_to tokens), per choice.
+struct CacheBudgetGauges {
+  int64_t reserved_bytes = 0;
+  int64_t budget_bytes = 0;  ///< 0 = no --memory-budget
+  int64_t per_token_bytes = 0;
+  int64_t fixed_bytes = 0;
+  int64_t round_to_tokens = 0;
+};
+
 /// All metrics of one server; every method is thread-safe (one mutex: updates are a few adds).
 /// Names (all prefixed hearth_): requests_total{route,status}, prompt_tokens_total,
 /// generation_tokens_total, prompt_cache_hits_total (requests with cached tokens),
-/// prompt_cache_hit_tokens_total, queue_length and running_sequences (gauges),
+/// prompt_cache_hit_tokens_total, client_disconnects_total{stream} (generations cancelled because
+/// their client left before the answer was complete), queue_length and running_sequences (gauges),
 /// time_to_first_token_seconds, inter_token_latency_seconds, request_duration_seconds
 /// (histograms; buckets follow vLLM's for the same metrics).
 class Metrics {
@@ -55,17 +67,23 @@ class Metrics {
   void observe_duration(double seconds);
   /// Sequences generating now: +1 when one starts, -1 when it ends.
   void add_running(int delta);
+  /// A generation request whose client closed its connection before the answer was complete (its
+  /// job was cancelled); `stream`: the request streamed (SSE) or waited for one JSON body.
+  void count_client_disconnect(bool stream);
 
-  /// The exposition text: # HELP / # TYPE lines, then samples; `queue_length` and
-  /// `cache_reserved_bytes` (hearth_cache_reserved_bytes: the cache bytes the running requests
-  /// reserved against --memory-budget) are read by the caller (EngineLoop) at scrape time.
-  std::string render(size_t queue_length, int64_t cache_reserved_bytes = 0) const;
+  /// The exposition text: # HELP / # TYPE lines, then samples; `queue_length` and the budget
+  /// gauges are read by the caller at scrape time: hearth_cache_reserved_bytes (what the running
+  /// requests reserved against --memory-budget), hearth_memory_budget_bytes,
+  /// hearth_request_charge_bytes_per_token, hearth_request_charge_fixed_bytes and
+  /// hearth_request_charge_round_to_tokens (see CacheBudgetGauges).
+  std::string render(size_t queue_length, const CacheBudgetGauges& budget = {}) const;
 
  private:
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, uint64_t> requests_;
   uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, cache_hits_ = 0, cache_hit_tokens_ = 0;
   int64_t running_ = 0;
+  uint64_t disconnects_[2] = {0, 0};  // [non-streaming, streaming]
   Histogram ttft_, itl_, duration_;
 };
 

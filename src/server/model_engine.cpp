@@ -20,6 +20,7 @@
 #include "io/hf_config.h"
 #include "models/registry.h"
 #include "server/api_error.h"
+#include "server/context_limit.h"
 #include "generate/batch.h"
 #include "server/marker_decoder.h"
 #include "server/structured_output.h"
@@ -140,6 +141,11 @@ ModelEngine::ModelEngine(ModelEngineOptions opts)
   c10::NoGradGuard no_grad;
   const fs::path dir = fs::weakly_canonical(opts_.model_dir);
   model_id_ = dir.filename().string();
+  if (opts_.context_length > 0) {
+    const std::string err = context_length_error(opts_.context_length, derive_context_limit(io::read_json(dir / "config.json")),
+                                                 opts_.allow_long_context || long_context_allowed_by_env());
+    HEARTH_CHECK_T(InvalidArgument, err.empty(), err);
+  }
   const nn::LoadOptions placement = nn::resolve_placement(opts_.device, opts_.dtype, dir);
   model_ = opts_.full_finetune.empty() ? models::load_model(dir, placement)
                                        : adapters::load_model_with_full_finetune(dir, opts_.full_finetune, placement);
@@ -429,6 +435,11 @@ int64_t ModelEngine::start_decode_slots(int64_t num_seqs, int64_t memory_budget,
   return slots_->nbytes();
 }
 
+generate::DecodeSlots::Warmup ModelEngine::warm_up_decode_slots(bool run_eager) {
+  if (!slots_) return {};
+  return slots_->warm_up(run_eager);
+}
+
 Finish ModelEngine::finish_sequence(ActiveSequence& a) {
   Running& r = static_cast<Running&>(a);
   if (const std::string& err = r.seq->error(); !err.empty()) {
@@ -467,7 +478,7 @@ Finish ModelEngine::finish_sequence(ActiveSequence& a) {
 }
 
 int64_t ModelEngine::state_bytes(int64_t tokens) const {
-  const int64_t rounded = (std::max<int64_t>(tokens, 1) + 255) / 256 * 256;
+  const int64_t rounded = (std::max<int64_t>(tokens, 1) + kStateRoundTo - 1) / kStateRoundTo * kStateRoundTo;
   return fixed_state_bytes_ + kv_bytes_per_token_ * rounded;
 }
 

@@ -37,6 +37,10 @@ struct ModelEngineOptions {
   std::string device;         ///< "cpu" | "cuda" | "" (cuda when available)
   std::string dtype;          ///< "float32" | "bfloat16" | "float16" | "" (nn::default_dtype: the checkpoint's torch_dtype on cuda, fp32 on cpu)
   int64_t context_length = 0; ///< 0: config.json max_position_embeddings
+  /// Allow a context_length above the model's (derive_context_limit, server/context_limit.h):
+  /// `hearth serve --allow-long-context` or HEARTH_ALLOW_LONG_CONTEXT=1; else such a
+  /// context_length is refused at construction (InvalidArgument), as vLLM refuses one.
+  bool allow_long_context = false;
   SamplingDefaults defaults;
   /// Folders under which POST /v1/adapters may load adapters; the model's "adapters/" subfolder is
   /// always one.
@@ -75,7 +79,9 @@ class ModelEngine : public Engine {
  public:
   /// Loads the model folder (config.json, *.safetensors, tokenizer.json, optional
   /// tokenizer_config.json / chat_template.jinja / generation_config.json) and mounts
-  /// opts.adapters. Throws hearth::Error naming the file on anything missing or broken.
+  /// opts.adapters. Throws hearth::Error naming the file on anything missing or broken, and
+  /// InvalidArgument, before loading any weight, for an opts.context_length above the model's
+  /// limit (context_length_error) unless opts.allow_long_context or HEARTH_ALLOW_LONG_CONTEXT=1.
   explicit ModelEngine(ModelEngineOptions opts);
   ~ModelEngine() override;
 
@@ -116,6 +122,8 @@ class ModelEngine : public Engine {
   /// capacity) times `tokens` rounded up to the cache's 256-token growth step, plus the fixed size of
   /// the other layers (recurrent state, sliding windows).
   int64_t state_bytes(int64_t tokens) const override;
+  /// {kv bytes per token, fixed bytes, 256} as measured at load (state_bytes' terms).
+  StateCharge state_charge() const override { return {kv_bytes_per_token_, fixed_state_bytes_, kStateRoundTo}; }
   /// The device the model runs on (for the server's default memory budget).
   at::Device device() const { return model_->placement().device; }
   /// Builds the decode-slot pool (generate::DecodeSlots) for `num_seqs` running sequences (the
@@ -128,6 +136,11 @@ class ModelEngine : public Engine {
   /// cannot use them (a family without a static step, sliding-window or shared KV layers); `why`
   /// then says which. Call once, before generating.
   int64_t start_decode_slots(int64_t num_seqs, int64_t memory_budget, std::string* why = nullptr);
+  /// Records every (batch, length) bucket of the pool now (generate::DecodeSlots::warm_up: CUDA
+  /// graphs on CUDA, nothing on CPU) so that no request pays for a capture; `hearth serve` calls
+  /// it after start_decode_slots() unless --no-cuda-graph-warmup. {} when there is no pool.
+  /// Call before serving (the pool must be empty).
+  generate::DecodeSlots::Warmup warm_up_decode_slots(bool run_eager = false);
   /// The pool, or nullptr when there is none.
   const generate::DecodeSlots* decode_slots() const { return slots_.get(); }
   std::unique_ptr<ActiveSequence> start_sequence(const Prompt& prompt, const CompletionRequest& req,
@@ -197,6 +210,7 @@ class ModelEngine : public Engine {
 
   ModelEngineOptions opts_;
   std::string model_id_;
+  static constexpr int64_t kStateRoundTo = 256;  // KVCache's growth step, in tokens
   int64_t context_length_ = 0;
   int64_t max_token_bytes_ = 0;
   tokenizer::Tokenizer tokenizer_;

@@ -272,7 +272,9 @@ struct Server::Impl {
     });
     // Like /health, needs no API key (it is outside /v1/): scrapers rarely carry one.
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(metrics.render(loop.queued(), loop.reserved_bytes()), "text/plain; version=0.0.4; charset=utf-8");
+      const Engine::StateCharge c = engine.state_charge();
+      const CacheBudgetGauges g{loop.reserved_bytes(), loop.memory_budget(), c.per_token, c.fixed, c.round_to};
+      res.set_content(metrics.render(loop.queued(), g), "text/plain; version=0.0.4; charset=utf-8");
     });
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(dump_json(ojson{{"object", "list"}, {"data", ojson::array({model_json()})}}), kJson);

@@ -49,8 +49,9 @@ struct ServerOptions {
 /// with 503, and makes serve() return. Every error is answered in OpenAI's shape
 /// {"error": {"message", "type", "param", "code"}} (param/code null when they do not apply;
 /// Anthropic's {"type": "error", "error": {"type", "message"}} under /v1/messages) and the
-/// server keeps serving. Known limit: a non-streaming client that disconnects is not noticed
-/// (httplib 0.11 gives handlers no way to see it); its generation runs to its end.
+/// server keeps serving. A client that disconnects cancels its generation, streamed (the write
+/// fails) or not (its socket is looked at every 100 ms while the handler waits): the job leaves
+/// its queue place or decode slot at once; hearth_client_disconnects_total{stream} counts them.
 class Server {
  public:
   Server(Engine& engine, ServerOptions opts);

@@ -1,5 +1,6 @@
-// `hearth serve` flags about exposure, through the built binary (fake engine): an empty --api-key
-// is an error, and binding a non-loopback address without a key warns on stderr.
+// `hearth serve` flags through the built binary: an empty --api-key is an error, binding a
+// non-loopback address without a key warns on stderr (fake engine), and a --context-length above
+// the model's is refused at start-up (tiny golden model).
 #include <gtest/gtest.h>
 
 #include <regex>
@@ -20,6 +21,18 @@ TEST(ServeCli, EmptyApiKeyIsAnError) {
     EXPECT_NE(r.out.find("--api-key"), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find("serving"), std::string::npos) << r.out;
   }
+}
+
+TEST(ServeCli, AContextLengthAboveTheModelsIsRefusedInOneLineUnlessAllowed) {
+  const std::string model = (fs::path(HEARTH_SOURCE_DIR) / "tests/golden/models/llama_mha").string();  // 256 positions
+  auto r = hearth::testing::run_hearth("serve --model " + model + " --device cpu --port 0 --max-model-len 4096");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("--context-length (--max-model-len) 4096 is above the model's maximum context of 256 tokens "
+                       "(config.json: max_position_embeddings 256)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("--allow-long-context"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("serving"), std::string::npos) << r.out;
 }
 
 // Starts `hearth serve ARGS`, waits for its "serving" line, stops it, and returns its output.

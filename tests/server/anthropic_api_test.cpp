@@ -2,6 +2,7 @@
 // FakeEngine: request mapping into CompletionRequest, Message objects, streaming event order,
 // thinking and tool_use blocks both ways, stop sequences, count_tokens, errors in Anthropic's shape.
 #include <atomic>
+#include <limits>
 
 #include "server/anthropic_api.h"
 #include "server/api_error.h"
@@ -123,6 +124,16 @@ TEST(AnthropicParse, RefusesWhatItCannotServe) {
   EXPECT_EQ(refused(R"({"max_tokens": 5, "thinking": {"type": "sometimes"}, )" + u + "}"), "thinking.type");
   EXPECT_EQ(refused(R"({"max_tokens": 5, "stop_sequences": "x", )" + u + "}"), "stop_sequences");
   EXPECT_EQ(refused(R"({"max_tokens": 5, "system": [{"type": "image"}], )" + u + "}"), "system[0].type");
+}
+
+TEST(AnthropicParse, SeedIsAnExtensionParsedLikeChatCompletions) {
+  const std::string u = R"("messages": [{"role": "user", "content": "hi"}])";
+  EXPECT_EQ(parse(R"({"max_tokens": 5, "seed": 42, )" + u + "}").sampling.seed.value(), 42);
+  EXPECT_EQ(parse(R"({"max_tokens": 5, "seed": -9223372036854775808, )" + u + "}").sampling.seed.value(),
+            std::numeric_limits<int64_t>::min());
+  EXPECT_FALSE(parse(R"({"max_tokens": 5, )" + u + "}").sampling.seed.has_value());
+  EXPECT_EQ(refused(R"({"max_tokens": 5, "seed": "7", )" + u + "}"), "seed");
+  EXPECT_EQ(refused(R"({"max_tokens": 5, "seed": 1.5, )" + u + "}"), "seed");
 }
 
 class AnthropicServerTest : public ServerTest {

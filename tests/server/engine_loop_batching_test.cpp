@@ -163,5 +163,44 @@ TEST(EngineLoopBatching, TheMemoryBudgetQueuesWhatDoesNotFitAndRefusesWhatNeverC
   EXPECT_EQ(ev->param, "max_tokens");
 }
 
+TEST(EngineLoopBatching, TheMemoryChargeIsSpelledOutAndADefaultedMaxTokensSaysSo) {
+  auto engine = engine_with_adapter();
+  const Engine::StateCharge c = engine->state_charge();
+  ASSERT_GT(c.per_token, 0);
+  EXPECT_EQ(c.round_to, 256);
+  // state_bytes is exactly the terms state_charge reports.
+  for (int64_t t : {1, 40, 256, 257, 600})
+    EXPECT_EQ(engine->state_bytes(t), c.fixed + c.per_token * ((t + 255) / 256 * 256)) << t;
+  EngineLoopOptions o;
+  o.max_num_seqs = 4;
+  o.memory_budget = engine->state_bytes(40) / 2;  // nothing fits
+  o.default_max_tokens_completion = 0;             // no max_tokens: fill the context
+  EngineLoop loop(*engine, o);
+  CompletionRequest no_limit = text_request(kPrompts[0], 1);
+  no_limit.max_tokens.reset();
+  auto job = loop.submit(no_limit);
+  ASSERT_TRUE(job);
+  auto ev = job->events.pop(1s);
+  ASSERT_TRUE(ev);
+  ASSERT_EQ(ev->kind, StreamEvent::Kind::kError);
+  EXPECT_EQ(ev->code, "memory_budget_exceeded");
+  const int64_t ctx = engine->context_length();
+  const std::string& m = ev->message;
+  EXPECT_NE(m.find(std::to_string(engine->state_bytes(ctx)) + " bytes"), std::string::npos) << m;
+  EXPECT_NE(m.find(std::to_string(c.per_token) + " bytes per token x " + std::to_string((ctx + 255) / 256 * 256) + " tokens"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("prompt + max_tokens = " + std::to_string(ctx)), std::string::npos) << m;
+  EXPECT_NE(m.find("set no max_tokens"), std::string::npos) << m;
+  EXPECT_NE(m.find("all the room left in the context"), std::string::npos) << m;
+  // With a max_tokens of its own, nothing is said about a default.
+  auto own = loop.submit(text_request(kPrompts[0], 30));
+  ASSERT_TRUE(own);
+  auto ev2 = own->events.pop(1s);
+  ASSERT_TRUE(ev2);
+  EXPECT_EQ(ev2->message.find("set no max_tokens"), std::string::npos) << ev2->message;
+  EXPECT_NE(ev2->message.find("rounded up to the caches' 256-token growth step"), std::string::npos) << ev2->message;
+}
+
 }  // namespace
 }  // namespace hearth::server

@@ -65,6 +65,21 @@ TEST(Metrics, HistogramBucketsAreCumulative) {
   EXPECT_EQ(prometheus_label_value("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
 }
 
+TEST(Metrics, BudgetGaugesAndClientDisconnects) {
+  Metrics m;
+  m.count_client_disconnect(false);
+  m.count_client_disconnect(false);
+  m.count_client_disconnect(true);
+  auto s = parse_exposition(m.render(0, CacheBudgetGauges{1000, 5000, 12, 34, 256}));
+  EXPECT_EQ(s["hearth_client_disconnects_total{stream=\"false\"}"], 2);
+  EXPECT_EQ(s["hearth_client_disconnects_total{stream=\"true\"}"], 1);
+  EXPECT_EQ(s["hearth_cache_reserved_bytes"], 1000);
+  EXPECT_EQ(s["hearth_memory_budget_bytes"], 5000);
+  EXPECT_EQ(s["hearth_request_charge_bytes_per_token"], 12);
+  EXPECT_EQ(s["hearth_request_charge_fixed_bytes"], 34);
+  EXPECT_EQ(s["hearth_request_charge_round_to_tokens"], 256);
+}
+
 TEST_F(ServerTest, MetricsCountRequestsTokensAndLatencies) {
   ServerOptions o;
   o.api_key = "k";
@@ -101,6 +116,10 @@ TEST_F(ServerTest, MetricsCountRequestsTokensAndLatencies) {
   EXPECT_EQ(s["hearth_running_sequences"], 0);
   EXPECT_EQ(s.count("hearth_cache_reserved_bytes"), 1u);
   EXPECT_EQ(s["hearth_cache_reserved_bytes"], 0);  // no memory budget: nothing reserved
+  EXPECT_EQ(s.count("hearth_memory_budget_bytes"), 1u);
+  EXPECT_EQ(s["hearth_memory_budget_bytes"], 0);
+  EXPECT_EQ(s["hearth_client_disconnects_total{stream=\"false\"}"], 0);
+  EXPECT_EQ(s["hearth_client_disconnects_total{stream=\"true\"}"], 0);
   EXPECT_EQ(s["hearth_prompt_cache_hits_total"], 0);
   EXPECT_EQ(s["hearth_prompt_cache_hit_tokens_total"], 0);
   EXPECT_EQ(s["hearth_request_duration_seconds_count"], 4);

@@ -208,7 +208,8 @@ TEST(PromptCacheEngine, EntriesAreEvictedByBytes) {
 TEST(PromptCacheEngine, ASlidingWindowModelPastItsWindowIsFreshOrExact) {
   // mistral_swa: window 8; the rotating caches compact once a 256-token buffer fills.
   ModelEngineOptions oc = options(golden_model("mistral_swa"), -1), op = options(golden_model("mistral_swa"), 0);
-  oc.context_length = op.context_length = 1024;
+  oc.context_length = op.context_length = 1024;  // past the tiny model's 256 positions, on purpose
+  oc.allow_long_context = op.allow_long_context = true;
   ModelEngine cached(oc), plain(op);
   // Short: the buffer still holds everything, so a shared prefix longer than the window is exact.
   const std::string base = text_of_at_least(plain, 40, "wind ");
@@ -246,7 +247,8 @@ TEST(PromptCacheEngine, DynamicRopeTurnsTheCacheOff) {
 
 TEST(PromptCacheEngine, TtftWithALongCachedPrefixAndTheUsageField) {
   ModelEngineOptions oc = options(golden_model("llama_mha"), -1), op = options(golden_model("llama_mha"), 0);
-  oc.context_length = op.context_length = 4096;
+  oc.context_length = op.context_length = 4096;  // past the tiny model's 256 positions, on purpose
+  oc.allow_long_context = op.allow_long_context = true;
   ModelEngine cached(oc), plain(op);
   const std::string base = text_of_at_least(plain, 2000, "long context ");
   run(cached, completion(base + "first", 4));
