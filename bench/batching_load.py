@@ -7,6 +7,7 @@ server's RSS before/after. Loopback only, bounded (R requests per client).
 
   python3 bench/batching_load.py --model DIR [--bin build/hearth] [--clients 1,8,32] [--requests 4]
                                  [--tokens 64] [--device cpu] [--max-num-seqs 32]
+                                 [--server-args "--no-cuda-graph-warmup ..."]
 """
 import argparse
 import http.client
@@ -71,11 +72,13 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--max-num-seqs", default="32")
+    ap.add_argument("--server-args", default="", help="extra `hearth serve` flags, split on spaces")
     a = ap.parse_args()
     cmd = [a.bin, "serve", "--model", a.model, "--device", a.device, "--port", "0", "--max-num-seqs",
            a.max_num_seqs, "--max-queue", "1024", "--prompt-cache-bytes", "0"]
     if a.dtype:
         cmd += ["--dtype", a.dtype]
+    cmd += a.server_args.split()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     url = None
     while url is None:
