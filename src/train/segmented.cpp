@@ -95,7 +95,8 @@ Boundary leaf(const Boundary& b, bool requires_grad) {
 // VJP of the segment y = f(x, params) with cotangents `dy` for y's fields: adds the parameter
 // gradients to their .grad and returns the cotangents of x's fields (empty when x has no leaf
 // requiring grad). A field of y that is x's own tensor (passed through) hands its cotangent to x
-// directly.
+// directly. A chunked MLP checkpoint (nn/mlp_chunk.h) in the segment adds its parameters'
+// gradients to .grad itself, inside grad(), and grad returns none for them: each counted once.
 Cotangents vjp(const Boundary& y, const Boundary& x, const std::vector<at::Tensor>& params, const Cotangents& dy) {
   Cotangents dx;
   std::vector<std::pair<std::string, at::Tensor>> x_fields = fields(x);

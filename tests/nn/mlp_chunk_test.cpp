@@ -8,6 +8,7 @@
 
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <thread>
 
@@ -124,13 +125,17 @@ TEST(ChunkedMlp, ScopeChunksOnlyLongInputsAndNoGradValuesAgree) {
   {
     hearth::nn::MlpChunkScope scope(3);
     at::Tensor y = f.mlp.forward(xg);
-    ASSERT_TRUE(y.grad_fn());
-    EXPECT_NE(y.grad_fn()->name().find("ChunkedCheckpoint"), std::string::npos) << y.grad_fn()->name();
+    ASSERT_TRUE(y.grad_fn());  // ViewBackward0 → the checkpoint node
+    ASSERT_FALSE(y.grad_fn()->next_edges().empty());
+    const std::string node = y.grad_fn()->next_edges()[0].function->name();
+    EXPECT_NE(node.find("ChunkedCheckpoint"), std::string::npos) << node;
   }
   {
     hearth::nn::MlpChunkScope scope(10);  // T == chunk: the plain formula
     at::Tensor y = f.mlp.forward(xg);
     EXPECT_EQ(y.grad_fn()->name().find("ChunkedCheckpoint"), std::string::npos) << y.grad_fn()->name();
+    for (const auto& e : y.grad_fn()->next_edges())
+      if (e.function) EXPECT_EQ(e.function->name().find("ChunkedCheckpoint"), std::string::npos) << e.function->name();
   }
   EXPECT_THROW(hearth::nn::MlpChunkScope(-5), hearth::Error);
 }

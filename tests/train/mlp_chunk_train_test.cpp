@@ -3,8 +3,8 @@
 // segment's MLP input is then a constant, and its gradients reach .grad only through the
 // checkpoint's inner backward), and with a full fine-tune of the last block, --segment-size 1 and
 // the full backward with --mlp-chunk (uneven chunks, chunk == positions, chunk > positions) give the
-// gradients of no chunking within 1e-6 (a double count would be 2x, a lost one 0); offloading on
-// top is bit-identical. Qwen3.5 and Gemma 4 tiny models likewise.
+// gradients of no chunking within fp32 round-off (a double count would be 2x, a lost one 0); offloading on
+// top is bit-identical. Qwen3.5 and Gemma 4 tiny models likewise (in fp64).
 #include <gtest/gtest.h>
 
 #include "adapters/adapter.h"
@@ -19,6 +19,11 @@ using namespace hearth::train;
 using namespace hearth::train::testing;
 
 namespace {
+
+// fp32 round-off: the MLP's GEMMs over chunks round differently from one GEMM over all rows, and
+// through attention the smallest gradients (q/k lora_B) move by up to ~1.1e-6 relative (measured);
+// a double-counted or lost gradient is off by O(1). The MLP alone holds 1e-6 (nn/mlp_chunk_test.cpp).
+constexpr double kChunkTrainTol = 3e-6;
 
 std::vector<at::Tensor> mlp_chunk_grads(const std::vector<TrainableParam>& ps) {
   std::vector<at::Tensor> g;
@@ -64,14 +69,17 @@ void expect_chunked_grads_equal(hearth::models::Model& model, const std::vector<
     const auto g = mlp_chunk_grads(params);
     for (size_t i = 0; i < g.size(); ++i) {
       ASSERT_TRUE(g[i].defined()) << tag << " " << params[i].name << " lost its gradient";
-      EXPECT_LT(rel_err(g[i], g_ref[i]), 1e-6) << tag << " " << params[i].name;
+      EXPECT_LT(rel_err(g[i], g_ref[i]), kChunkTrainTol) << tag << " " << params[i].name;
     }
     if (v.segment == 1 && v.chunk == 5) {
       if (!v.offload) {
         g_chunk5 = g;
       } else {
         for (size_t i = 0; i < g.size(); ++i) EXPECT_TRUE(at::equal(g[i], g_chunk5[i])) << tag << " " << params[i].name;
-        EXPECT_EQ(r.boundary_device_bytes * 3, r.boundary_host_bytes) << tag;  // one of 3 edges at a time
+        EXPECT_GT(r.boundary_host_bytes, 0) << tag;
+        EXPECT_LT(r.boundary_device_bytes, r.boundary_host_bytes) << tag;  // only those being brought back
+        if (model.num_layers() == 3 && model.model_type() == "llama")
+          EXPECT_EQ(r.boundary_device_bytes * 3, r.boundary_host_bytes) << tag;  // one of 3 edges at a time
 
       }
     }
@@ -110,8 +118,10 @@ TEST(MlpChunkTraining, LlamaFullFineTuneOfTheLastBlock) {
 }
 
 TEST(MlpChunkTraining, Qwen3_5AndGemma4Lora) {
-  for (const char* v : {"qwen3_5", "gemma4_e"}) {
-    auto model = hearth::models::load_model(golden(std::string("models/") + v), {});
+  for (const char* v : {"qwen3_5/q35_untied_hv1_mqa", "gemma4_e"}) {
+    // fp64: these models' large activations turn the chunks' fp32 round-off into ~1e-5 on the
+    // smallest gradients; in double any real difference would still show.
+    auto model = hearth::models::load_model(golden(std::string("models/") + v), {at::kCPU, at::kDouble});
     auto adapter = attach(*model, {});
     hearth::nn::ActiveAdapters active({"train"});
     expect_chunked_grads_equal(*model, lora_params(adapter), v, std::min<int64_t>(model->vocab_size(), 500));
