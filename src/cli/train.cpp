@@ -130,6 +130,18 @@ std::function<int()> setup_train(CLI::App& app) {
   app.add_flag("--mask-prompt", a->mask_prompt, "Loss on completions only (always on for chat/completion rows)");
   app.add_flag("--grad-checkpoint", a->grad_checkpoint, "Recompute activations per layer (= --segment-size 1)");
   app.add_option("--segment-size", c.segment_size, "Layers per backward segment (0 = full backward)");
+  app.add_flag("--offload-boundaries", c.offload_boundaries,
+               "With --segment-size: keep the saved segment boundaries (one [B, T, C] hidden stream per segment, "
+               "plus family streams) in host memory, pinned on CUDA, instead of on the device; each is copied back "
+               "one segment ahead of its recompute, overlapping compute. Costs host RAM of that size and one "
+               "device-host round trip per boundary per step");
+  app.add_option("--offload-host-limit", c.offload_host_limit_gb,
+                 "With --offload-boundaries: host GB the copies may take; the boundaries past it stay on the device "
+                 "(default 0 = no limit)");
+  app.add_option("--mlp-chunk", c.mlp_chunk,
+                 "Run the MLPs this many positions at a time when a sequence is longer (with grad: a chunked "
+                 "checkpoint that saves only the MLP input, recomputing each chunk in the backward: about one more "
+                 "MLP forward per step); 0 = off (default). Needs --lora-dropout 0");
   app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
   app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default float32)");
   app.add_option("--adapter-format", c.adapter_format, "mlx | peft (default mlx)");

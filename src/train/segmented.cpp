@@ -5,9 +5,12 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
+#include <optional>
 #include <set>
 
 #include "core/error.h"
+#include "nn/mlp_chunk.h"
+#include "train/boundary_store.h"
 #include "train/loss.h"
 
 namespace hearth::train {
@@ -89,16 +92,11 @@ Boundary leaf(const Boundary& b, bool requires_grad) {
   return out;
 }
 
-int64_t boundary_bytes(const Boundary& b) {
-  int64_t n = 0;
-  for (const auto& [name, t] : fields(b)) n += t.defined() ? t.nbytes() : 0;
-  return n;
-}
-
 // VJP of the segment y = f(x, params) with cotangents `dy` for y's fields: adds the parameter
 // gradients to their .grad and returns the cotangents of x's fields (empty when x has no leaf
 // requiring grad). A field of y that is x's own tensor (passed through) hands its cotangent to x
-// directly.
+// directly. A chunked MLP checkpoint (nn/mlp_chunk.h) in the segment adds its parameters'
+// gradients to .grad itself, inside grad(), and grad returns none for them: each counted once.
 Cotangents vjp(const Boundary& y, const Boundary& x, const std::vector<at::Tensor>& params, const Cotangents& dy) {
   Cotangents dx;
   std::vector<std::pair<std::string, at::Tensor>> x_fields = fields(x);
@@ -155,53 +153,68 @@ BackwardResult backward(const LayerStack& model, const at::Tensor& input_ids, co
 BackwardResult backward_with_head(const LayerStack& model, const at::Tensor& input_ids, const LossHead& loss_head,
                                   const BackwardOptions& opts) {
   HEARTH_CHECK(input_ids.dim() == 2, "backward: input_ids must be [B, T], got ", input_ids.sizes());
+  HEARTH_CHECK(opts.mlp_chunk >= 0, "backward: mlp_chunk must be >= 0 (0 = off), got ", opts.mlp_chunk);
+  std::optional<nn::MlpChunkScope> mlp_chunk;
+  if (opts.mlp_chunk > 0) mlp_chunk.emplace(opts.mlp_chunk);
   BackwardResult res;
-  const auto plan = opts.segment_size > 0 ? plan_segments(model.num_layers, opts.segment_size, opts.isolate)
-                                          : std::vector<std::pair<int64_t, int64_t>>{{0, model.num_layers}};
+  const bool segmented = opts.segment_size > 0;
+  const auto plan = segmented ? plan_segments(model.num_layers, opts.segment_size, opts.isolate)
+                              : std::vector<std::pair<int64_t, int64_t>>{{0, model.num_layers}};
   const bool train_embed = !model.embed_params.empty();
 
-  // Forward without a graph, keeping one detached boundary per segment edge.
-  std::vector<Boundary> bounds;
+  // Forward without a graph: the input edge of every segment goes to the store (on the device or
+  // offloaded), `top` is the last boundary (segmented) or the embedding's (full backward).
+  BoundaryStoreOptions so;
+  so.offload = segmented && opts.offload_boundaries;
+  so.host_limit_bytes = opts.offload_host_limit_bytes;
+  BoundaryStore store(so);
+  Boundary top;
   {
     c10::NoGradGuard no_grad;
-    bounds.push_back(leaf(model.embed(input_ids), false));
-    if (opts.segment_size > 0) {
+    top = leaf(model.embed(input_ids), false);
+    if (segmented) {
+      store.put(top);
       for (size_t s = 0; s < plan.size(); ++s) {
         if (opts.on_segment) opts.on_segment(s, false);
-        bounds.push_back(leaf(model.layers(bounds.back(), plan[s].first, plan[s].second), false));
-        res.peak_boundaries_bytes += boundary_bytes(bounds.back());
+        Boundary next = leaf(model.layers(top, plan[s].first, plan[s].second), false);
+        if (s + 1 < plan.size()) store.put(next, &top);  // `top` (the last put) is still alive here
+        top = std::move(next);
       }
     }
   }
 
   c10::AutoGradMode grad_mode(true);
   Cotangents d;
-  if (opts.segment_size > 0) {
-    HeadVjp head = loss_head(bounds.back().hidden);
+  if (segmented) {
+    store.prefetch(plan.size() - 1);  // its copy back overlaps the loss head
+    HeadVjp head = loss_head(top.hidden);
     res.loss_sum = head.loss_sum;
     res.loss = head.loss;
     res.n_tokens = head.n_tokens;
     d = {{"", head.grad_hidden}};
-    bounds.pop_back();
+    top = Boundary();
     for (size_t s = plan.size(); s-- > 0;) {
       if (opts.on_segment) opts.on_segment(s, true);
       const bool need_input_grad = s > 0 || train_embed;
-      Boundary x = leaf(bounds.back(), need_input_grad);
+      Boundary x = leaf(store.take(s), need_input_grad);
+      if (s > 0) store.prefetch(s - 1);  // copied back while this segment recomputes
       Boundary y = model.layers(x, plan[s].first, plan[s].second);
       d = vjp(y, x, model.layer_params(plan[s].first, plan[s].second), d);
-      bounds.pop_back();
     }
+    res.boundary_device_bytes = store.peak_device_bytes();
+    res.boundary_host_bytes = store.peak_host_bytes();
   } else {
     // Full backward: one graph over all layers; the loss head's VJP gives the cotangent at the
     // top of the stack.
-    Boundary x = leaf(bounds.back(), train_embed);
+    Boundary x = leaf(top, train_embed);
+    top = Boundary();
     if (opts.on_segment) opts.on_segment(0, false);
-    Boundary top = model.layers(x, 0, model.num_layers);
-    HeadVjp head = loss_head(top.hidden.detach());
+    Boundary out = model.layers(x, 0, model.num_layers);
+    HeadVjp head = loss_head(out.hidden.detach());
     res.loss_sum = head.loss_sum;
     res.loss = head.loss;
     res.n_tokens = head.n_tokens;
-    d = vjp(top, x, model.layer_params(0, model.num_layers), {{"", head.grad_hidden}});
+    d = vjp(out, x, model.layer_params(0, model.num_layers), {{"", head.grad_hidden}});
   }
   if (train_embed && !d.empty()) {
     // The embedding's own graph, with the cotangents of every field it produced.

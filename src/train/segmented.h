@@ -47,7 +47,12 @@ struct BackwardResult {
   double loss_sum = 0.0;   // Σ CE over supervised positions (0 when BackwardOptions::defer_loss)
   at::Tensor loss;         // the same Σ as a 0-dim fp64 tensor on the model's device (undefined when the head gives none)
   int64_t n_tokens = 0;    // supervised positions
-  int64_t peak_boundaries_bytes = 0;  // bytes held by saved boundaries (a shared stream counted once per edge)
+  /// Segmented: the most bytes the saved boundaries (the input edge of every segment) held at once
+  /// on the model's device (offloaded: those being brought back), and in host memory
+  /// (BackwardOptions::offload_boundaries); a stream passed through several edges counted once.
+  /// 0 for the full backward.
+  int64_t boundary_device_bytes = 0;
+  int64_t boundary_host_bytes = 0;
 };
 
 /// Options for the backward drivers.
@@ -62,6 +67,18 @@ struct BackwardOptions {
   /// Called before each segment's forward and again before its recompute with the segment index,
   /// so stochastic layers (LoRA dropout) can replay the same randomness; may be empty.
   std::function<void(size_t segment, bool recompute)> on_segment;
+  /// Segmented: keep the saved boundaries' floating fields in host memory (pinned on CUDA) between
+  /// the forward and the backward, each brought back one segment ahead of its recompute
+  /// (train/boundary_store.h). Same gradients; costs a device↔host copy of each boundary per step
+  /// (on a side stream, overlapping compute). Ignored by the full backward (segment_size 0).
+  bool offload_boundaries = false;
+  /// With offload_boundaries: host bytes the copies may take (0 = no limit); the boundaries past it
+  /// stay on the device.
+  int64_t offload_host_limit_bytes = 0;
+  /// Positions per chunk of the position-wise MLPs (nn/mlp_chunk.h) while this call runs: longer
+  /// inputs run chunk by chunk, saving only the MLP's input for the backward. 0 = leave the
+  /// thread's setting (off by default). Same gradients (fp32 within 1e-6); refused with LoRA dropout.
+  int64_t mlp_chunk = 0;
 };
 
 /// Accumulates d(scale · Σ CE)/dθ into `.grad` of every trainable tensor of `model`, for

@@ -18,6 +18,7 @@
 #include "io/atomic_file.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "nn/mlp_chunk.h"
 #include "train/dataset.h"
 #include "train/distributed.h"
 #include "train/loss.h"
@@ -72,6 +73,15 @@ void check_config(const TrainConfig& c) {
   HEARTH_CHECK(c.steps_per_eval >= 1, "--steps-per-eval must be >= 1, got ", c.steps_per_eval);
   HEARTH_CHECK(c.save_every >= 0, "--save-every must be >= 0, got ", c.save_every);
   HEARTH_CHECK(c.segment_size >= 0, "--segment-size must be >= 0, got ", c.segment_size);
+  HEARTH_CHECK(!c.offload_boundaries || c.segment_size > 0,
+               "--offload-boundaries needs --segment-size >= 1 (the full backward keeps no boundaries to offload)");
+  HEARTH_CHECK(std::isfinite(c.offload_host_limit_gb) && c.offload_host_limit_gb >= 0,
+               "--offload-host-limit must be a number of GB >= 0 (0 = no limit), got ", c.offload_host_limit_gb);
+  HEARTH_CHECK(c.offload_host_limit_gb == 0 || c.offload_boundaries, "--offload-host-limit needs --offload-boundaries");
+  HEARTH_CHECK(c.mlp_chunk >= 0, "--mlp-chunk must be >= 0 (0 = off), got ", c.mlp_chunk);
+  HEARTH_CHECK(c.mlp_chunk == 0 || c.lora_dropout == 0, "--mlp-chunk ", c.mlp_chunk,
+               " recomputes the MLP in the backward and cannot replay LoRA dropout masks: use --lora-dropout 0 or "
+               "--mlp-chunk 0");
   HEARTH_CHECK(c.num_layers == -1 || c.num_layers >= 1, "--num-layers must be -1 (all) or >= 1, got ", c.num_layers);
   HEARTH_CHECK(c.grad_clip >= 0, "--grad-clip must be >= 0 (0 = off), got ", c.grad_clip);
   HEARTH_CHECK(c.val_batches == -1 || c.val_batches >= 1, "--val-batches must be -1 (all) or >= 1, got ",
@@ -410,6 +420,7 @@ int64_t checkpoint_step(const std::filesystem::path& dir) { return read_checkpoi
 TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tokenizer::Tokenizer& tok,
                          const std::function<void(const Report&)>& on_report) {
   check_config(cfg);
+  nn::MlpChunkScope mlp_chunk(cfg.mlp_chunk);  // training, evaluation and reference forwards alike
   HEARTH_CHECK(cfg.num_layers <= model.num_layers(), "--num-layers ", cfg.num_layers, " exceeds the model's ",
                model.num_layers(), " layers (-1 = all)");
   const bool full = cfg.fine_tune_type == "full";
@@ -521,6 +532,8 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
   bopt.isolate = model.isolated_layers();
   bopt.loss_chunk = cfg.loss_chunk;
   bopt.defer_loss = true;  // losses stay on the device until a report reads them
+  bopt.offload_boundaries = cfg.offload_boundaries;
+  bopt.offload_host_limit_bytes = static_cast<int64_t>(cfg.offload_host_limit_gb * 1e9);
   std::vector<std::pair<std::string, double>> window_metrics;  // sums over the window's steps
   double window_loss = 0, window_time = 0;
   int64_t window_steps = 0, window_tokens = 0, trained_tokens = 0;

@@ -54,6 +54,13 @@ struct TrainConfig {
   uint64_t seed = 0;
   int64_t segment_size = 0;            // layers per backward segment; 0 = full backward
   int64_t loss_chunk = 1024;           // positions per loss-head chunk
+  /// --offload-boundaries: with segment_size > 0, the saved segment boundaries live in host memory
+  /// (pinned on CUDA) between forward and backward (BackwardOptions::offload_boundaries).
+  bool offload_boundaries = false;
+  double offload_host_limit_gb = 0.0;  // host GB (1e9 bytes) those copies may take; 0 = no limit
+  /// --mlp-chunk: positions per chunk of the MLPs (nn/mlp_chunk.h) in training and evaluation
+  /// forwards and in the backward; 0 = off. Refused with lora_dropout > 0.
+  int64_t mlp_chunk = 0;
   std::string adapter_format = "mlx";  // mlx | peft
   /// none | bf16: fp32 master weights, grads and AdamW state; forward/backward in the model's bf16
   /// (the model must be loaded in bfloat16); the loss over the vocabulary in fp32. LoRA: A/B fp32

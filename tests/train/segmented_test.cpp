@@ -1,7 +1,8 @@
 // Segmented backward == full backward == plain autograd, on a toy LoRA layer stack (fp32, 1e-6
 // relative), for segment sizes 1, 2, a non-divisor, the whole stack, and with isolated layers;
 // and on a toy that carries extra boundary streams like Gemma 4 (a constant per-layer input made
-// by the embedding, and "donor" streams made by one layer and read by every later one).
+// by the embedding, and "donor" streams made by one layer and read by every later one); offloaded
+// boundaries (BackwardOptions::offload_boundaries) give bit-identical gradients on both toys.
 #include <gtest/gtest.h>
 
 #include "core/error.h"
@@ -143,7 +144,50 @@ void check_all_segmentations(bool train_ends, bool streams = false) {
   }
 }
 
+// Offloaded boundaries: bit-identical losses and gradients (CPU fp32: the same ops on copies of
+// the boundaries), every boundary byte in host memory, a stream passed through several edges
+// counted once; and with a host limit, the later edges kept on the device, gradients unchanged.
+void check_offload_identical(bool train_ends, bool streams) {
+  Toy toy(7, 16, 23, train_ends, streams);
+  at::Tensor ids = at::randint(0, 23, {2, 13}, at::kLong);
+  at::Tensor targets = shift_labels(ids);
+  const int64_t edge = 2 * 13 * 16 * 4;  // one [2, 13, 16] fp32 field
+  for (int64_t seg : {1, 2, 3}) {
+    BackwardOptions o;
+    o.segment_size = seg;
+    o.loss_chunk = 5;
+    toy.zero_grad();
+    const BackwardResult kept = backward(toy.stack(), ids, targets, o);
+    const auto g_kept = toy.grads();
+    if (seg == 1) EXPECT_EQ(kept.boundary_device_bytes, (streams ? 10 : 7) * edge);  // 7 hidden (+ pli, kv.a, kv.b once)
+    for (int64_t limit : {int64_t{0}, kept.boundary_device_bytes / 2}) {
+      o.offload_boundaries = true;
+      o.offload_host_limit_bytes = limit;
+      toy.zero_grad();
+      const BackwardResult off = backward(toy.stack(), ids, targets, o);
+      EXPECT_EQ(off.loss_sum, kept.loss_sum) << "segment " << seg;
+      const auto g = toy.grads();
+      for (size_t i = 0; i < g.size(); ++i)
+        EXPECT_TRUE(at::equal(g[i], g_kept[i])) << "segment " << seg << " limit " << limit << " param " << i;
+      if (limit == 0) {
+        // On the device: only what is being brought back (one boundary; plus shared streams).
+        if (!streams) EXPECT_EQ(off.boundary_device_bytes, edge) << "segment " << seg;
+        EXPECT_LT(off.boundary_device_bytes, kept.boundary_device_bytes) << "segment " << seg;
+        EXPECT_EQ(off.boundary_host_bytes, kept.boundary_device_bytes) << "segment " << seg;
+      } else {
+        EXPECT_GT(off.boundary_host_bytes, 0);
+        EXPECT_LE(off.boundary_host_bytes, limit);
+        EXPECT_GT(off.boundary_device_bytes, 0);
+      }
+    }
+  }
+}
+
 }  // namespace
+
+TEST(SegmentedOffload, LoraGradsBitIdentical) { check_offload_identical(false, false); }
+TEST(SegmentedOffload, StreamsWithTrainableEndsBitIdentical) { check_offload_identical(true, true); }
+TEST(SegmentedOffload, StreamsBitIdentical) { check_offload_identical(false, true); }
 
 TEST(SegmentPlan, SizesNonDivisorsAndIsolation) {
   using P = std::vector<std::pair<int64_t, int64_t>>;
@@ -171,5 +215,6 @@ TEST(SegmentedBackward, OnlyBoundariesAreKept) {
   BackwardOptions o;
   o.segment_size = 2;
   BackwardResult r = backward(toy.stack(), ids, targets, o);
-  EXPECT_EQ(r.peak_boundaries_bytes, 3 * 9 * 16 * 4);  // one [1, 9, 16] fp32 boundary per segment
+  EXPECT_EQ(r.boundary_device_bytes, 3 * 9 * 16 * 4);  // one [1, 9, 16] fp32 boundary per segment
+  EXPECT_EQ(r.boundary_host_bytes, 0);
 }

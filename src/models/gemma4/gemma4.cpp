@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "nn/mlp_chunk.h"
 #include "nn/rope.h"
 
 namespace hearth::models::gemma4 {
@@ -102,7 +103,11 @@ at::Tensor Gemma4Attention::forward(const at::Tensor& x, const at::Tensor& cos, 
 }
 
 at::Tensor Gemma4MLP::forward(const at::Tensor& x) const {
-  return down_proj.forward(at::gelu(gate_proj.forward(x), "tanh") * up_proj.forward(x));
+  auto whole = [this](const at::Tensor& h) {
+    return down_proj.forward(at::gelu(gate_proj.forward(h), "tanh") * up_proj.forward(h));
+  };
+  if (nn::MlpChunkScope::current() <= 0) return whole(x);
+  return nn::position_wise_chunked(x, whole, {&gate_proj, &up_proj, &down_proj});  // long training inputs
 }
 
 at::Tensor Gemma4DecoderLayer::forward(const at::Tensor& x, const at::Tensor& per_layer_input, const at::Tensor& cos,

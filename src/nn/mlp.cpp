@@ -1,0 +1,18 @@
+// GatedMLP's forward: whole, or over chunks of positions inside an MlpChunkScope (nn/mlp_chunk.h).
+#include "nn/mlp.h"
+
+#include "nn/mlp_chunk.h"
+
+namespace hearth::nn {
+
+at::Tensor GatedMLP::forward_whole(const at::Tensor& x) const {
+  return down_proj.forward(at::silu(gate_proj.forward(x)) * up_proj.forward(x));
+}
+
+at::Tensor GatedMLP::forward(const at::Tensor& x) const {
+  if (MlpChunkScope::current() <= 0) return forward_whole(x);
+  return position_wise_chunked(x, [this](const at::Tensor& c) { return forward_whole(c); },
+                               {&gate_proj, &up_proj, &down_proj});
+}
+
+}  // namespace hearth::nn
