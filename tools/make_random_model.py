@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Random-weight model folders with the real shapes of public checkpoints, for benchmarks (no
 download needed). Writes an HF folder (config.json, safetensors, generation_config.json) with the
-tiny test tokenizer's files copied in (ids stay < 512, so text output is meaningless by design).
+tiny test tokenizer's files copied in (512 ids: most generated ids decode to no text, so a server's
+time to first token cannot be timed on it; for that, --vocab-size 32000 --tokenizer DIR with
+llama2's tokenizer files gives a model whose every token is text).
 
   python3 tools/make_random_model.py --shape llama-3.2-1b --out /tmp/l1b [--dtype bfloat16] [--mlx-q4]
+                                     [--layers N] [--vocab-size V --tokenizer DIR]
 Shapes: llama-3.2-1b, llama-3.1-8b, qwen3.5-0.8b (Qwen3.5-0.8B's text model: 24 layers, 3 linear :
 1 full), gemma4-e4b (Gemma 4 e4b's text model: 42 layers, 5 sliding : 1 full, 18 KV-shared layers,
 per-layer inputs of 256). --mlx-q4 also writes OUT-mlx4 (MLX affine 4-bit, group 64).
@@ -68,9 +71,22 @@ def main():
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--mlx-q4", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, default=0,
+                    help="keep only the first N decoder layers (a slice of the shape, e.g. to measure one layer's memory)")
+    ap.add_argument("--vocab-size", type=int, default=0,
+                    help="override the shape's vocabulary (e.g. 32000 with --tokenizer of llama2, so that every "
+                         "generated token decodes to text and a server's time to first token can be measured)")
+    ap.add_argument("--tokenizer", default=None,
+                    help="folder whose tokenizer files are copied into OUT (default tests/golden/tokenizer/tiny)")
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     cfg = make_config(a.shape)
+    if a.vocab_size > 0:
+        cfg.vocab_size = a.vocab_size
+    if a.layers > 0:
+        cfg.num_hidden_layers = a.layers
+        if getattr(cfg, "layer_types", None):
+            cfg.layer_types = cfg.layer_types[: a.layers]
     dtype = getattr(torch, a.dtype)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
@@ -81,9 +97,10 @@ def main():
                 else:
                     p.normal_(0.0, 0.02)
     model.save_pretrained(a.out, safe_serialization=True)
-    tok = os.path.join(ROOT, "tests", "golden", "tokenizer", "tiny")
+    tok = a.tokenizer or os.path.join(ROOT, "tests", "golden", "tokenizer", "tiny")
     for f in os.listdir(tok):
-        shutil.copy(os.path.join(tok, f), a.out)
+        if f.startswith("tokenizer") or f == "special_tokens_map.json":
+            shutil.copy(os.path.join(tok, f), a.out)
     if a.mlx_q4:
         from gen_tiny_models import mlx_quantize  # same quantizer the goldens use
         from safetensors.numpy import save_file

@@ -5,11 +5,23 @@
 
 #ifdef HEARTH_WITH_CUDA
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #endif
 
 namespace hearth::compat {
+
+struct GraphPool::Impl {
+#ifdef HEARTH_WITH_CUDA
+  decltype(at::cuda::graph_pool_handle()) id{0, 0};
+  bool made = false;  // the handle is taken at the first capture (it needs a CUDA device)
+#endif
+};
+
+GraphPool::GraphPool() : impl_(std::make_unique<Impl>()) {}
+GraphPool::~GraphPool() = default;
 
 struct RecordedStep::Impl {
 #ifdef HEARTH_WITH_CUDA
@@ -17,7 +29,7 @@ struct RecordedStep::Impl {
 #endif
 };
 
-RecordedStep::RecordedStep(std::function<void()> fn, const at::Device& device, int warmup)
+RecordedStep::RecordedStep(std::function<void()> fn, const at::Device& device, int warmup, GraphPool* pool)
     : fn_(std::move(fn)), impl_(std::make_unique<Impl>()) {
 #ifdef HEARTH_WITH_CUDA
   if (!device.is_cuda()) return;
@@ -26,12 +38,30 @@ RecordedStep::RecordedStep(std::function<void()> fn, const at::Device& device, i
     c10::cuda::CUDAStreamGuard guard(side);
     for (int i = 0; i < warmup; ++i) fn_();
     side.synchronize();
+    // Hand the warm-up's cached blocks back: a capture that needs memory while the cache holds it
+    // would have to free cached blocks mid-capture, which CUDA refuses.
+    if (pool) c10::cuda::CUDACachingAllocator::emptyCache();
     impl_->graph = std::make_unique<at::cuda::CUDAGraph>();
     try {
-      impl_->graph->capture_begin();
+      if (pool) {
+        if (!pool->impl_->made) {
+          pool->impl_->id = at::cuda::graph_pool_handle();
+          pool->impl_->made = true;
+        }
+        impl_->graph->capture_begin(pool->impl_->id);
+      } else {
+        impl_->graph->capture_begin();
+      }
       fn_();
       impl_->graph->capture_end();
     } catch (const std::exception& e) {
+      // End the capture before dropping the graph: a stream left capturing makes every later CUDA
+      // call of the process fail ("operation not permitted when stream is capturing").
+      try {
+        impl_->graph->capture_end();
+      } catch (const std::exception&) {
+      }
+      (void)cudaGetLastError();
       impl_->graph.reset();
       throw Error(std::string("CUDA graph capture failed: ") + e.what());
     }
@@ -40,6 +70,7 @@ RecordedStep::RecordedStep(std::function<void()> fn, const at::Device& device, i
 #else
   (void)device;
   (void)warmup;
+  (void)pool;
 #endif
 }
 

@@ -10,13 +10,34 @@
 
 namespace hearth::compat {
 
+/// A memory pool that several RecordedSteps capture into (at::cuda::graph_pool_handle), so that
+/// graphs which are replayed one at a time, never concurrently, share their temporaries: the pool
+/// grows to the largest step's, not the sum of all (vLLM shares one pool across its batch-size
+/// graphs). Safe only when a step's results are read from buffers allocated outside the capture
+/// (or before another step of the pool replays). Empty on CPU and CPU-only builds. Must outlive
+/// the steps that use it.
+class GraphPool {
+ public:
+  GraphPool();
+  ~GraphPool();
+  GraphPool(const GraphPool&) = delete;
+  GraphPool& operator=(const GraphPool&) = delete;
+
+ private:
+  friend class RecordedStep;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 class RecordedStep {
  public:
   /// Records `fn` for `device`: on CUDA, `warmup` eager calls on a side stream (cuBLAS and the
   /// caching allocator settle) then one capture; `fn` must then only touch tensors whose storage
   /// outlives this object, do no host synchronisation and allocate the same way every call. On CPU,
-  /// nothing runs until replay(). Throws hearth::Error when the capture fails (e.g. a host sync).
-  RecordedStep(std::function<void()> fn, const at::Device& device, int warmup = 2);
+  /// nothing runs until replay(). With `pool`, the capture allocates from that shared pool (see
+  /// GraphPool) instead of a pool of its own. Throws hearth::Error when the capture fails (e.g. a
+  /// host sync).
+  RecordedStep(std::function<void()> fn, const at::Device& device, int warmup = 2, GraphPool* pool = nullptr);
   ~RecordedStep();
   RecordedStep(const RecordedStep&) = delete;
   RecordedStep& operator=(const RecordedStep&) = delete;

@@ -265,7 +265,10 @@ void DecodeSlots::record(Bucket& bk) {
         if (recurrent_[i]) saved.emplace_back(buffers_[i].first.narrow(0, 0, b).clone(), buffers_[i].second.narrow(0, 0, b).clone());
       compat::synchronize(device_);  // the warm-up runs on a side stream: inputs and saved states first
       try {
-        bk.recorded = std::make_unique<compat::RecordedStep>(fn, device_, /*warmup=*/1);
+        // One memory pool for all buckets: steps run one at a time and write their results into
+        // the pool-independent buffers (logits_, next_, the caches), so their temporaries can
+        // share memory — the pool holds the largest step's, not the sum over up to ~60 graphs.
+        bk.recorded = std::make_unique<compat::RecordedStep>(fn, device_, /*warmup=*/1, &graph_pool_);
       } catch (const Error&) {
         bk.recorded.reset();  // a capture the backend refused: the same step, eagerly
       }
@@ -291,7 +294,11 @@ DecodeSlots::Warmup DecodeSlots::warm_up(bool run_eager) {
   ensure_zeroed(capacity_);  // every length bucket reads finite keys
   ids_.zero_();              // free rows: token 0 at position 0, as in any step
   positions_.zero_();
-  for (const auto& [b, len] : all_buckets(slots_, capacity_)) {
+  // Largest first (as vLLM captures): the shared pool reaches its size at the first capture and
+  // the smaller steps reuse its blocks.
+  const auto buckets = all_buckets(slots_, capacity_);
+  for (auto it = buckets.rbegin(); it != buckets.rend(); ++it) {
+    const auto [b, len] = *it;
     Bucket& bk = bucket(b, len);
     if (bk.recorded) continue;
     record(bk);

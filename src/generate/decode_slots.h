@@ -135,6 +135,7 @@ class DecodeSlots {
   std::vector<bool> recurrent_;                     // per layer
   at::Tensor positions_, ids_, logits_, next_;      // [S], [S, 1], [S, V] float32, [S]
   std::vector<Sequence*> occupant_;                 // per slot (nullptr = free)
+  compat::GraphPool graph_pool_;  // shared by every bucket's graph (declared first: outlives them)
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Bucket>> buckets_;
   bool capture_ = true;
   int64_t zeroed_ = 0;  // tokens [0, zeroed_) of every KV row hold finite values

