@@ -99,7 +99,7 @@ class Compiler {
       bool expanded = false, terminal = false;
       std::vector<uint8_t> bytes;      // the byte of each child group
     };
-    std::vector<Task> todo{Task{0, v.size(), 0}};
+    std::vector<Task> todo{Task{0, v.size(), 0, 0, false, false, {}}};
     std::vector<int32_t> done;  // the first node of each finished group, in order
     while (!todo.empty()) {
       if (!todo.back().expanded) {
@@ -121,7 +121,7 @@ class Compiler {
           const auto c = static_cast<uint8_t>(v[i][e]);
           size_t j = i;
           while (j < t.hi && static_cast<uint8_t>(v[j][e]) == c) ++j;
-          kids.push_back(Task{i, j, e + 1});
+          kids.push_back(Task{i, j, e + 1, 0, false, false, {}});
           t.bytes.push_back(c);
           i = j;
         }

@@ -22,7 +22,8 @@
 
 namespace hearth::train {
 
-namespace {
+// Named, not anonymous: BoundaryStore::Impl (external linkage) holds these types (-Wsubobject-linkage).
+namespace boundary_store_detail {
 
 #ifdef HEARTH_WITH_CUDA
 // A CUDA event without timing, made on `device` and destroyed with the object (a pending event is
@@ -102,7 +103,9 @@ bool same_tensor(const at::Tensor& a, const at::Tensor& b) {
          a.scalar_type() == b.scalar_type();
 }
 
-}  // namespace
+}  // namespace boundary_store_detail
+
+using namespace boundary_store_detail;
 
 struct BoundaryStore::Impl {
   BoundaryStoreOptions opts;

@@ -24,7 +24,7 @@ namespace {
 using namespace hearth::train::testing;
 namespace fs = std::filesystem;
 
-void write_data(const fs::path& dir) {
+void mp_write_data(const fs::path& dir) {
   const char* rows[] = {"the quick brown fox jumps over the lazy dog", "a stitch in time saves nine",
                         "all that glitters is not gold",        "the early bird catches the worm",
                         "actions speak louder than words",       "practice makes perfect every day",
@@ -60,7 +60,7 @@ TrainConfig config(const fs::path& data, const fs::path& out, const std::string&
 std::unique_ptr<hearth::models::Model> tiny_model(at::ScalarType dtype) {
   return hearth::models::load_model(golden("models/llama_mha"), hearth::nn::LoadOptions{at::kCPU, dtype});
 }
-hearth::tokenizer::Tokenizer tiny_tok() { return hearth::tokenizer::Tokenizer::from_dir(golden("models/llama_mha")); }
+hearth::tokenizer::Tokenizer mp_tiny_tok() { return hearth::tokenizer::Tokenizer::from_dir(golden("models/llama_mha")); }
 
 // The two runs' per-step loss differences: max and mean |Δ|.
 std::pair<double, double> loss_gap(const TrainResult& a, const TrainResult& b) {
@@ -141,8 +141,8 @@ TEST(MixedPrecision, FlagValues) {
   }
   EXPECT_THROW(parse_mixed_precision("bfloat16"), hearth::Error);
   hearth::testing::TempDir d;
-  write_data(d.path());
-  auto tok = tiny_tok();
+  mp_write_data(d.path());
+  auto tok = mp_tiny_tok();
   auto m = tiny_model(at::kFloat);  // mixed needs the bf16 compute copy
   EXPECT_THROW(run_training(config(d.path(), d.path() / "o", "bf16"), *m, tok), hearth::Error);
 }
@@ -154,8 +154,8 @@ TEST(MixedPrecision, FlagValues) {
 // gradients dropped or doubled, masters not copied back) fails.
 TEST(MixedPrecision, Bf16FullFineTuneTracksFp32AndKeepsFp32Masters) {
   hearth::testing::TempDir d;
-  write_data(d.path());
-  auto tok = tiny_tok();
+  mp_write_data(d.path());
+  auto tok = mp_tiny_tok();
   auto m32 = tiny_model(at::kFloat);
   TrainResult a = run_training(config(d.path(), d.path() / "fp32", "none"), *m32, tok);
   auto m16 = tiny_model(at::kBFloat16);
@@ -193,8 +193,8 @@ TEST(MixedPrecision, Bf16FullFineTuneTracksFp32AndKeepsFp32Masters) {
 
 TEST(MixedPrecision, Bf16ResumeGivesTheSameLosses) {
   hearth::testing::TempDir d;
-  write_data(d.path());
-  auto tok = tiny_tok();
+  mp_write_data(d.path());
+  auto tok = mp_tiny_tok();
   TrainConfig c = config(d.path(), d.path() / "straight", "bf16");
   c.iters = 6;
   c.steps_per_report = 1;
@@ -237,8 +237,8 @@ TEST(MixedPrecision, Bf16ResumeGivesTheSameLosses) {
 // mixed run must stay as close to fp32 as that perturbation alone moves it (x2, + 0.02).
 TEST(MixedPrecision, Bf16LoraTrainsFp32AdaptersOverABf16Base) {
   hearth::testing::TempDir d;
-  write_data(d.path());
-  auto tok = tiny_tok();
+  mp_write_data(d.path());
+  auto tok = mp_tiny_tok();
   auto lora = [&](const std::string& mp, at::ScalarType dt, bool round_base, const char* out) {
     TrainConfig c = config(d.path(), d.path() / out, mp);
     c.fine_tune_type = "lora";
@@ -296,8 +296,8 @@ TEST(ChunkedCrossEntropy, DeferredLossEqualsTheSyncedSum) {
 // weights are the checkpoint's exactly, not their bf16 rounding (which they are without it).
 TEST(MixedPrecision, MasterInitKeepsTheFp32CheckpointValues) {
   hearth::testing::TempDir d;
-  write_data(d.path());
-  auto tok = tiny_tok();
+  mp_write_data(d.path());
+  auto tok = mp_tiny_tok();
   auto f32 = tiny_model(at::kFloat);
   std::map<std::string, at::Tensor> orig;
   for (auto& [n, t] : f32->named_parameters()) orig[n] = t.detach();

@@ -164,7 +164,7 @@ Boundary LlamaModel::forward_layers(const Boundary& in, int64_t begin, int64_t e
   std::vector<AttentionRows> groups;
   for (const RowGroup& g : rows) {
     auto [cos, sin] = rotary_emb_.cos_sin(g.offset, T, hidden.scalar_type());
-    groups.push_back(AttentionRows{g, cos, sin, nullptr});
+    groups.push_back(AttentionRows{g, cos, sin, nullptr, {}, {}});
   }
   at::Tensor h = hidden;
   for (int64_t i = begin; i < end; ++i) {
