@@ -111,10 +111,8 @@ void check_global_batch(int64_t batch_size, int64_t world_size) {
 }
 
 void check_data_parallel(int64_t batch_size, const std::string& method, int64_t world_size) {
+  (void)method;  // every method splits: ORPO's NLL divides by the global count (trainer.cpp)
   check_global_batch(batch_size, world_size);
-  HEARTH_CHECK(world_size <= 1 || method != "orpo", "--method orpo: data-parallel training (--nproc-per-node / "
-               "WORLD_SIZE > 1) supports sft and dpo (ORPO's NLL term is a token mean over the whole batch); run ORPO "
-               "in one process");
 }
 
 std::string resolve_backend(const std::string& backend, const at::Device& device) {

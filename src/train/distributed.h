@@ -40,9 +40,9 @@ std::optional<DistEnv> dist_env_from(const std::function<const char*(const char*
 /// hearth::Error naming both numbers otherwise.
 void check_global_batch(int64_t batch_size, int64_t world_size);
 
-/// check_global_batch, and the training methods data-parallel runs support (sft, dpo; ORPO's NLL
-/// term is a token mean over the whole batch, not split across ranks): throws hearth::Error naming
-/// the flag when world_size > 1 and `method` is "orpo".
+/// check_global_batch; every method (sft, dpo, orpo) runs data-parallel (ORPO's NLL term divides
+/// by the global batch's token count, see PreferenceOptions::nll_count). Kept per method so a
+/// method that cannot split is refused here, before any worker starts.
 void check_data_parallel(int64_t batch_size, const std::string& method, int64_t world_size);
 
 /// "auto" → "nccl" on a CUDA device, else "gloo"; "gloo" / "nccl" pass; throws naming --backend otherwise.

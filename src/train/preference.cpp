@@ -126,7 +126,8 @@ at::Tensor preference_loss(const at::Tensor& logp, const at::Tensor& resp, const
     at::Tensor log_odds = (lc - lr) - (log1mexp(lc) - log1mexp(lr));
     at::Tensor or_term = (-at::log_sigmoid(log_odds)).mean();
     at::Tensor m = nll.to(dev, at::kDouble);
-    at::Tensor nll_term = -(lp.narrow(0, 0, B) * m).sum() / m.sum();
+    at::Tensor count = opts.nll_count > 0 ? at::scalar_tensor(opts.nll_count, m.options()) : m.sum();
+    at::Tensor nll_term = -(lp.narrow(0, 0, B) * m).sum() / count;
     loss = nll_term + opts.orpo_lambda * or_term;
     if (stats) {
       st.accuracy = lc.detach().gt(lr.detach()).to(at::kDouble).mean().item<double>();
@@ -140,6 +141,10 @@ at::Tensor preference_loss(const at::Tensor& logp, const at::Tensor& resp, const
     *stats = st;
   }
   return loss;
+}
+
+double orpo_nll_tokens(const PreferenceBatch& batch, const PreferenceOptions& opts) {
+  return masks(batch, opts).nll.sum().item<double>();
 }
 
 at::Tensor preference_targets(const PreferenceBatch& batch, const PreferenceOptions& opts) {

@@ -28,6 +28,10 @@ struct PreferenceOptions {
   double orpo_lambda = 0.1;  // ORPO λ (weights the odds-ratio term only)
   bool sft_full = false;     // ORPO: the NLL term also covers the chosen prompt's tokens
   int64_t loss_chunk = 1024; // positions per loss-head chunk
+  /// ORPO: the token count the NLL term's mean divides by; 0 = this batch's own Σ nll. Data-parallel
+  /// training sets it to (the global batch's count) / (ranks), so that the ranks' equal-weighted
+  /// losses and gradients add up to those of the whole batch.
+  double nll_count = 0;
 };
 
 /// Per-batch metrics (means over the B pairs).
@@ -55,9 +59,14 @@ at::Tensor token_logps(const at::Tensor& hidden, const at::Tensor& targets,
 /// ORPO). DPO: −logsigmoid(β((πc − πr) − (refc − refr))) with π = Σ response log-probs, mean over
 /// pairs. ORPO: NLL + λ·mean(−logsigmoid(log_odds)), log_odds = (ℓc − ℓr) − (log1p(−e^ℓc) −
 /// log1p(−e^ℓr)), ℓ = mean response log-prob per row, NLL = −Σ logp·nll / Σ nll (token mean over
-/// the batch's chosen rows, as transformers' CE). Fills `stats` when not null. → scalar fp64.
+/// the batch's chosen rows, as transformers' CE; opts.nll_count replaces Σ nll when > 0). Fills
+/// `stats` when not null. → scalar fp64.
 at::Tensor preference_loss(const at::Tensor& logp, const at::Tensor& resp, const at::Tensor& nll,
                            const at::Tensor& ref, const PreferenceOptions& opts, PreferenceStats* stats);
+
+/// ORPO: the number of chosen-row positions the NLL term covers in `batch` (Σ nll above), counted on
+/// the CPU.
+double orpo_nll_tokens(const PreferenceBatch& batch, const PreferenceOptions& opts);
 
 /// The shifted targets a batch is scored on: [2B, T] int64, the response tokens, except the chosen
 /// rows of ORPO with sft_full, which score every real token (for the NLL term).

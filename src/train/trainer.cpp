@@ -152,6 +152,16 @@ std::vector<double> reference_table(models::Model& model, const PreferenceDatase
   return t;
 }
 
+// `popt` for one rank's share `pb` of a batch: under data parallelism ORPO's NLL term divides by
+// the whole batch's token count over the ranks (a collective: every rank calls it), so that the
+// shares' equal-weighted losses add up to the batch's token mean. Otherwise `popt` itself.
+PreferenceOptions share_options(const PreferenceOptions& popt, const PreferenceBatch& pb, DataParallel* dp) {
+  if (!dp || popt.method != Method::kOrpo) return popt;
+  PreferenceOptions o = popt;
+  o.nll_count = dp->sum(orpo_nll_tokens(pb, popt)) / static_cast<double>(dp->world_size());
+  return o;
+}
+
 // Mean preference loss over up to `max_batches` batches of `data` (no graph, no shuffling).
 // Data-parallel: each rank scores its (equal) share of every batch; the share means are averaged.
 double evaluate_preference(models::Model& model, const PreferenceDataset& data, int64_t batch_size,
@@ -164,7 +174,7 @@ double evaluate_preference(models::Model& model, const PreferenceDataset& data, 
     const auto idx = dp ? dp->share(b.next_indices()) : b.next_indices();
     PreferenceBatch pb = make_preference_batch(data, idx);
     at::Tensor ref = popt.method == Method::kDpo ? batch_reference(model, pb, idx, ref_table, popt.loss_chunk) : at::Tensor();
-    sum += preference_eval(model, pb, ref, popt).loss;
+    sum += preference_eval(model, pb, ref, share_options(popt, pb, dp)).loss;
   }
   if (dp) sum = dp->sum(sum) / static_cast<double>(dp->world_size());
   return n > 0 ? sum / static_cast<double>(n) : 0.0;
@@ -591,7 +601,7 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
         PreferenceStats st;
         BackwardResult r = backward_with_head(
             stack, pb.input_ids,
-            preference_head(pb, ref, popt, stack.head, stack.head_params,
+            preference_head(pb, ref, share_options(popt, pb, dp), stack.head, stack.head_params,
                             1.0 / (static_cast<double>(cfg.grad_accumulation_steps) * ranks), &st),
             bopt);
         mw.accumulate_grads();
