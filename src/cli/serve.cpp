@@ -187,8 +187,11 @@ std::function<int()> setup_serve(CLI::App& app) {
   app.add_option("--device", a->engine.device, "cpu | cuda (default: cuda when available)");
   app.add_option("--dtype", a->engine.dtype, "float32 | bfloat16 | float16 (default: the checkpoint's torch_dtype on cuda, float32 on cpu)");
   app.add_option("--context-length,--max-model-len", a->engine.context_length,
-                 "Prompt + output token cap (default: the model's max_position_embeddings; above the model's limit "
-                 "only with --allow-long-context); also each decode slot's size, capped by the memory budget");
+                 "Prompt + output token cap (default or 0: the model's max_position_embeddings; above the model's "
+                 "limit only with --allow-long-context); also each decode slot's size, capped by the memory budget")
+      ->check([](const std::string& v) {
+        return !v.empty() && v[0] == '-' ? std::string("must be >= 0 (0 = the model's limit), got ") + v : std::string();
+      });
   app.add_flag("--allow-long-context", a->engine.allow_long_context,
                "Accept a --context-length above the model's limit (config.json max_position_embeddings, times the "
                "RoPE scaling factor where one applies); HEARTH_ALLOW_LONG_CONTEXT=1 does the same");
@@ -218,7 +221,9 @@ std::function<int()> setup_serve(CLI::App& app) {
   app.add_option("--top-p", a->engine.defaults.top_p, "Default top-p (else generation_config.json, else off)")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--top-k", a->engine.defaults.top_k, "Default top-k (else generation_config.json, else off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check([](const std::string& v) {
+        return !v.empty() && v[0] == '-' ? std::string("must be >= 0 (0 = the model's limit), got ") + v : std::string();
+      });
   app.add_option("--min-p", a->engine.defaults.min_p, "Default min-p (off)")->check(CLI::Range(0.0, 1.0));
   app.add_option("--repetition-penalty", a->engine.defaults.repetition_penalty,
                  "Default repetition penalty (else generation_config.json, else off)")

@@ -163,7 +163,7 @@ bool EngineLoop::prepare(Job& job) {
                                                            ") was reserved")
                                                      : std::string(),
                                            ", more than the server's memory budget of ", opts_.memory_budget,
-                                           " bytes (--memory-budget). Please reduce the prompt, ", req.max_tokens_param,
+                                           " bytes (--memory-budget). Please reduce the prompt or ", req.max_tokens_param,
                                            req.n > 1 ? " or n." : "."),
                                   req.n > 1 ? "n" : req.max_tokens_param, "memory_budget_exceeded"));
       return false;
@@ -451,6 +451,14 @@ void EngineLoop::run_batched() {
       }
       size_t seats = 0;  // sequences admitted now (a job with n choices takes n)
       while (!queue_.empty()) {
+        if (!queue_.front()->task && queue_.front()->cancelled) {
+          // Its client left while it waited: admit() ends it at once (499) without a seat or any
+          // budget, so it does not hold up the requests behind it.
+          admitted.push_back(queue_.front());
+          admitted_need.push_back(0);
+          queue_.pop_front();
+          continue;
+        }
         const size_t n = queue_.front()->task ? 1 : static_cast<size_t>(std::max(1, queue_.front()->request.n));
         if (slots.size() + seats + n > opts_.max_num_seqs && !(slots.empty() && seats == 0)) break;
         int64_t need = 0;  // per choice

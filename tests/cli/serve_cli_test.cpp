@@ -33,6 +33,11 @@ TEST(ServeCli, AContextLengthAboveTheModelsIsRefusedInOneLineUnlessAllowed) {
       << r.out;
   EXPECT_NE(r.out.find("--allow-long-context"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("serving"), std::string::npos) << r.out;
+  // A negative one is refused too (an attack found -5 served with the default).
+  r = hearth::testing::run_hearth("serve --model " + model + " --device cpu --port 0 --context-length -5");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("--context-length: must be >= 0 (0 = the model's limit), got -5"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("serving"), std::string::npos) << r.out;
 }
 
 // Starts `hearth serve ARGS`, waits for its "serving" line, stops it, and returns its output.

@@ -163,6 +163,40 @@ TEST(EngineLoopBatching, TheMemoryBudgetQueuesWhatDoesNotFitAndRefusesWhatNeverC
   EXPECT_EQ(ev->param, "max_tokens");
 }
 
+// A queued request whose client left is dropped at once (499), so a request behind it that fits the
+// budget next to the running one starts now instead of waiting for the running one to end (an
+// attack found the abandoned head holding the queue for the whole of the running request).
+TEST(EngineLoopBatching, AQueuedRequestWhoseClientLeftDoesNotHoldUpTheQueue) {
+  auto engine = engine_with_adapter();
+  const int64_t one = engine->state_bytes(40);  // every request here charges one 256-token step
+  EngineLoopOptions o;
+  o.max_num_seqs = 4;
+  o.memory_budget = 2 * one;  // a and c fit together; a and b (two choices) do not
+  EngineLoop loop(*engine, o);
+  std::atomic<bool> watching{true};
+  std::atomic<size_t> most{0};
+  std::thread watcher([&] {
+    while (watching) {
+      most = std::max(most.load(), loop.running());
+      std::this_thread::sleep_for(1ms);
+    }
+  });
+  auto a = loop.submit(text_request(kPrompts[0], 200));
+  CompletionRequest two = text_request(kPrompts[1], 30);
+  two.n = 2;
+  auto b = loop.submit(two);  // waits for a: its two choices need the whole budget
+  ASSERT_TRUE(a && b);
+  b->cancelled = true;                                  // its client leaves while it waits
+  auto c = loop.submit(text_request(kPrompts[2], 5));  // fits beside a
+  ASSERT_TRUE(c);
+  EXPECT_EQ(collect(*b).finish.rfind("error 499", 0), 0u);
+  EXPECT_EQ(collect(*c).finish.rfind("error", 0), std::string::npos);
+  EXPECT_EQ(collect(*a).finish.rfind("error", 0), std::string::npos);
+  watching = false;
+  watcher.join();
+  EXPECT_EQ(most.load(), 2u);  // c ran beside a (with b holding the queue it waited for a: 1)
+}
+
 TEST(EngineLoopBatching, TheMemoryChargeIsSpelledOutAndADefaultedMaxTokensSaysSo) {
   auto engine = engine_with_adapter();
   const Engine::StateCharge c = engine->state_charge();
