@@ -72,7 +72,10 @@ TEST(DecodeSlotsEngine, BatchedRequestsAndPromptCacheHitsAnswerAsWithoutSlots) {
     EXPECT_EQ(got1[i].finish, want1[i].finish) << "request " << i;
     EXPECT_EQ(got1[i].tokens, want1[i].tokens) << "request " << i;
     EXPECT_EQ(got2[i].text, want2[i].text) << "second request " << i;
-    EXPECT_EQ(got2[i].cached, want2[i].cached) << "second request " << i;
+    // A hit longer than the shared first token (BOS) is the request's own first-round entry: the
+    // same in both runs. A 1-token hit depends on which entry the concurrent first round stored
+    // first (a fresh clone under load saw 1 vs 0 on requests 3 and 4), so it is not compared.
+    if (got2[i].cached > 1 || want2[i].cached > 1) EXPECT_EQ(got2[i].cached, want2[i].cached) << "second request " << i;
   }
   int64_t hits = 0;
   for (const auto& a : got2) hits += a.cached > 0;
