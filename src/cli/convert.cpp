@@ -1,9 +1,11 @@
 // `hearth convert`: rewrites a Hugging Face model folder in mlx-lm's convert layout, optionally
-// casting float weights (--dtype) and MLX-affine quantizing linear/embedding weights (-q).
+// casting float weights (--dtype), MLX-affine quantizing linear/embedding weights (-q) or
+// dequantizing an MLX-quantized model back to float (-d).
 // Follows mlx_lm.convert: cast first, then quantize; shards over 5 GB; metadata {"format": "mlx"}.
 // Not a downloader and not a format converter from GGUF/.bin.
 #include <unistd.h>
 
+#include <cstring>
 #include <iostream>
 
 #include "cli/verb.h"
@@ -20,7 +22,7 @@ using nlohmann::json;
 
 struct ConvertOptions {
   std::string model, out, dtype;
-  bool quantize = false;
+  bool quantize = false, dequantize = false;
   int bits = 4, group_size = 64;
 };
 
@@ -43,6 +45,7 @@ struct Planned {
   std::string source;       // input tensor name
   bool quantized = false;   // emits <module>.weight/.scales/.biases
   uint64_t bytes = 0;       // output bytes (all emitted tensors)
+  std::optional<nn::QuantSpec> dequantized;  // source is <module>.weight codes: emits the float .weight
 };
 
 // Files besides weights and config that travel with a model (tokenizer, templates, generation).
@@ -54,12 +57,15 @@ bool is_companion_file(const fs::path& p) {
 }
 
 void convert_into(const ConvertOptions& o, const fs::path& in, const fs::path& tmp) {
+  HEARTH_CHECK(!(o.quantize && o.dequantize), "convert: -q/--quantize and -d/--dequantize exclude each other");
   const fs::path cfg_path = in / "config.json";
   json config = io::read_json(cfg_path);
   HEARTH_CHECK(config.is_object(), cfg_path.string(), ": not a JSON object");
   const auto existing = io::QuantizationConfig::from_config(config, cfg_path.string());
   HEARTH_CHECK(!(o.quantize && existing), cfg_path.string(),
                ": model is already quantized (has a quantization block); -q needs a float model");
+  HEARTH_CHECK(!o.dequantize || existing, cfg_path.string(),
+               ": model is not quantized (no quantization block); -d/--dequantize needs an MLX-quantized model");
   const nn::QuantSpec spec{o.bits, o.group_size};
   if (o.quantize) nn::check_quant_spec(spec, "--q-bits/--q-group-size: quantization");
 
@@ -77,9 +83,36 @@ void convert_into(const ConvertOptions& o, const fs::path& in, const fs::path& t
   }
 
   const io::WeightStore ws = io::WeightStore::open(in);
+  // -d: a module is quantized when its .weight has .scales beside it (mlx-lm's layout); its
+  // .scales/.biases are folded into the float .weight (mlx_lm.convert --dequantize).
+  auto quantized_module = [&](const std::string& name, const char* suffix) -> std::optional<std::string> {
+    if (!o.dequantize || !ends_with(name, suffix)) return std::nullopt;
+    const std::string module = name.substr(0, name.size() - std::strlen(suffix));
+    if (!ws.contains(module + ".scales")) return std::nullopt;
+    return module;
+  };
   std::vector<Planned> plan;
   for (const auto& name : ws.names()) {
     if (ends_with(name, "rotary_emb.inv_freq")) continue;  // recomputed at load; mlx-lm drops it too
+    if (quantized_module(name, ".scales") || quantized_module(name, ".biases")) continue;
+    if (auto module = quantized_module(name, ".weight")) {
+      const io::TensorInfo& w = ws.info(name);
+      const io::TensorInfo& sc = ws.info(*module + ".scales");
+      std::optional<nn::QuantSpec> qs = existing->spec_for(*module);
+      HEARTH_CHECK(qs && w.shape.size() == 2, in.string(), ": ", name, " has scales but its config spec or shape ",
+                   "is not a quantized matrix");
+      const uint64_t cols = static_cast<uint64_t>(w.shape[1]) * 32 / static_cast<uint64_t>(qs->bits);
+      HEARTH_CHECK(sc.shape.size() == 2 && sc.shape[0] == w.shape[0] &&
+                       static_cast<uint64_t>(sc.shape[1]) * static_cast<uint64_t>(qs->group_size) == cols,
+                   in.string(), ": ", *module, ".scales has shape [", sc.shape.empty() ? 0 : sc.shape[0], ", ",
+                   sc.shape.size() > 1 ? sc.shape[1] : 0, "], which does not match ", qs->bits, "-bit codes of group ",
+                   qs->group_size, " for ", w.shape[0], " rows");
+      const uint64_t elem = dtype ? at::elementSize(*dtype) : static_cast<uint64_t>(io::dtype_size(sc.dtype));
+      Planned p{name, false, static_cast<uint64_t>(w.shape[0]) * cols * elem};
+      p.dequantized = qs;
+      plan.push_back(p);
+      continue;
+    }
     const io::TensorInfo& t = ws.info(name);
     const bool is_float = t.dtype == io::DType::F32 || t.dtype == io::DType::F16 || t.dtype == io::DType::BF16 ||
                           t.dtype == io::DType::F64;
@@ -119,6 +152,13 @@ void convert_into(const ConvertOptions& o, const fs::path& in, const fs::path& t
     std::map<std::string, at::Tensor> tensors;
     std::map<std::string, io::DType> stored;
     for (const Planned* p : shards[s]) {
+      if (p->dequantized) {
+        const std::string module = p->source.substr(0, p->source.size() - 7);
+        nn::QuantizedWeight qw{ws.get(p->source), ws.get(module + ".scales"), ws.get(module + ".biases"),
+                               *p->dequantized};
+        tensors[p->source] = nn::dequantize(qw, dtype.value_or(qw.scales.scalar_type()));
+        continue;
+      }
       at::Tensor t = ws.get(p->source);
       // Only floating tensors are cast (weights, and an MLX model's scales/biases, which then keep
       // one dtype); packed codes and other integers keep their bytes and their stored label
@@ -146,6 +186,10 @@ void convert_into(const ConvertOptions& o, const fs::path& in, const fs::path& t
     io::write_file_atomic(tmp / "model.safetensors.index.json", index.dump(4) + "\n");
   }
 
+  if (o.dequantize) {
+    config.erase("quantization");
+    config.erase("quantization_config");
+  }
   if (o.quantize) {
     json q = {{"group_size", o.group_size}, {"bits", o.bits}, {"mode", "affine"}};
     config["quantization"] = q;
@@ -164,7 +208,10 @@ void convert_into(const ConvertOptions& o, const fs::path& in, const fs::path& t
     fs::copy_file(e.path(), tmp / e.path().filename(), ec);
     HEARTH_CHECK(!ec, e.path().string(), ": cannot copy (", ec.message(), ")");
   }
+  size_t n_dequantized = 0;
+  for (const auto& p : plan) n_dequantized += p.dequantized ? 1 : 0;
   std::cout << "converted " << n_tensors << " tensors (" << n_quantized << " quantized";
+  if (o.dequantize) std::cout << ", " << n_dequantized << " dequantized";
   if (o.quantize) std::cout << " to " << o.bits << "-bit, group " << o.group_size;
   std::cout << ") into " << n << " file(s), " << total / 1e9 << " GB\n";
 }
@@ -195,6 +242,8 @@ std::function<int()> setup_convert(CLI::App& app) {
   app.add_option("--model,-m", o->model, "Input model folder (Hugging Face layout)")->required();
   app.add_option("--out,-o", o->out, "Output folder (must not exist)")->required();
   app.add_flag("-q,--quantize", o->quantize, "MLX-affine quantize linear and embedding weights");
+  app.add_flag("-d,--dequantize", o->dequantize,
+               "Dequantize an MLX-quantized model to float weights (in --dtype, default the scales' dtype)");
   app.add_option("--q-bits", o->bits, "Bits per weight: 2,3,4,5,6,8")->capture_default_str();
   app.add_option("--q-group-size", o->group_size, "Quantization group size: 32,64,128")->capture_default_str();
   app.add_option("--dtype", o->dtype, "Cast float weights first: bf16, f16 or f32 (default: config's torch_dtype)");

@@ -130,3 +130,41 @@ TEST(CliIo, ConvertCastsDtype) {
   EXPECT_FALSE(hearth::io::read_json(d / "b" / "config.json").contains("quantization"));
   EXPECT_EQ(hearth::io::read_json(d / "b" / "config.json")["torch_dtype"], "bfloat16");  // was float32
 }
+
+// -d/--dequantize (mlx_lm.convert --dequantize): every quantized module becomes its float weight,
+// exactly nn::dequantize of the stored codes; the quantization blocks leave config.json; a float
+// model or -q with -d is refused in one line.
+TEST(CliIo, ConvertDequantizeUndoesTheQuantizedLayout) {
+  TempDir d;
+  make_model(d / "m");
+  CliIoRun r = run_hearth("convert -q --q-bits 8 --q-group-size 32 --model " + (d / "m").string() + " --out " +
+                              (d / "q").string(),
+                          d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run_hearth("convert -d --dtype f32 --model " + (d / "q").string() + " --out " + (d / "f").string(), d);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("2 dequantized"), std::string::npos) << r.out;  // embed_tokens and q_proj
+  hearth::io::WeightStore q = hearth::io::WeightStore::open(d / "q");
+  hearth::io::WeightStore f = hearth::io::WeightStore::open(d / "f");
+  for (const std::string m : {"model.embed_tokens", "model.layers.0.self_attn.q_proj"}) {
+    EXPECT_FALSE(f.contains(m + ".scales")) << m;
+    EXPECT_FALSE(f.contains(m + ".biases")) << m;
+    EXPECT_EQ(f.info(m + ".weight").dtype, hearth::io::DType::F32) << m;
+    hearth::nn::QuantizedWeight qw{q.get(m + ".weight"), q.get(m + ".scales"), q.get(m + ".biases"), {8, 32}};
+    EXPECT_TRUE(at::equal(f.get(m + ".weight"), hearth::nn::dequantize(qw, at::kFloat))) << m;
+  }
+  // The unquantized tensors pass through; the model is float again.
+  EXPECT_TRUE(at::equal(f.get("model.layers.0.mlp.odd_proj.weight"), q.get("model.layers.0.mlp.odd_proj.weight")));
+  nlohmann::json cfg = hearth::io::read_json(d / "f" / "config.json");
+  EXPECT_FALSE(cfg.contains("quantization"));
+  EXPECT_FALSE(cfg.contains("quantization_config"));
+  EXPECT_EQ(cfg["torch_dtype"], "float32");
+
+  r = run_hearth("convert -d --model " + (d / "m").string() + " --out " + (d / "x").string(), d);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("is not quantized"), std::string::npos) << r.err;
+  r = run_hearth("convert -q -d --model " + (d / "q").string() + " --out " + (d / "x").string(), d);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("exclude each other"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(d / "x"));
+}
