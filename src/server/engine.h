@@ -62,6 +62,10 @@ struct CompletionRequest {
   bool chat = true;                   ///< /v1/chat/completions (messages) vs /v1/completions (prompt)
   std::vector<ChatMessage> messages;  ///< chat only; non-empty
   std::string prompt;                 ///< completions only; the raw prompt text
+  /// Completions only: the prompt given as token ids (OpenAI / vLLM `"prompt": [1, 2, 3]`), used
+  /// as they are — no BOS added — instead of tokenizing `prompt` (then empty). Checked against the
+  /// model's vocabulary when the prompt is built.
+  std::vector<int64_t> prompt_ids;
   nlohmann::ordered_json tools = nlohmann::ordered_json::array();  ///< OpenAI tools array, verbatim
   std::string tool_choice = "auto";   ///< "none" | "auto" | "required" | a function name
   /// Client's limit on generated tokens. A client value above context_length() - prompt length is

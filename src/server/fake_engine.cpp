@@ -54,6 +54,10 @@ Prompt FakeEngine::prepare(const CompletionRequest& req) {
     }
     if (req.tools_active()) p.text += "tools: " + std::to_string(req.tools.size()) + "\n";
     p.text += "assistant:";
+  } else if (!req.prompt_ids.empty()) {
+    p.ids = req.prompt_ids;  // the fake engine's "text" of ids: their decimal forms
+    for (int64_t id : req.prompt_ids) p.text += (p.text.empty() ? "" : " ") + std::to_string(id);
+    return p;
   } else {
     p.text = req.prompt;
   }

@@ -259,6 +259,20 @@ Prompt ModelEngine::prepare(const CompletionRequest& req) {
     } catch (const Error& e) {
       throw InvalidArgument(cat("prompt build failed: ", e.what()));
     }
+  } else if (!req.prompt_ids.empty()) {
+    // Token ids as given (vLLM: no BOS added, each id checked against the model's vocabulary).
+    std::vector<int32_t> given;
+    for (size_t i = 0; i < req.prompt_ids.size(); ++i) {
+      const int64_t id = req.prompt_ids[i];
+      if (id >= model_->vocab_size())
+        throw ApiError(400, cat("Invalid 'prompt[", i, "]': token id ", id, " is outside the vocabulary (",
+                                model_->vocab_size(), " tokens)."),
+                       cat("prompt[", i, "]"), "invalid_value");
+      given.push_back(static_cast<int32_t>(id));
+    }
+    p.text = tokenizer_.decode(given, /*skip_special_tokens=*/false);
+    p.ids = req.prompt_ids;
+    return p;
   } else {
     p.text = req.prompt;
   }

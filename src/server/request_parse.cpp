@@ -256,9 +256,21 @@ CompletionRequest parse_completion_request(const nlohmann::ordered_json& body) {
   req.chat = false;
   const json* p = field(body, "prompt");
   if (!p) throw ApiError(400, "Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter");
-  if (!p->is_string()) bad_type("prompt", *p, "a string (arrays of prompts are not supported)");
-  req.prompt = p->get<std::string>();
-  if (req.prompt.empty()) bad("prompt", "Invalid 'prompt': empty string.");
+  if (p->is_array() && !p->empty() && (*p)[0].is_number()) {
+    // One prompt as token ids (OpenAI's "array of tokens"); a batch of prompts stays unsupported.
+    for (size_t i = 0; i < p->size(); ++i) {
+      const json& v = (*p)[i];
+      if (!v.is_number_integer() || v.get<int64_t>() < 0)
+        bad(hearth::cat("prompt[", i, "]"),
+            hearth::cat("Invalid 'prompt[", i, "]': expected a non-negative integer token id, got ", v.dump(), "."));
+      req.prompt_ids.push_back(v.get<int64_t>());
+    }
+  } else {
+    if (!p->is_string())
+      bad_type("prompt", *p, "a string or an array of token ids (arrays of prompts are not supported)");
+    req.prompt = p->get<std::string>();
+    if (req.prompt.empty()) bad("prompt", "Invalid 'prompt': empty string.");
+  }
   parse_common(body, req);
   if (auto k = integer_in(body, "logprobs", 0, 5)) {
     req.logprobs = true;

@@ -276,6 +276,19 @@ TEST_F(ModelServerTest, GreedyChatThroughHttpEqualsTheGenerationLoop) {
   Reference cref = reference_generate(dir, std::vector<int64_t>(c32.begin(), c32.end()), 16);
   J c = post_ok("/v1/completions", {{"prompt", "hello world"}, {"max_tokens", 16}, {"temperature", 0}});
   EXPECT_EQ(c["choices"][0]["text"], cref.text);
+
+  // The same prompt as token ids (OpenAI's array of tokens): used as given, the same answer; an id
+  // past the vocabulary is a 400 naming its element.
+  J id_prompt = J::array();
+  for (int32_t id : c32) id_prompt.push_back(id);
+  J c_ids = post_ok("/v1/completions", {{"prompt", id_prompt}, {"max_tokens", 16}, {"temperature", 0}});
+  EXPECT_EQ(c_ids["choices"][0]["text"], cref.text);
+  EXPECT_EQ(c_ids["usage"]["prompt_tokens"], c32.size());
+  id_prompt.push_back(512);  // the tiny vocabulary has 512 ids
+  auto bad = post("/v1/completions", {{"prompt", id_prompt}, {"max_tokens", 2}});
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400) << bad->body;
+  EXPECT_EQ(J::parse(bad->body)["error"]["param"], "prompt[" + std::to_string(c32.size()) + "]") << bad->body;
 }
 
 TEST_F(ModelServerTest, LogprobsAreTheLogSoftmaxOfEachStep) {

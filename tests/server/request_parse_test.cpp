@@ -172,5 +172,20 @@ TEST(RequestParse, DeeplyNestedJsonIs400NamingTheField) {
   EXPECT_TRUE(r.chat_template_kwargs.contains("x"));
 }
 
+
+// OpenAI's "array of tokens" prompt for /v1/completions: one prompt as ids; a batch of prompts, a
+// non-integer or a negative id is a 400 naming the element.
+TEST(RequestParse, CompletionPromptAsTokenIds) {
+  auto c = parse_completion_request(parse_body(R"({"prompt": [1, 22, 333], "max_tokens": 2})"));
+  EXPECT_EQ(c.prompt_ids, (std::vector<int64_t>{1, 22, 333}));
+  EXPECT_TRUE(c.prompt.empty());
+  EXPECT_EQ(rejected_param(R"({"prompt": [1, "a"]})", false), "prompt[1]");
+  EXPECT_EQ(rejected_param(R"({"prompt": [1, 2.5]})", false), "prompt[1]");
+  EXPECT_EQ(rejected_param(R"({"prompt": [-1]})", false), "prompt[0]");
+  EXPECT_EQ(rejected_param(R"({"prompt": ["a", "b"]})", false), "prompt");
+  EXPECT_EQ(rejected_param(R"({"prompt": [[1, 2]]})", false), "prompt");
+  EXPECT_EQ(rejected_param(R"({"prompt": []})", false), "prompt");
+}
+
 }  // namespace
 }  // namespace hearth::server
