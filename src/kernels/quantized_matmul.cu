@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "quantized_matmul.h"
+#include "dtype.cuh"
 
 namespace hearth::kernels {
 namespace {
@@ -18,23 +19,6 @@ namespace {
 constexpr int kWarps = 4;        // warps per block
 constexpr int kRowsPerWarp = 4;  // output rows per warp: each chunk of x is reused across them
 
-template <typename T>
-__device__ __forceinline__ float to_f32(T v);
-template <>
-__device__ __forceinline__ float to_f32<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ float to_f32<__half>(__half v) { return __half2float(v); }
-template <>
-__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_f32(float v);
-template <>
-__device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 // A code c < 2^23 placed in the mantissa of 2^23 is the float 2^23 + c exactly; subtracting 2^23
 // gives c. Cheaper than an int-to-float conversion (a logic op and an add, both full rate).

@@ -1,12 +1,13 @@
 // GatedMLP's forward: whole, or over chunks of positions inside an MlpChunkScope (nn/mlp_chunk.h).
 #include "nn/mlp.h"
 
+#include "nn/fused_ops.h"
 #include "nn/mlp_chunk.h"
 
 namespace hearth::nn {
 
 at::Tensor GatedMLP::forward_whole(const at::Tensor& x) const {
-  return down_proj.forward(at::silu(gate_proj.forward(x)) * up_proj.forward(x));
+  return down_proj.forward(silu_mul(gate_proj.forward(x), up_proj.forward(x)));
 }
 
 at::Tensor GatedMLP::forward(const at::Tensor& x) const {

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <string>
+#include <utility>
 
 #include "nn/param_source.h"
 
@@ -19,6 +20,9 @@ class RMSNorm {
   /// x [..., dim] → weight · (x_f32 · rsqrt(mean(x_f32²) + eps)).to(x.dtype), in x's dtype
   /// (weight dtype == x dtype in Hearth's models).
   at::Tensor forward(const at::Tensor& x) const;
+  /// {x + residual, forward(x + residual)} ([..., dim] each): the residual add and the norm after
+  /// it, one fused kernel on CUDA when nn::fused_decode_enabled() (nn/fused_ops.h).
+  std::pair<at::Tensor, at::Tensor> forward_add(const at::Tensor& x, const at::Tensor& residual) const;
   const at::Tensor& weight() const { return weight_; }
 
  private:

@@ -87,11 +87,8 @@ at::Tensor LlamaDecoderLayer::forward(const at::Tensor& x, const std::vector<Att
   at::Tensor residual = x;
   at::Tensor h = input_layernorm.forward(x);
   h = self_attn.forward(h, groups);
-  h = residual + h;
-  residual = h;
-  h = post_attention_layernorm.forward(h);
-  h = mlp.forward(h);
-  return residual + h;
+  auto [sum, normed] = post_attention_layernorm.forward_add(h, residual);  // residual + h, then the norm
+  return sum + mlp.forward(normed);
 }
 
 LlamaModel::LlamaModel(LlamaConfig config, const nn::ParamSource& w, const std::optional<io::QuantizationConfig>& quant,

@@ -1,0 +1,110 @@
+// Dispatch of the fused decode ops (kernels/norm_act.cu) and their tensor-op references.
+#include "nn/fused_ops.h"
+
+#include <ATen/core/grad_mode.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+
+#ifdef HEARTH_WITH_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "kernels/norm_act.h"
+#endif
+
+namespace hearth::nn {
+
+namespace {
+std::atomic<bool>& fused_flag() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("HEARTH_FUSED_DECODE");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }()};
+  return on;
+}
+
+at::Tensor reference_norm(const at::Tensor& s, const at::Tensor& weight, double eps) {
+  at::Tensor h = s.to(at::kFloat);
+  at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
+  h = h * at::rsqrt(variance + eps);
+  return weight * h.to(s.scalar_type());
+}
+
+#ifdef HEARTH_WITH_CUDA_KERNELS
+// The kernel applies: enabled, CUDA, a float dtype shared by all, and nothing for autograd to record.
+bool kernel_applies(std::initializer_list<const at::Tensor*> ts) {
+  if (!fused_flag().load(std::memory_order_relaxed)) return false;
+  const at::Tensor& first = **ts.begin();
+  const at::ScalarType st = first.scalar_type();
+  if (!first.is_cuda() || (st != at::kFloat && st != at::kHalf && st != at::kBFloat16)) return false;
+  for (const at::Tensor* t : ts) {
+    if (!t->defined()) continue;
+    if (!t->is_cuda() || t->scalar_type() != st || t->device() != first.device()) return false;
+    if (at::GradMode::is_enabled() && t->requires_grad()) return false;
+  }
+  return true;
+}
+
+kernels::QDtype qdtype(at::ScalarType st) {
+  return st == at::kBFloat16 ? kernels::QDtype::kBFloat16 : st == at::kHalf ? kernels::QDtype::kFloat16
+                                                                             : kernels::QDtype::kFloat32;
+}
+#endif
+}  // namespace
+
+bool fused_decode_enabled() { return fused_flag().load(); }
+bool set_fused_decode(bool on) { return fused_flag().exchange(on); }
+
+std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
+                                               double eps) {
+  HEARTH_CHECK(weight.dim() == 1 && x.dim() >= 1 && x.size(-1) == weight.size(0) &&
+                   (!residual.defined() || residual.sizes() == x.sizes()),
+               "add_rms_norm: x ", x.sizes(), ", residual ", residual.defined() ? residual.sizes() : at::IntArrayRef{},
+               " and weight ", weight.sizes(), " do not match");
+#ifdef HEARTH_WITH_CUDA_KERNELS
+  if (kernel_applies({&x, &residual, &weight})) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    at::Tensor xc = x.contiguous();
+    at::Tensor rc = residual.defined() ? residual.contiguous() : at::Tensor();
+    at::Tensor wc = weight.contiguous();
+    at::Tensor sum = rc.defined() ? at::empty_like(xc) : xc;
+    at::Tensor y = at::empty_like(xc);
+    kernels::RmsNormArgs a;
+    a.x = xc.data_ptr();
+    a.residual = rc.defined() ? rc.data_ptr() : nullptr;
+    a.sum = rc.defined() ? sum.data_ptr() : nullptr;
+    a.weight = wc.data_ptr();
+    a.y = y.data_ptr();
+    a.dtype = qdtype(x.scalar_type());
+    a.C = x.size(-1);
+    a.N = x.numel() / a.C;
+    a.eps = static_cast<float>(eps);
+    a.stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+    if (const char* err = kernels::rms_norm(a)) throw Error(cat("add_rms_norm: ", err));
+    return {sum, y};
+  }
+#endif
+  at::Tensor s = residual.defined() ? x + residual : x;
+  return {s, reference_norm(s, weight, eps)};
+}
+
+at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
+#ifdef HEARTH_WITH_CUDA_KERNELS
+  if (gate.sizes() == up.sizes() && kernel_applies({&gate, &up})) {
+    const c10::cuda::CUDAGuard guard(gate.device());
+    at::Tensor g = gate.contiguous(), u = up.contiguous();
+    at::Tensor y = at::empty_like(g);
+    if (const char* err = kernels::silu_mul(g.data_ptr(), u.data_ptr(), y.data_ptr(), qdtype(g.scalar_type()), g.numel(),
+                                            c10::cuda::getCurrentCUDAStream(g.device().index()).stream()))
+      throw Error(cat("silu_mul: ", err));
+    return y;
+  }
+#endif
+  return at::silu(gate) * up;
+}
+
+}  // namespace hearth::nn
