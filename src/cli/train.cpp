@@ -138,8 +138,8 @@ std::function<int()> setup_train(CLI::App& app) {
                  "ORPO NLL term over the chosen response only, or the prompt too: response | full (default response)");
   app.add_option("--fine-tune-type", c.fine_tune_type, "lora | full (default lora)");
   app.add_option("--num-layers", c.num_layers, "Train the last N blocks; -1 = all (default -1)");
-  app.add_option("--lora-rank", c.lora_rank, "LoRA rank, >= 1 (default 8)");
-  app.add_option("--lora-scale", c.lora_scale, "LoRA scale, > 0 (default 20)");
+  app.add_option("--lora-rank", c.lora_rank, "LoRA rank, 1 to 65536 (default 8)");
+  app.add_option("--lora-scale", c.lora_scale, "LoRA scale, in (0, 10000] (default 20)");
   app.add_option("--lora-dropout", c.lora_dropout, "LoRA input dropout, in [0, 1) (default 0)");
   app.add_option("--lora-keys", a->lora_keys, "Comma list of module names (default q,k,v,o,gate,up,down _proj)");
   app.add_option("--batch-size", c.batch_size, "Examples per micro-batch (default 4)");

@@ -1,9 +1,10 @@
-// The option checks of a training run (trainer.h): check_config's ranges and names and
-// start_step's look at the resumed checkpoint, both before any model or data is loaded. Not the
-// loop (trainer.cpp) nor the CLI's folder checks (cli/train.cpp).
+// The option checks of a training run (trainer.h): check_config's ranges and names, made before
+// any model or data is loaded. Not the loop or the checkpoint (trainer.cpp, with start_step), nor
+// the CLI's folder checks (cli/train.cpp).
 #include <cmath>
 #include <filesystem>
 
+#include "adapters/adapter.h"
 #include "core/error.h"
 #include "train/mixed_precision.h"
 #include "train/optimizer.h"
@@ -21,9 +22,11 @@ void check_config(const TrainConfig& c) {
                "' is not response or full");
   HEARTH_CHECK(c.fine_tune_type == "lora" || c.fine_tune_type == "full", "--fine-tune-type: '", c.fine_tune_type,
                "' is not lora or full");
-  HEARTH_CHECK(c.lora_rank >= 1, "--lora-rank must be >= 1, got ", c.lora_rank);
-  HEARTH_CHECK(std::isfinite(c.lora_scale) && c.lora_scale > 0, "--lora-scale must be a finite number > 0, got ",
-               c.lora_scale);
+  // The ranges the adapter loader accepts (adapters/adapter.h), so the adapter trained can be loaded.
+  HEARTH_CHECK(c.lora_rank >= 1 && c.lora_rank <= adapters::kMaxLoraRank, "--lora-rank must be in [1, ",
+               adapters::kMaxLoraRank, "], got ", c.lora_rank);
+  HEARTH_CHECK(std::isfinite(c.lora_scale) && c.lora_scale > 0 && c.lora_scale <= adapters::kMaxLoraScale,
+               "--lora-scale must be a number in (0, ", adapters::kMaxLoraScale, "], got ", c.lora_scale);
   HEARTH_CHECK(c.lora_dropout >= 0 && c.lora_dropout < 1, "--lora-dropout must be in [0, 1), got ", c.lora_dropout);
   HEARTH_CHECK(c.max_seq_length >= 2 && c.max_seq_length <= kMaxSeqLength, "--max-seq-length must be in [2, ",
                kMaxSeqLength, "] tokens, got ", c.max_seq_length);
@@ -64,15 +67,6 @@ void check_config(const TrainConfig& c) {
   HEARTH_CHECK(!std::filesystem::exists(c.adapter_path, ec) || std::filesystem::is_directory(c.adapter_path, ec),
                "--adapter-path ", c.adapter_path.string(), ": exists and is not a folder (the adapter, checkpoints and "
                "metrics.jsonl are written into a folder)");
-}
-
-int64_t start_step(const TrainConfig& cfg) {
-  if (cfg.resume.empty()) return 0;
-  const int64_t step = checkpoint_step(cfg.resume);
-  HEARTH_CHECK(step <= cfg.iters, "--resume ", cfg.resume.string(), ": its checkpoint is at step ", step,
-               ", past --iters ", cfg.iters, " (a run cannot go back): pass --iters above ", step,
-               " to train further, or use that folder's adapter as it is");
-  return step;
 }
 
 }  // namespace hearth::train

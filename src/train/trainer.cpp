@@ -265,13 +265,10 @@ CheckpointRecord read_checkpoint(const std::filesystem::path& dir) {
   return r;
 }
 
-// Restores parameters, optimizer state and data position; returns the checkpoint's step.
-int64_t load_checkpoint(const TrainConfig& cfg, Batcher& batcher, NamedAdamW& opt,
-                        const std::vector<TrainableParam>& params) {
-  const auto dir = cfg.resume;
-  const CheckpointRecord ck = read_checkpoint(dir);
+// Throws unless the run `cfg` may continue the checkpoint `ck` of `dir`: same fine-tune type,
+// method, seed, batch size and gradient accumulation (one line naming the file and the flag).
+void check_checkpoint_matches(const CheckpointRecord& ck, const TrainConfig& cfg, const std::filesystem::path& dir) {
   const std::string origin = (dir / "checkpoint.json").string();
-  const int64_t step = ck.step;
   HEARTH_CHECK(ck.fine_tune_type == cfg.fine_tune_type, origin, ": the checkpoint is a ", ck.fine_tune_type,
                " fine-tune, this run is ", cfg.fine_tune_type);
   HEARTH_CHECK(ck.method == cfg.method, origin, ": the checkpoint was trained with --method ", ck.method,
@@ -283,6 +280,15 @@ int64_t load_checkpoint(const TrainConfig& cfg, Batcher& batcher, NamedAdamW& op
   HEARTH_CHECK(ck.grad_accumulation_steps == cfg.grad_accumulation_steps, origin, ": --grad-accumulation-steps ",
                cfg.grad_accumulation_steps, " differs from the checkpoint's ", ck.grad_accumulation_steps,
                " (resume with the checkpoint's value)");
+}
+
+// Restores parameters, optimizer state and data position; returns the checkpoint's step.
+int64_t load_checkpoint(const TrainConfig& cfg, Batcher& batcher, NamedAdamW& opt,
+                        const std::vector<TrainableParam>& params) {
+  const auto dir = cfg.resume;
+  const CheckpointRecord ck = read_checkpoint(dir);
+  const int64_t step = ck.step;
+  check_checkpoint_matches(ck, cfg, dir);
   auto f = io::SafetensorsFile::open(dir / ck.optimizer);
   auto it = f->metadata().find("step");
   HEARTH_CHECK(it != f->metadata().end() && it->second == std::to_string(step), f->path().string(),
@@ -384,6 +390,16 @@ LayerStack make_layer_stack(models::Model& model, const std::vector<TrainablePar
 }
 
 int64_t checkpoint_step(const std::filesystem::path& dir) { return read_checkpoint(dir).step; }
+
+int64_t start_step(const TrainConfig& cfg) {
+  if (cfg.resume.empty()) return 0;
+  const CheckpointRecord ck = read_checkpoint(cfg.resume);
+  check_checkpoint_matches(ck, cfg, cfg.resume);
+  HEARTH_CHECK(ck.step <= cfg.iters, "--resume ", cfg.resume.string(), ": its checkpoint is at step ", ck.step,
+               ", past --iters ", cfg.iters, " (a run cannot go back): pass --iters above ", ck.step,
+               " to train further, or use that folder's adapter as it is");
+  return ck.step;
+}
 
 TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tokenizer::Tokenizer& tok,
                          const std::function<void(const Report&)>& on_report) {

@@ -87,7 +87,7 @@ TEST(TrainGuardsCli, AFolderHoldingATrainedAdapterIsNotOverwritten) {
   // The same command again (another seed): refused, before the model loads, nothing touched.
   expect_guard_error(run_guard_cli(guard_train(data, out) + "--iters 2 --seed 2", d), want);
   expect_guard_error(run_guard_cli(guard_train(data, out, q(d / "no_model")) + "--iters 2", d), want);
-  EXPECT_EQ(hearth::io::read_file(out / "adapters.safetensors"), adapter);
+  EXPECT_TRUE(hearth::io::read_file(out / "adapters.safetensors") == adapter) << "the adapter was overwritten";
   EXPECT_EQ(hearth::io::read_file(out / "checkpoint.json"), checkpoint);
   EXPECT_EQ(hearth::io::read_file(out / "metrics.jsonl"), metrics);
   // A PEFT adapter alone, or a checkpoint alone, counts too; an empty folder does not.
@@ -110,11 +110,16 @@ TEST(TrainGuardsCli, AFolderHoldingATrainedAdapterIsNotOverwritten) {
   const GuardRun fresh = run_guard_cli(guard_train(data, out) + "--iters 1 --seed 2 --overwrite", d);
   ASSERT_EQ(fresh.rc, 0) << fresh.out << fresh.err;
   EXPECT_EQ(hearth::io::read_json(out / "checkpoint.json")["step"], 1);
-  EXPECT_NE(hearth::io::read_file(out / "adapters.safetensors"), adapter);
+  EXPECT_FALSE(hearth::io::read_file(out / "adapters.safetensors") == adapter) << "--overwrite did not replace it";
   // metrics.jsonl holds this run's one step alone, not the replaced run's steps 1-3
   const std::string fresh_metrics = hearth::io::read_file(out / "metrics.jsonl");
   ASSERT_EQ(std::count(fresh_metrics.begin(), fresh_metrics.end(), '\n'), 1) << fresh_metrics;
   EXPECT_EQ(nlohmann::json::parse(fresh_metrics)["step"], 1) << fresh_metrics;
+  // --overwrite in the other layout: the old layout's weights go, so no loader can pick them up.
+  const GuardRun peft_run = run_guard_cli(guard_train(data, out) + "--iters 1 --overwrite --adapter-format peft", d);
+  ASSERT_EQ(peft_run.rc, 0) << peft_run.out << peft_run.err;
+  EXPECT_TRUE(fs::exists(out / "adapter_model.safetensors"));
+  EXPECT_FALSE(fs::exists(out / "adapters.safetensors"));
 }
 
 TEST(TrainGuardsCli, ResumeAtOrPastItersSaysSoInOneLine) {
@@ -137,7 +142,7 @@ TEST(TrainGuardsCli, ResumeAtOrPastItersSaysSoInOneLine) {
   fs::create_directories(d / "none");
   expect_guard_error(run_guard_cli(guard_train(data, d / "none", q(d / "no_model")) + "--resume " + q(d / "none"), d),
                      (d / "none" / "checkpoint.json").string());
-  EXPECT_EQ(hearth::io::read_file(out / "adapters.safetensors"), adapter);
+  EXPECT_TRUE(hearth::io::read_file(out / "adapters.safetensors") == adapter) << "the adapter was rewritten";
   EXPECT_EQ(hearth::io::read_file(out / "metrics.jsonl"), metrics);
   EXPECT_EQ(hearth::io::read_json(out / "checkpoint.json")["step"], 2);
 }
@@ -155,8 +160,10 @@ TEST(TrainGuardsCli, BadNumericFlagsFailBeforeTheModelLoads) {
       {"--lora-dropout -0.1", "--lora-dropout must be in [0, 1), got -0.1"},
       {"--max-seq-length 0", "--max-seq-length must be in [2, 16777216] tokens, got 0"},
       {"--max-seq-length 99999999999", "--max-seq-length must be in [2, 16777216] tokens, got 99999999999"},
-      {"--lora-rank 0", "--lora-rank must be >= 1, got 0"},
-      {"--lora-scale 0", "--lora-scale must be a finite number > 0, got 0"},
+      {"--lora-rank 0", "--lora-rank must be in [1, 65536], got 0"},
+      {"--lora-rank 65537", "--lora-rank must be in [1, 65536], got 65537"},
+      {"--lora-scale 0", "--lora-scale must be a number in (0, 10000], got 0"},
+      {"--lora-scale 20000", "--lora-scale must be a number in (0, 10000], got 20000"},
       {"--weight-decay -1", "--weight-decay must be a finite number >= 0, got -1"},
       {"--grad-clip inf", "--grad-clip must be a finite number >= 0 (0 = off)"},
       {"--lr-schedule linear", "--lr-schedule: 'linear' is not constant or cosine"},

@@ -42,9 +42,11 @@ TEST(TrainConfigCheck, EveryNumericOptionIsRangeCheckedByName) {
       {[&](TrainConfig& c) { c.lora_dropout = nan; }, "--lora-dropout must be in [0, 1)"},
       {[](TrainConfig& c) { c.max_seq_length = 1; }, "--max-seq-length must be in [2, 16777216] tokens, got 1"},
       {[](TrainConfig& c) { c.max_seq_length = hearth::train::kMaxSeqLength + 1; }, "--max-seq-length must be in [2, "},
-      {[](TrainConfig& c) { c.lora_rank = 0; }, "--lora-rank must be >= 1, got 0"},
-      {[](TrainConfig& c) { c.lora_scale = -1; }, "--lora-scale must be a finite number > 0, got -1"},
-      {[&](TrainConfig& c) { c.lora_scale = nan; }, "--lora-scale must be a finite number > 0"},
+      {[](TrainConfig& c) { c.lora_rank = 0; }, "--lora-rank must be in [1, 65536], got 0"},
+      {[](TrainConfig& c) { c.lora_rank = 65537; }, "--lora-rank must be in [1, 65536], got 65537"},
+      {[](TrainConfig& c) { c.lora_scale = -1; }, "--lora-scale must be a number in (0, 10000], got -1"},
+      {[&](TrainConfig& c) { c.lora_scale = nan; }, "--lora-scale must be a number in (0, 10000]"},
+      {[&](TrainConfig& c) { c.lora_scale = inf; }, "--lora-scale must be a number in (0, 10000]"},
       {[&](TrainConfig& c) { c.weight_decay = inf; }, "--weight-decay must be a finite number >= 0"},
       {[](TrainConfig& c) { c.weight_decay = -0.1; }, "--weight-decay must be a finite number >= 0, got -0.1"},
       {[&](TrainConfig& c) { c.grad_clip = inf; }, "--grad-clip must be a finite number >= 0 (0 = off)"},
@@ -82,6 +84,12 @@ TEST(TrainConfigCheck, StartStepAndAResumeAlreadyAtIters) {
   EXPECT_NE(hearth::testing::error_of([&] { hearth::train::start_step(c); })
                 .find(": its checkpoint is at step 4, past --iters 3 (a run cannot go back)"),
             std::string::npos);
+  c.iters = 5;
+  c.method = "dpo";  // a checkpoint this run cannot continue: refused here too, before any load
+  EXPECT_NE(hearth::testing::error_of([&] { hearth::train::start_step(c); })
+                .find("checkpoint.json: the checkpoint was trained with --method sft, this run is --method dpo"),
+            std::string::npos);
+  c.method = "sft";
   c.iters = 4;
   c.data_dir = d / "no_data";  // never read: nothing is left to train
   const fs::path golden = fs::path(HEARTH_SOURCE_DIR) / "tests/golden/models/llama_mha";
