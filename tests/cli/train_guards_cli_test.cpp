@@ -53,7 +53,7 @@ void expect_guard_error(const GuardRun& r, const std::string& needle) {
 
 std::string guard_model() { return shell_quote((fs::path(HEARTH_SOURCE_DIR) / "tests/golden/models/llama_mha").string()); }
 
-std::string q(const fs::path& p) { return shell_quote(p.string()); }
+std::string guard_q(const fs::path& p) { return shell_quote(p.string()); }
 
 // A data folder with four short text rows.
 fs::path guard_data(const TempDir& d) {
@@ -67,7 +67,7 @@ fs::path guard_data(const TempDir& d) {
 
 // A small LoRA run's flags on the tiny model (CPU), writing into `out`.
 std::string guard_train(const fs::path& data, const fs::path& out, const std::string& model = guard_model()) {
-  return "train --model " + model + " --data " + q(data) + " --adapter-path " + q(out) +
+  return "train --model " + model + " --data " + guard_q(data) + " --adapter-path " + guard_q(out) +
          " --batch-size 2 --max-seq-length 64 --learning-rate 1e-2 --device cpu ";
 }
 
@@ -86,7 +86,7 @@ TEST(TrainGuardsCli, AFolderHoldingATrainedAdapterIsNotOverwritten) {
                            " to continue it, a new --adapter-path, or --overwrite to replace it";
   // The same command again (another seed): refused, before the model loads, nothing touched.
   expect_guard_error(run_guard_cli(guard_train(data, out) + "--iters 2 --seed 2", d), want);
-  expect_guard_error(run_guard_cli(guard_train(data, out, q(d / "no_model")) + "--iters 2", d), want);
+  expect_guard_error(run_guard_cli(guard_train(data, out, guard_q(d / "no_model")) + "--iters 2", d), want);
   EXPECT_TRUE(hearth::io::read_file(out / "adapters.safetensors") == adapter) << "the adapter was overwritten";
   EXPECT_EQ(hearth::io::read_file(out / "checkpoint.json"), checkpoint);
   EXPECT_EQ(hearth::io::read_file(out / "metrics.jsonl"), metrics);
@@ -95,16 +95,16 @@ TEST(TrainGuardsCli, AFolderHoldingATrainedAdapterIsNotOverwritten) {
   for (const fs::path& p : {peft, ck, empty}) fs::create_directories(p);
   fs::copy_file(out / "adapters.safetensors", peft / "adapter_model.safetensors");
   fs::copy_file(out / "checkpoint.json", ck / "checkpoint.json");
-  expect_guard_error(run_guard_cli(guard_train(data, peft, q(d / "no_model")) + "--iters 2", d),
+  expect_guard_error(run_guard_cli(guard_train(data, peft, guard_q(d / "no_model")) + "--iters 2", d),
                      "(adapter_model.safetensors); pass --resume");
-  expect_guard_error(run_guard_cli(guard_train(data, ck, q(d / "no_model")) + "--iters 2", d),
+  expect_guard_error(run_guard_cli(guard_train(data, ck, guard_q(d / "no_model")) + "--iters 2", d),
                      "(checkpoint.json); pass --resume");
-  expect_guard_error(run_guard_cli(guard_train(data, empty, q(d / "no_model")) + "--iters 2", d), "no_model");
+  expect_guard_error(run_guard_cli(guard_train(data, empty, guard_q(d / "no_model")) + "--iters 2", d), "no_model");
   // --overwrite and --resume of the same folder contradict each other.
-  expect_guard_error(run_guard_cli(guard_train(data, out) + "--iters 3 --seed 1 --resume " + q(out) + " --overwrite", d),
+  expect_guard_error(run_guard_cli(guard_train(data, out) + "--iters 3 --seed 1 --resume " + guard_q(out) + " --overwrite", d),
                      "--overwrite and --resume " + out.string() + " name the same folder");
   // --resume of that folder continues it; --overwrite starts afresh and replaces it.
-  const GuardRun resumed = run_guard_cli(guard_train(data, out) + "--iters 3 --seed 1 --resume " + q(out), d);
+  const GuardRun resumed = run_guard_cli(guard_train(data, out) + "--iters 3 --seed 1 --resume " + guard_q(out), d);
   ASSERT_EQ(resumed.rc, 0) << resumed.out << resumed.err;
   EXPECT_EQ(hearth::io::read_json(out / "checkpoint.json")["step"], 3);
   const GuardRun fresh = run_guard_cli(guard_train(data, out) + "--iters 1 --seed 2 --overwrite", d);
@@ -130,17 +130,17 @@ TEST(TrainGuardsCli, ResumeAtOrPastItersSaysSoInOneLine) {
   const std::string adapter = hearth::io::read_file(out / "adapters.safetensors");
   const std::string metrics = hearth::io::read_file(out / "metrics.jsonl");
   // At --iters: nothing to train, exit 0 with one stdout line, before any model loads, nothing written.
-  const GuardRun at = run_guard_cli(guard_train(data, out, q(d / "no_model")) + "--iters 2 --resume " + q(out), d);
+  const GuardRun at = run_guard_cli(guard_train(data, out, guard_q(d / "no_model")) + "--iters 2 --resume " + guard_q(out), d);
   EXPECT_EQ(at.rc, 0) << at.err;
   EXPECT_EQ(at.out, "nothing to train: the checkpoint in " + out.string() +
                         " is already at step 2 = --iters (pass a larger --iters to train further); nothing was written\n");
   EXPECT_EQ(at.err, "");
   // Past --iters: an error naming both steps.
-  expect_guard_error(run_guard_cli(guard_train(data, out, q(d / "no_model")) + "--iters 1 --resume " + q(out), d),
+  expect_guard_error(run_guard_cli(guard_train(data, out, guard_q(d / "no_model")) + "--iters 1 --resume " + guard_q(out), d),
                      "--resume " + out.string() + ": its checkpoint is at step 2, past --iters 1 (a run cannot go back)");
   // A folder with no checkpoint to resume: one line naming checkpoint.json, before the model loads.
   fs::create_directories(d / "none");
-  expect_guard_error(run_guard_cli(guard_train(data, d / "none", q(d / "no_model")) + "--resume " + q(d / "none"), d),
+  expect_guard_error(run_guard_cli(guard_train(data, d / "none", guard_q(d / "no_model")) + "--resume " + guard_q(d / "none"), d),
                      (d / "none" / "checkpoint.json").string());
   EXPECT_TRUE(hearth::io::read_file(out / "adapters.safetensors") == adapter) << "the adapter was rewritten";
   EXPECT_EQ(hearth::io::read_file(out / "metrics.jsonl"), metrics);
@@ -153,8 +153,8 @@ TEST(TrainGuardsCli, BadNumericFlagsFailBeforeTheModelLoads) {
   // The model folder does not exist: each flag's error must come first. (The flags checked before
   // the model loads already, --iters, --batch-size, --learning-rate ..., are in LongContextCli and
   // TrainConfigCheck; these were found only after it loaded, or not at all.)
-  const std::string base = "train --model " + q(d / "no_model") + " --data " + q(data) + " --adapter-path " +
-                           q(d / "out") + " --device cpu ";
+  const std::string base = "train --model " + guard_q(d / "no_model") + " --data " + guard_q(data) + " --adapter-path " +
+                           guard_q(d / "out") + " --device cpu ";
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--lora-dropout 1", "--lora-dropout must be in [0, 1), got 1"},
       {"--lora-dropout -0.1", "--lora-dropout must be in [0, 1), got -0.1"},
@@ -173,7 +173,7 @@ TEST(TrainGuardsCli, BadNumericFlagsFailBeforeTheModelLoads) {
     expect_guard_error(run_guard_cli(base + flags, d), want);
   }
   // Good flags, no train.jsonl: named before the model loads too.
-  expect_guard_error(run_guard_cli(guard_train(d / "nodata", d / "out", q(d / "no_model")), d),
+  expect_guard_error(run_guard_cli(guard_train(d / "nodata", d / "out", guard_q(d / "no_model")), d),
                      "train: --data " + (d / "nodata").string() + ": no train.jsonl in it");
   EXPECT_FALSE(fs::exists(d / "out"));
 }
