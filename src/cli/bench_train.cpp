@@ -1,9 +1,10 @@
 // `hearth bench-train`: training speed and peak memory of LoRA SFT steps on random tokens, for a
 // grid of sequence lengths × segment sizes (0 = plain full backward), optionally with offloaded
 // boundaries and chunked MLPs. Each cell: one warmup step, then timed steps (backward + AdamW), the
-// allocator's peak measured from a reset; or, with --max-backward-segments K, one partial step that
-// stops after K backward segments and prints their times. A cell that runs out of memory prints
-// "OOM" and the grid goes on. Not a trainer (`hearth train`).
+// allocator's peak measured from a reset; or, with --max-backward-segments K, one step that stops
+// after K backward segments and prints their times ("PARTIAL"; "WHOLE BACKWARD" when it had no more
+// segments than K, as the unsegmented cell). A cell that runs out of memory prints "OOM" and the
+// grid goes on. Not a trainer (`hearth train`).
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
@@ -42,8 +43,10 @@ struct Cell {
   double tokens_per_s = 0;
   int64_t peak_bytes = 0;
   int64_t boundary_device_bytes = 0, boundary_host_bytes = 0;
-  // --max-backward-segments: seconds of the forward + loss head, then of each backward segment run.
-  bool partial = false;
+  // --max-backward-segments: seconds of the forward + loss head, then of each backward segment run;
+  // `stopped`: the step ended after K segments (false: its whole backward ran, and for the full
+  // backward forward_s is the forward + loss head + backward).
+  bool partial = false, stopped = false;
   int64_t segments = 0;
   double forward_s = 0;
   std::vector<double> segment_s;
@@ -105,6 +108,7 @@ Cell run_cell(hearth::models::Model& model, const BenchTrainArgs& a, int64_t T, 
         c.boundary_device_bytes = r.boundary_device_bytes;
         c.boundary_host_bytes = r.boundary_host_bytes;
       } catch (const StopBackward&) {
+        c.stopped = true;
       }
       compat::synchronize(dev);
       c.peak_bytes = compat::peak_memory_bytes(dev);
@@ -156,7 +160,9 @@ std::function<int()> setup_bench_train(CLI::App& app) {
   app.add_option("--mlp-chunk", a->mlp_chunk, "Positions per MLP chunk (chunked checkpoint); 0 = off (default)");
   app.add_option("--max-backward-segments", a->max_backward_segments,
                  "Partial cells: one step without warmup that stops after this many backward segments, printing the "
-                 "forward time, each segment's time and the peak so far (default 0 = whole timed steps)");
+                 "forward time, each segment's time and the peak so far (PARTIAL); a cell with no more segments than "
+                 "that, as segment size 0 (the full backward), runs its whole backward and says so (WHOLE BACKWARD) "
+                 "(default 0 = whole timed steps)");
   app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
   app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's torch_dtype on cuda, float32 on cpu)");
   return [a] {
@@ -172,7 +178,10 @@ std::function<int()> setup_bench_train(CLI::App& app) {
     auto model = hearth::models::load_model(a->model, hearth::nn::resolve_placement(a->device, a->dtype, a->model));
     std::cout << "model: " << a->model << " (" << model->num_layers() << " layers) on "
               << model->placement().device << " " << model->placement().dtype << ", LoRA rank " << a->lora_rank
-              << ", " << (a->max_backward_segments > 0 ? "one partial step" : std::to_string(a->steps) + " timed steps")
+              << ", "
+              << (a->max_backward_segments > 0
+                      ? "one step stopped after " + std::to_string(a->max_backward_segments) + " backward segment(s)"
+                      : std::to_string(a->steps) + " timed steps")
               << " per cell, boundaries " << (a->offload ? "offloaded" : "on the device") << ", MLP chunk "
               << (a->mlp_chunk > 0 ? std::to_string(a->mlp_chunk) : std::string("off")) << "\n";
     if (a->max_backward_segments == 0) std::cout << "seq_len  segment  tokens/s   peak GB  boundaries GB (device / host)\n";
@@ -183,6 +192,15 @@ std::function<int()> setup_bench_train(CLI::App& app) {
         line << std::setw(7) << T << "  " << std::setw(7) << (seg == 0 ? std::string("off") : std::to_string(seg)) << "  ";
         if (c.oom) {
           line << "OOM";
+        } else if (c.partial && seg == 0) {
+          line << "WHOLE BACKWARD (full backward: no segments to stop after): forward + loss head + backward "
+               << std::fixed << std::setprecision(1) << c.forward_s << " s; peak " << gb(c.peak_bytes) << " GB";
+        } else if (c.partial && !c.stopped) {
+          line << "WHOLE BACKWARD: all " << c.segment_s.size() << " of " << c.segments
+               << " backward segments; forward + loss head " << std::fixed << std::setprecision(1) << c.forward_s
+               << " s; segments (from the last layer down)";
+          for (double s : c.segment_s) line << " " << std::setprecision(1) << s;
+          line << " s; peak " << gb(c.peak_bytes) << " GB";
         } else if (c.partial) {
           line << "PARTIAL: " << c.segment_s.size() << " of " << c.segments << " backward segments; forward + loss head "
                << std::fixed << std::setprecision(1) << c.forward_s << " s; segments (from the last layer down)";

@@ -1,9 +1,11 @@
 // `hearth train`: LoRA or full fine-tuning of a model folder on jsonl data, with mlx_lm.lora's
-// flag names; prints a progress line per report, SIGINT/SIGTERM write a last checkpoint and exit 0.
+// flag names; every flag, the output folder and the resumed checkpoint are checked before anything
+// loads; prints a progress line per report, SIGINT/SIGTERM write a last checkpoint and exit 0.
 // Not the training loop itself (train/trainer.h).
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <sstream>
 
 #include "cli/launch.h"
@@ -24,7 +26,8 @@ extern "C" void on_signal(int) { g_stop.store(true); }
 
 struct TrainArgs {
   std::string model, data, adapter_path, resume, device, dtype = "float32", lora_keys;
-  bool grad_checkpoint = false, mask_prompt = false;  // --mask-prompt: accepted, always on (see dataset.h)
+  bool grad_checkpoint = false, overwrite = false;
+  bool mask_prompt = false;  // --mask-prompt: accepted, always on (see dataset.h)
   hearth::train::TrainConfig cfg;
   hearth::cli::DistOptions dist;
 };
@@ -35,6 +38,31 @@ std::vector<std::string> split_commas(const std::string& s) {
   for (std::string item; std::getline(ss, item, ',');)
     if (!item.empty()) out.push_back(item);
   return out;
+}
+
+// The first file of `dir` that holds a trained adapter or the checkpoint of one (mlx-lm / full
+// weights, PEFT weights, checkpoint.json), or "" when none does.
+std::string trained_file_in(const std::filesystem::path& dir) {
+  std::error_code ec;
+  for (const char* f : {"adapters.safetensors", "adapter_model.safetensors", "checkpoint.json"})
+    if (std::filesystem::exists(dir / f, ec)) return f;
+  return "";
+}
+
+// Nothing a user had is lost: a run that does not continue the checkpoint in --adapter-path
+// (--resume naming that same folder) refuses a folder that holds a trained adapter unless
+// --overwrite says to replace it. Throws hearth::Error (one line naming the folder and the ways on).
+void check_output_folder(const TrainArgs& a) {
+  const auto& c = a.cfg;
+  std::error_code ec;
+  const bool continued = !c.resume.empty() && std::filesystem::equivalent(c.resume, c.adapter_path, ec);
+  HEARTH_CHECK(!(continued && a.overwrite), "train: --overwrite and --resume ", c.resume.string(),
+               " name the same folder: --resume continues its checkpoint, --overwrite would start afresh; pass one");
+  if (continued || a.overwrite) return;
+  const std::string found = trained_file_in(c.adapter_path);
+  HEARTH_CHECK(found.empty(), "train: --adapter-path ", c.adapter_path.string(), " already holds a trained adapter (",
+               found, "); pass --resume ", c.adapter_path.string(),
+               " to continue it, a new --adapter-path, or --overwrite to replace it");
 }
 
 void print_report(const hearth::train::Report& r, int64_t iters) {
@@ -85,8 +113,8 @@ int run(TrainArgs& args, const hearth::train::DistEnv* env) {
   std::signal(SIGTERM, SIG_DFL);
   if (quiet) return 0;
   if (res.interrupted)
-    std::printf("interrupted: checkpoint at step %lld in %s\n", static_cast<long long>(res.steps_done),
-                c.adapter_path.c_str());
+    std::printf("interrupted: checkpoint at step %lld in %s (continue with --resume %s)\n",
+                static_cast<long long>(res.steps_done), c.adapter_path.c_str(), c.adapter_path.c_str());
   else
     std::printf("saved adapter to %s\n", c.adapter_path.c_str());
   return 0;
@@ -97,7 +125,9 @@ std::function<int()> setup_train(CLI::App& app) {
   auto& c = a->cfg;
   app.add_option("--model", a->model, "Base model folder")->required();
   app.add_option("--data", a->data, "Folder with train.jsonl (and optionally valid.jsonl)")->required();
-  app.add_option("--adapter-path", a->adapter_path, "Output folder (adapter, checkpoint, metrics.jsonl)");
+  app.add_option("--adapter-path", a->adapter_path,
+                 "Output folder (adapter, checkpoint, metrics.jsonl); one that already holds an adapter or checkpoint "
+                 "is refused unless --resume names it or --overwrite is given");
   app.add_option("--method", c.method,
                  "sft | dpo | orpo (default sft). dpo/orpo train on rows {\"prompt\", \"chosen\", \"rejected\"}; "
                  "DPO's reference is the base (LoRA: the adapter switched off; full: the base's log-probs taken "
@@ -108,24 +138,31 @@ std::function<int()> setup_train(CLI::App& app) {
                  "ORPO NLL term over the chosen response only, or the prompt too: response | full (default response)");
   app.add_option("--fine-tune-type", c.fine_tune_type, "lora | full (default lora)");
   app.add_option("--num-layers", c.num_layers, "Train the last N blocks; -1 = all (default -1)");
-  app.add_option("--lora-rank", c.lora_rank, "LoRA rank (default 8)");
-  app.add_option("--lora-scale", c.lora_scale, "LoRA scale (default 20)");
-  app.add_option("--lora-dropout", c.lora_dropout, "LoRA input dropout (default 0)");
+  app.add_option("--lora-rank", c.lora_rank, "LoRA rank, 1 to 65536 (default 8)");
+  app.add_option("--lora-scale", c.lora_scale, "LoRA scale, in (0, 10000] (default 20)");
+  app.add_option("--lora-dropout", c.lora_dropout, "LoRA input dropout, in [0, 1) (default 0)");
   app.add_option("--lora-keys", a->lora_keys, "Comma list of module names (default q,k,v,o,gate,up,down _proj)");
   app.add_option("--batch-size", c.batch_size, "Examples per micro-batch (default 4)");
   app.add_option("--iters", c.iters, "Optimizer steps (default 1000)");
   app.add_option("--learning-rate", c.learning_rate, "Peak learning rate (default 1e-5)");
   app.add_option("--lr-schedule", c.lr_schedule, "constant | cosine (default constant)");
   app.add_option("--warmup", c.warmup, "Linear warmup steps (default 0)");
-  app.add_option("--weight-decay", c.weight_decay, "AdamW decoupled weight decay (default 0)");
+  app.add_option("--weight-decay", c.weight_decay, "AdamW decoupled weight decay, >= 0 (default 0)");
   app.add_option("--grad-accumulation-steps", c.grad_accumulation_steps, "Micro-batches per step (default 1)");
-  app.add_option("--grad-clip", c.grad_clip, "Clip the global gradient norm to this (default 0 = off)");
-  app.add_option("--max-seq-length", c.max_seq_length, "Truncate examples to this many tokens (default 2048)");
+  app.add_option("--grad-clip", c.grad_clip, "Clip the global gradient norm to this, >= 0 (default 0 = off)");
+  app.add_option("--max-seq-length", c.max_seq_length,
+                 "Truncate examples to this many tokens, 2 to 16777216 (default 2048)");
   app.add_option("--steps-per-report", c.steps_per_report, "Steps between progress lines (default 10)");
   app.add_option("--steps-per-eval", c.steps_per_eval, "Steps between validations (default 200)");
   app.add_option("--val-batches", c.val_batches, "Validation batches; -1 = all (default 25)");
   app.add_option("--save-every", c.save_every, "Checkpoint every N steps (default 100)");
-  app.add_option("--resume", a->resume, "Continue from the checkpoint in this folder");
+  app.add_option("--resume", a->resume,
+                 "Continue from the checkpoint in this folder up to --iters (also the output folder unless "
+                 "--adapter-path says otherwise). A checkpoint already at --iters: prints that there is nothing to "
+                 "train and exits 0, writing nothing; past --iters: an error");
+  app.add_flag("--overwrite", a->overwrite,
+               "Start afresh in an --adapter-path that holds an adapter or checkpoint: its checkpoint is dropped when "
+               "training starts, its adapter files are replaced (each atomically) at the first save");
   app.add_option("--seed", c.seed, "Seed for data order and LoRA init (default 0)");
   app.add_flag("--mask-prompt", a->mask_prompt, "Loss on completions only (always on for chat/completion rows)");
   app.add_flag("--grad-checkpoint", a->grad_checkpoint, "Recompute activations per layer (= --segment-size 1)");
@@ -172,6 +209,18 @@ std::function<int()> setup_train(CLI::App& app) {
     const auto env = hearth::train::dist_env_from();  // torchrun's variables: this process is one rank
     hearth::cli::check_dist_options(a->dist);
     hearth::train::check_data_parallel(c.batch_size, c.method, env ? env->world_size : a->dist.nproc_per_node);
+    // The checkpoint, the output folder and the data, still before anything loads.
+    if (const int64_t at = hearth::train::start_step(c); at == c.iters) {
+      if (!env || env->rank == 0)
+        std::printf("nothing to train: the checkpoint in %s is already at step %lld = --iters (pass a larger --iters "
+                    "to train further); nothing was written\n",
+                    c.resume.string().c_str(), static_cast<long long>(at));
+      return 0;
+    }
+    check_output_folder(*a);
+    std::error_code ec;
+    HEARTH_CHECK(std::filesystem::is_regular_file(c.data_dir / "train.jsonl", ec), "train: --data ", a->data,
+                 ": no train.jsonl in it (the training rows, one JSON object per line)");
     if (!env && a->dist.nproc_per_node > 1) return hearth::cli::launch_workers(a->dist);
     const bool dp = env && env->world_size > 1;
     return hearth::cli::with_rank_prefix(dp ? env->rank : -1, [&] { return run(*a, dp ? &*env : nullptr); });

@@ -63,6 +63,10 @@ void LoraRun::save(const std::filesystem::path& dir, const std::string& format) 
   for (const auto& e : std::filesystem::directory_iterator(scratch))
     std::filesystem::rename(e.path(), dir / e.path().filename());
   hearth::io::remove_tree(scratch);
+  // A folder that held the other layout's weights (--overwrite with another --adapter-format):
+  // remove them once these are in place, or a loader preferring that layout would read the old ones.
+  std::error_code ec;
+  std::filesystem::remove(dir / (format == "peft" ? "adapters.safetensors" : "adapter_model.safetensors"), ec);
 }
 
 void LoraRun::set_training(bool on) {

@@ -28,7 +28,8 @@ class LoraRun {
   /// The A/B leaves as "<module path>.lora_A" [r, in] / ".lora_B" [out, r], in path order.
   std::vector<TrainableParam> params() const;
   /// Writes the adapter into `dir` ("mlx": adapters.safetensors + adapter_config.json;
-  /// "peft": adapter_model.safetensors + adapter_config.json).
+  /// "peft": adapter_model.safetensors + adapter_config.json), each file renamed into place;
+  /// then removes the other layout's weights file if `dir` held one (so no loader reads it).
   void save(const std::filesystem::path& dir, const std::string& format) const;
   /// true: the adapter is active with dropout on (training); false: active, dropout off (eval).
   void set_training(bool on);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <limits>
@@ -52,49 +53,6 @@ uint64_t rng_seed(uint64_t seed, int64_t step, int64_t micro, size_t segment) {
 }
 
 }  // namespace
-
-void check_config(const TrainConfig& c) {
-  parse_method(c.method);
-  HEARTH_CHECK(std::isfinite(c.beta) && c.beta > 0, "--beta must be a finite number > 0, got ", c.beta);
-  HEARTH_CHECK(std::isfinite(c.orpo_lambda) && c.orpo_lambda >= 0, "--orpo-lambda must be a finite number >= 0, got ",
-               c.orpo_lambda);
-  HEARTH_CHECK(c.sft_scope == "response" || c.sft_scope == "full", "--sft-scope: '", c.sft_scope,
-               "' is not response or full");
-  HEARTH_CHECK(c.fine_tune_type == "lora" || c.fine_tune_type == "full", "--fine-tune-type: '", c.fine_tune_type,
-               "' is not lora or full");
-  HEARTH_CHECK(c.batch_size >= 1, "--batch-size must be >= 1, got ", c.batch_size);
-  HEARTH_CHECK(c.iters >= 1, "--iters must be >= 1, got ", c.iters);
-  HEARTH_CHECK(c.grad_accumulation_steps >= 1, "--grad-accumulation-steps must be >= 1, got ",
-               c.grad_accumulation_steps);
-  HEARTH_CHECK(std::isfinite(c.learning_rate) && c.learning_rate >= 0, "--learning-rate must be a finite number >= 0, got ",
-               c.learning_rate);
-  HEARTH_CHECK(c.warmup >= 0, "--warmup must be >= 0, got ", c.warmup);
-  HEARTH_CHECK(c.steps_per_report >= 1, "--steps-per-report must be >= 1, got ", c.steps_per_report);
-  HEARTH_CHECK(c.steps_per_eval >= 1, "--steps-per-eval must be >= 1, got ", c.steps_per_eval);
-  HEARTH_CHECK(c.save_every >= 0, "--save-every must be >= 0, got ", c.save_every);
-  HEARTH_CHECK(c.segment_size >= 0, "--segment-size must be >= 0, got ", c.segment_size);
-  HEARTH_CHECK(!c.offload_boundaries || c.segment_size > 0,
-               "--offload-boundaries needs --segment-size >= 1 (the full backward keeps no boundaries to offload)");
-  HEARTH_CHECK(std::isfinite(c.offload_host_limit_gb) && c.offload_host_limit_gb >= 0,
-               "--offload-host-limit must be a number of GB >= 0 (0 = no limit), got ", c.offload_host_limit_gb);
-  HEARTH_CHECK(c.offload_host_limit_gb == 0 || c.offload_boundaries, "--offload-host-limit needs --offload-boundaries");
-  HEARTH_CHECK(c.mlp_chunk >= 0, "--mlp-chunk must be >= 0 (0 = off), got ", c.mlp_chunk);
-  HEARTH_CHECK(c.mlp_chunk == 0 || c.lora_dropout == 0, "--mlp-chunk ", c.mlp_chunk,
-               " recomputes the MLP in the backward and cannot replay LoRA dropout masks: use --lora-dropout 0 or "
-               "--mlp-chunk 0");
-  HEARTH_CHECK(c.num_layers == -1 || c.num_layers >= 1, "--num-layers must be -1 (all) or >= 1, got ", c.num_layers);
-  HEARTH_CHECK(c.grad_clip >= 0, "--grad-clip must be >= 0 (0 = off), got ", c.grad_clip);
-  HEARTH_CHECK(c.val_batches == -1 || c.val_batches >= 1, "--val-batches must be -1 (all) or >= 1, got ",
-               c.val_batches);
-  parse_mixed_precision(c.mixed_precision);
-  HEARTH_CHECK(c.adapter_format == "mlx" || c.adapter_format == "peft", "--adapter-format: '", c.adapter_format,
-               "' is not mlx or peft");
-  HEARTH_CHECK(!c.adapter_path.empty(), "--adapter-path is required");
-  std::error_code ec;
-  HEARTH_CHECK(!std::filesystem::exists(c.adapter_path, ec) || std::filesystem::is_directory(c.adapter_path, ec),
-               "--adapter-path ", c.adapter_path.string(), ": exists and is not a folder (the adapter, checkpoints and "
-               "metrics.jsonl are written into a folder)");
-}
 
 namespace {
 
@@ -307,13 +265,10 @@ CheckpointRecord read_checkpoint(const std::filesystem::path& dir) {
   return r;
 }
 
-// Restores parameters, optimizer state and data position; returns the checkpoint's step.
-int64_t load_checkpoint(const TrainConfig& cfg, Batcher& batcher, NamedAdamW& opt,
-                        const std::vector<TrainableParam>& params) {
-  const auto dir = cfg.resume;
-  const CheckpointRecord ck = read_checkpoint(dir);
+// Throws unless the run `cfg` may continue the checkpoint `ck` of `dir`: same fine-tune type,
+// method, seed, batch size and gradient accumulation (one line naming the file and the flag).
+void check_checkpoint_matches(const CheckpointRecord& ck, const TrainConfig& cfg, const std::filesystem::path& dir) {
   const std::string origin = (dir / "checkpoint.json").string();
-  const int64_t step = ck.step;
   HEARTH_CHECK(ck.fine_tune_type == cfg.fine_tune_type, origin, ": the checkpoint is a ", ck.fine_tune_type,
                " fine-tune, this run is ", cfg.fine_tune_type);
   HEARTH_CHECK(ck.method == cfg.method, origin, ": the checkpoint was trained with --method ", ck.method,
@@ -325,6 +280,15 @@ int64_t load_checkpoint(const TrainConfig& cfg, Batcher& batcher, NamedAdamW& op
   HEARTH_CHECK(ck.grad_accumulation_steps == cfg.grad_accumulation_steps, origin, ": --grad-accumulation-steps ",
                cfg.grad_accumulation_steps, " differs from the checkpoint's ", ck.grad_accumulation_steps,
                " (resume with the checkpoint's value)");
+}
+
+// Restores parameters, optimizer state and data position; returns the checkpoint's step.
+int64_t load_checkpoint(const TrainConfig& cfg, Batcher& batcher, NamedAdamW& opt,
+                        const std::vector<TrainableParam>& params) {
+  const auto dir = cfg.resume;
+  const CheckpointRecord ck = read_checkpoint(dir);
+  const int64_t step = ck.step;
+  check_checkpoint_matches(ck, cfg, dir);
   auto f = io::SafetensorsFile::open(dir / ck.optimizer);
   auto it = f->metadata().find("step");
   HEARTH_CHECK(it != f->metadata().end() && it->second == std::to_string(step), f->path().string(),
@@ -427,9 +391,27 @@ LayerStack make_layer_stack(models::Model& model, const std::vector<TrainablePar
 
 int64_t checkpoint_step(const std::filesystem::path& dir) { return read_checkpoint(dir).step; }
 
+int64_t start_step(const TrainConfig& cfg) {
+  if (cfg.resume.empty()) return 0;
+  const CheckpointRecord ck = read_checkpoint(cfg.resume);
+  check_checkpoint_matches(ck, cfg, cfg.resume);
+  HEARTH_CHECK(ck.step <= cfg.iters, "--resume ", cfg.resume.string(), ": its checkpoint is at step ", ck.step,
+               ", past --iters ", cfg.iters, " (a run cannot go back): pass --iters above ", ck.step,
+               " to train further, or use that folder's adapter as it is");
+  return ck.step;
+}
+
 TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tokenizer::Tokenizer& tok,
                          const std::function<void(const Report&)>& on_report) {
   check_config(cfg);
+  if (const int64_t at = start_step(cfg); at == cfg.iters) {
+    if (cfg.on_note)
+      cfg.on_note(cat("nothing to train: the checkpoint in ", cfg.resume.string(), " is already at step ", at,
+                      " = --iters (pass a larger --iters to train further); nothing was written"));
+    TrainResult done;
+    done.steps_done = at;
+    return done;
+  }
   nn::MlpChunkScope mlp_chunk(cfg.mlp_chunk);  // training, evaluation and reference forwards alike
   HEARTH_CHECK(cfg.num_layers <= model.num_layers(), "--num-layers ", cfg.num_layers, " exceeds the model's ",
                model.num_layers(), " layers (-1 = all)");
@@ -532,7 +514,14 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
     std::filesystem::create_directories(cfg.adapter_path);
     if (const int64_t n = io::remove_stale_temporaries(cfg.adapter_path); n > 0)
       note(cat(cfg.adapter_path.string(), ": removed ", n, " temporary file(s) left by a killed run"));
-    truncate_metrics(metrics, start);  // the killed run's lines after its checkpoint (all of them on a fresh run)
+    std::error_code ec;
+    const bool continued = !cfg.resume.empty() && std::filesystem::equivalent(cfg.resume, cfg.adapter_path, ec);
+    // The killed run's lines after its checkpoint; all of them when this run does not continue that
+    // folder's own checkpoint. Then its checkpoint.json goes too (a fresh run into a folder that held
+    // one: the CLI's --overwrite), so no later --resume pairs it with this run's metrics; its adapter
+    // files stay until this run's first save replaces them, each atomically.
+    truncate_metrics(metrics, continued ? start : 0);
+    if (!continued) std::filesystem::remove(cfg.adapter_path / "checkpoint.json", ec);
   }
   if (lora) lora->set_training(true);
   const at::Device device = model.placement().device;

@@ -119,10 +119,24 @@ std::vector<TrainableParam> full_parameters(models::Model& model, int64_t num_la
 /// The LayerStack of `model` (embed / forward_layers without cache / head) over `params`.
 LayerStack make_layer_stack(models::Model& model, const std::vector<TrainableParam>& params);
 
-/// Validates the run's options alone (ranges, names, --adapter-path not an existing regular
-/// file); run_training calls it first, the CLI before loading the model. Throws hearth::Error
-/// naming the flag.
+/// The largest --max-seq-length accepted (2^24 tokens): far past any sequence a run here fits
+/// (128K tokens of an 8B model take 42 GB), so a larger value is a typo, refused before any load.
+inline constexpr int64_t kMaxSeqLength = int64_t{1} << 24;
+
+/// Validates the run's options alone, before anything is loaded: every numeric flag's range (LoRA
+/// rank in [1, 65536] and scale in (0, 1e4] as the adapter loader accepts, dropout in [0, 1), --max-seq-length in [2, kMaxSeqLength], learning
+/// rate, weight decay and clip finite >= 0, counts >= 1 ...), the names (method, schedule, formats),
+/// --adapter-path not an existing regular file. run_training calls it first, the CLI before loading
+/// the model. Throws hearth::Error, one line naming the flag and its allowed range.
 void check_config(const TrainConfig& cfg);
+
+/// The step a run of `cfg` starts from: 0 for a fresh run (cfg.resume empty), else the step of
+/// <cfg.resume>/checkpoint.json (only that file is read). A result equal to cfg.iters means
+/// nothing is left to train: run_training then returns at once (steps_done = that step) and writes
+/// nothing. Throws hearth::Error when checkpoint.json is absent or malformed (naming the file and
+/// field), when cfg cannot continue it (another fine-tune type, method, seed, batch size or
+/// gradient accumulation), or when its step is past cfg.iters (a run cannot go back; naming both).
+int64_t start_step(const TrainConfig& cfg);
 
 /// Runs the loop. `model` and `tok` are loaded by the caller (on the device and dtype wanted).
 /// cfg.method "dpo" / "orpo" trains on preference rows (preference_data.h) with the losses of
