@@ -1,7 +1,7 @@
 // Batched prefill (generate/batch.h step()) on tiny random llama models and the Qwen3.5 goldens, CPU
 // fp32: several sequences' prompt chunks in one forward per chunk-round — different lengths,
-// prompt-cache prefixes, a LoRA row, snapshots — give each one's logprobs, tokens and caches alone.
-// Not the decode batching (batch_test.cpp) or the server's loop (tests/server/).
+// prompt-cache prefixes, a LoRA row, snapshots, shared-prefill choices — give each one's logprobs,
+// tokens and caches alone. Not the decode batching (batch_test.cpp) or the server's loop.
 #include <gtest/gtest.h>
 
 #include <c10/core/GradMode.h>
@@ -28,10 +28,18 @@ class PrefillShapesLlama : public models::llama::LlamaModel {
   std::vector<std::vector<int64_t>> forwards;
 };
 
-std::unique_ptr<PrefillShapesLlama> prefill_shapes_llama(const nlohmann::json& patch, uint64_t seed) {
+// The same model as a family that does not take ragged batches.
+class PrefillShapesNoRagged : public PrefillShapesLlama {
+ public:
+  using PrefillShapesLlama::PrefillShapesLlama;
+  bool ragged_batches() const override { return false; }
+};
+
+template <class M = PrefillShapesLlama>
+std::unique_ptr<M> prefill_shapes_llama(const nlohmann::json& patch, uint64_t seed) {
   auto cfg = models::llama::LlamaConfig::from_json(hearth::testing::tiny_llama_config(patch), "config.json");
   nn::TensorMapSource src(hearth::testing::random_llama_weights(cfg, seed));
-  return std::make_unique<PrefillShapesLlama>(cfg, src, std::nullopt, nn::LoadOptions{at::kCPU, at::kFloat});
+  return std::make_unique<M>(cfg, src, std::nullopt, nn::LoadOptions{at::kCPU, at::kFloat});
 }
 
 std::vector<int64_t> prefill_prompt(int64_t len, int64_t seed, int64_t vocab = 64) {
@@ -221,6 +229,73 @@ TEST(BatchPrefill, SlidingWindowRowsShareAForwardOnlyAtEqualLengths) {
   ASSERT_GE(model->forwards.size(), 2u);
   EXPECT_EQ(model->forwards[0], (std::vector<int64_t>{2, 8}));
   EXPECT_EQ(model->forwards[1], (std::vector<int64_t>{1, 5}));
+}
+
+TEST(BatchPrefill, AFamilyWithoutRaggedBatchesPrefillsOneSequencePerForward) {
+  auto model = prefill_shapes_llama<PrefillShapesNoRagged>(nlohmann::json::object(), 24);
+  const std::vector<PrefillSpec> specs{{prefill_prompt(8, 1)}, {prefill_prompt(5, 2)}, {prefill_prompt(8, 3)}};
+  const std::vector<PrefillRun> want = prefill_run(*model, specs, false);
+  expect_prefill_same(prefill_run(*model, specs, true, 256, 6, model.get()), want);
+  ASSERT_GE(model->forwards.size(), 3u);
+  EXPECT_EQ(model->forwards[0], (std::vector<int64_t>{1, 8}));
+  EXPECT_EQ(model->forwards[1], (std::vector<int64_t>{1, 5}));
+  EXPECT_EQ(model->forwards[2], (std::vector<int64_t>{1, 8}));
+}
+
+TEST(BatchPrefill, ChoicesSharingAPrefillThatRanInAPaddedForwardEqualEachAlone) {
+  // A request with n = 3 (one prefill, three samplers) prefilled beside two others.
+  auto model = prefill_shapes_llama(nlohmann::json::object(), 25);
+  const std::vector<int64_t> shared = prefill_prompt(13, 7);
+  const std::vector<std::vector<int64_t>> prompts{prefill_prompt(9, 1), shared, shared, shared, prefill_prompt(5, 2)};
+  std::vector<GenerateOptions> opts;
+  for (uint64_t i = 0; i < prompts.size(); ++i) {
+    opts.push_back(prefill_options(6));
+    opts.back().sampling.temperature = 1.0;
+    opts.back().sampling.seed = 40 + i;
+  }
+  auto sequences = [&](std::vector<PrefillRun>& runs) {
+    std::vector<std::unique_ptr<Sequence>> seqs;
+    for (size_t i = 0; i < prompts.size(); ++i)
+      seqs.push_back(std::make_unique<Sequence>(prompts[i], opts[i], cache::Caches{}, std::vector<std::string>{},
+                                                [&runs, i](int64_t, const at::Tensor& lp) {
+                                                  runs[i].logprobs.push_back(lp.clone());
+                                                  return true;
+                                                }));
+    return seqs;
+  };
+  auto finish = [](std::vector<std::unique_ptr<Sequence>>& seqs, std::vector<PrefillRun>& runs) {
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      EXPECT_TRUE(seqs[i]->error().empty()) << seqs[i]->error();
+      runs[i].tokens = seqs[i]->result().tokens;
+      runs[i].caches = std::move(seqs[i]->caches());
+    }
+  };
+  std::vector<PrefillRun> want(prompts.size());
+  auto alone = sequences(want);
+  for (auto& s : alone)
+    while (!s->done()) step(*model, {s.get()}, 256);
+  finish(alone, want);
+  EXPECT_NE(want[1].tokens, want[2].tokens);  // the choices' seeds matter
+
+  std::vector<PrefillRun> got(prompts.size());
+  auto seqs = sequences(got);
+  seqs[1]->share_prefill(*seqs[2]);
+  seqs[1]->share_prefill(*seqs[3]);
+  model->forwards.clear();
+  for (;;) {
+    std::vector<Sequence*> live;
+    for (auto& s : seqs)
+      if (!s->done()) live.push_back(s.get());
+    if (live.empty()) break;
+    step(*model, live, 256);
+  }
+  finish(seqs, got);
+  expect_prefill_same(got, want);
+  // Chunks 8 + 1, 8 + 5 (shared), 5: two rounds, then all five rows decode together.
+  ASSERT_GE(model->forwards.size(), 3u);
+  EXPECT_EQ(model->forwards[0], (std::vector<int64_t>{3, 8}));
+  EXPECT_EQ(model->forwards[1], (std::vector<int64_t>{2, 5}));
+  EXPECT_EQ(model->forwards[2], (std::vector<int64_t>{5, 1}));
 }
 
 TEST(BatchPrefill, HybridRowsOfQwen3_5AtEqualLengthsEqualEachAlone) {
