@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/torch_compat.h"
 #include "generate/decode_slots.h"
+#include "generate/static_decode_util.h"
 #include "nn/linear.h"
 
 namespace hearth::generate {
@@ -296,12 +297,13 @@ void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t pref
       at += len;
     }
   }
+  const bool together = model.ragged_batches() && !env_equals("HEARTH_BATCH_PREFILL", "0");
   for (const auto& round : rounds) {
     // Rows whose caches trim exactly may be padded; the others share a forward only at equal lengths.
     std::vector<Chunk> padded, same;
     for (const auto& [s, len] : round) {
       if (s->done()) continue;
-      if (!model.ragged_batches()) {
+      if (!together) {
         s->prefill_alone(model, len);
         if (s->done()) s->finish_stats(model);
         continue;

@@ -142,7 +142,8 @@ class Sequence {
 /// for rows whose every layer cache is a plain cache::KVCache (exact trim); rows with sliding-window
 /// or recurrent caches share a forward only with rows of the same chunk length. One padded forward
 /// holds at most max(prefill_budget, its longest chunk) token positions (rows longest first; more
-/// forwards when they do not fit). Models without ragged batches prefill one sequence per forward.
+/// forwards when they do not fit). Models without ragged batches prefill one sequence per forward,
+/// and so does every model under HEARTH_BATCH_PREFILL=0.
 /// A sequence whose prefill completes samples its first token (and releases its share_prefill
 /// forks) right after its round's forward.
 ///

@@ -6,7 +6,9 @@
 
 #include <c10/core/GradMode.h>
 
+#include <cstdlib>
 #include <filesystem>
+#include <optional>
 
 #include "../models/random_llama.h"
 #include "generate/batch.h"
@@ -231,15 +233,26 @@ TEST(BatchPrefill, SlidingWindowRowsShareAForwardOnlyAtEqualLengths) {
   EXPECT_EQ(model->forwards[1], (std::vector<int64_t>{1, 5}));
 }
 
-TEST(BatchPrefill, AFamilyWithoutRaggedBatchesPrefillsOneSequencePerForward) {
-  auto model = prefill_shapes_llama<PrefillShapesNoRagged>(nlohmann::json::object(), 24);
+// Sets HEARTH_BATCH_PREFILL for one scope.
+struct PrefillEnvScope {
+  explicit PrefillEnvScope(const char* value) { setenv("HEARTH_BATCH_PREFILL", value, 1); }
+  ~PrefillEnvScope() { unsetenv("HEARTH_BATCH_PREFILL"); }
+};
+
+TEST(BatchPrefill, AFamilyWithoutRaggedBatchesOrTheSwitchOffPrefillsOneSequencePerForward) {
   const std::vector<PrefillSpec> specs{{prefill_prompt(8, 1)}, {prefill_prompt(5, 2)}, {prefill_prompt(8, 3)}};
-  const std::vector<PrefillRun> want = prefill_run(*model, specs, false);
-  expect_prefill_same(prefill_run(*model, specs, true, 256, 6, model.get()), want);
-  ASSERT_GE(model->forwards.size(), 3u);
-  EXPECT_EQ(model->forwards[0], (std::vector<int64_t>{1, 8}));
-  EXPECT_EQ(model->forwards[1], (std::vector<int64_t>{1, 5}));
-  EXPECT_EQ(model->forwards[2], (std::vector<int64_t>{1, 8}));
+  auto no_ragged = prefill_shapes_llama<PrefillShapesNoRagged>(nlohmann::json::object(), 24);
+  auto switched_off = prefill_shapes_llama(nlohmann::json::object(), 24);
+  for (PrefillShapesLlama* model : {static_cast<PrefillShapesLlama*>(no_ragged.get()), switched_off.get()}) {
+    std::optional<PrefillEnvScope> off;
+    if (model == switched_off.get()) off.emplace("0");
+    const std::vector<PrefillRun> want = prefill_run(*model, specs, false);
+    expect_prefill_same(prefill_run(*model, specs, true, 256, 6, model), want);
+    ASSERT_GE(model->forwards.size(), 3u);
+    EXPECT_EQ(model->forwards[0], (std::vector<int64_t>{1, 8}));
+    EXPECT_EQ(model->forwards[1], (std::vector<int64_t>{1, 5}));
+    EXPECT_EQ(model->forwards[2], (std::vector<int64_t>{1, 8}));
+  }
 }
 
 TEST(BatchPrefill, ChoicesSharingAPrefillThatRanInAPaddedForwardEqualEachAlone) {
