@@ -29,6 +29,16 @@ bool trims_exactly(const cache::Caches& caches) {
                      [](const auto& c) { return !c || dynamic_cast<const cache::KVCache*>(c.get()); });
 }
 
+// Whether step() prefills several sequences in one forward: only for a model that takes ragged
+// batches, and by default only off the CPU. A prefill forward on a GPU costs about the same for one
+// row or many; on the CPU, compute-bound, one padded forward costs what the separate ones do and
+// holds every first token until it ends, while one forward per sequence streams each first token
+// as soon as its own forward ends (docs/benchmarks.md). HEARTH_BATCH_PREFILL=1 / 0 forces it on / off.
+bool batch_prefill(const models::Model& model) {
+  if (!model.ragged_batches() || env_equals("HEARTH_BATCH_PREFILL", "0")) return false;
+  return env_equals("HEARTH_BATCH_PREFILL", "1") || !model.placement().device.is_cpu();
+}
+
 // The forwards of one round: `padded` rows together whatever their lengths, `same` rows only with
 // rows of the same length; longest first, a forward closed when its rows × longest chunk would pass
 // max(cap, longest chunk) token positions.
@@ -297,7 +307,7 @@ void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t pref
       at += len;
     }
   }
-  const bool together = model.ragged_batches() && !env_equals("HEARTH_BATCH_PREFILL", "0");
+  const bool together = batch_prefill(model);
   for (const auto& round : rounds) {
     // Rows whose caches trim exactly may be padded; the others share a forward only at equal lengths.
     std::vector<Chunk> padded, same;

@@ -134,18 +134,19 @@ class Sequence {
 /// sequence by sequence, in order, while the chunks' total stays within `prefill_budget` tokens (at
 /// least one chunk when any sequence prefills; a chunk that does not fit ends that sequence's share
 /// and the next may still fit). The plan runs in chunk-rounds: round k holds the k-th planned chunk
-/// of each sequence. When the model takes ragged batches (Model::ragged_batches), the chunks of one
-/// round go through ONE forward (rows at their own positions via cache::rows_view, each with its own
-/// adapters via nn::RowAdapters), right-padded to the longest chunk; each row's padding is trimmed
-/// from its caches right after, so a cache only ever holds its own prompt's tokens, and the logits
-/// are computed only at the last real token of rows whose prompt completes. Padding is only possible
+/// of each sequence. When the model takes ragged batches (Model::ragged_batches) and is not on the
+/// CPU (HEARTH_BATCH_PREFILL=1 / 0 forces this on / off), the chunks of one round go through ONE
+/// forward (rows at their own positions via cache::rows_view, each with its own adapters via
+/// nn::RowAdapters), right-padded to the longest chunk; each row's padding is trimmed from its
+/// caches right after, so a cache only ever holds its own prompt's tokens, and the logits are
+/// computed only at the last real token of rows whose prompt completes. Padding is only possible
 /// for rows whose every layer cache is a plain cache::KVCache (exact trim); rows with sliding-window
 /// or recurrent caches share a forward only with rows of the same chunk length. One padded forward
 /// holds at most max(prefill_budget, its longest chunk) token positions (rows longest first; more
-/// forwards when they do not fit). Models without ragged batches prefill one sequence per forward,
-/// and so does every model under HEARTH_BATCH_PREFILL=0.
-/// A sequence whose prefill completes samples its first token (and releases its share_prefill
-/// forks) right after its round's forward.
+/// forwards when they do not fit). Otherwise each chunk is a forward of its own (on the CPU,
+/// compute-bound, that streams each first token as soon as its own forward ends:
+/// docs/benchmarks.md). A sequence whose prefill completes samples its first token (and releases
+/// its share_prefill forks) right after its round's forward.
 ///
 /// Decode: feeds every decoding sequence's last token in ONE forward when the model takes ragged
 /// batches, else one forward per sequence, and samples each row's next token with its own sampler.

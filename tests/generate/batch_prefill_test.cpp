@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
+#include <string>
 
 #include "../models/random_llama.h"
 #include "generate/batch.h"
@@ -157,7 +158,30 @@ void expect_prefill_same(const std::vector<PrefillRun>& got, const std::vector<P
   }
 }
 
-TEST(BatchPrefill, RowsOfDifferentLengthsPrefixesAdaptersAndSnapshotsEqualEachAlone) {
+// Sets HEARTH_BATCH_PREFILL for one scope (unset: step()'s default, off on the CPU), then restores it.
+class PrefillEnvScope {
+ public:
+  explicit PrefillEnvScope(const char* value) {
+    if (const char* v = std::getenv("HEARTH_BATCH_PREFILL")) saved_ = v;
+    if (value) setenv("HEARTH_BATCH_PREFILL", value, 1);
+    else unsetenv("HEARTH_BATCH_PREFILL");
+  }
+  ~PrefillEnvScope() {
+    if (saved_) setenv("HEARTH_BATCH_PREFILL", saved_->c_str(), 1);
+    else unsetenv("HEARTH_BATCH_PREFILL");
+  }
+
+ private:
+  std::optional<std::string> saved_;
+};
+
+// These models run on the CPU, where batched prefill is off by default: each test turns it on.
+class BatchPrefill : public ::testing::Test {
+ protected:
+  PrefillEnvScope on_{"1"};
+};
+
+TEST_F(BatchPrefill, RowsOfDifferentLengthsPrefixesAdaptersAndSnapshotsEqualEachAlone) {
   auto model = prefill_shapes_llama(nlohmann::json::object(), 21);
   ASSERT_TRUE(model->ragged_batches());
   at::manual_seed(5);
@@ -190,7 +214,7 @@ TEST(BatchPrefill, RowsOfDifferentLengthsPrefixesAdaptersAndSnapshotsEqualEachAl
   EXPECT_EQ(model->forwards[4], (std::vector<int64_t>{6, 1}));  // the first decode step
 }
 
-TEST(BatchPrefill, OneForwardPerChunkRoundNotPerSequence) {
+TEST_F(BatchPrefill, OneForwardPerChunkRoundNotPerSequence) {
   auto model = prefill_shapes_llama(nlohmann::json::object(), 22);
   // Eight requests arriving together, each prompt one chunk: ONE prefill forward, then one decode.
   std::vector<PrefillSpec> eight;
@@ -222,7 +246,7 @@ TEST(BatchPrefill, OneForwardPerChunkRoundNotPerSequence) {
   EXPECT_EQ(model->forwards[1], (std::vector<int64_t>{1, 3}));
 }
 
-TEST(BatchPrefill, SlidingWindowRowsShareAForwardOnlyAtEqualLengths) {
+TEST_F(BatchPrefill, SlidingWindowRowsShareAForwardOnlyAtEqualLengths) {
   // A sliding window's cache cannot trim padding back: rows of equal chunk length still go together.
   auto model = prefill_shapes_llama({{"model_type", "mistral"}, {"sliding_window", 6}}, 23);
   const std::vector<PrefillSpec> specs{{prefill_prompt(8, 1)}, {prefill_prompt(5, 2)}, {prefill_prompt(8, 3)}};
@@ -233,19 +257,16 @@ TEST(BatchPrefill, SlidingWindowRowsShareAForwardOnlyAtEqualLengths) {
   EXPECT_EQ(model->forwards[1], (std::vector<int64_t>{1, 5}));
 }
 
-// Sets HEARTH_BATCH_PREFILL for one scope.
-struct PrefillEnvScope {
-  explicit PrefillEnvScope(const char* value) { setenv("HEARTH_BATCH_PREFILL", value, 1); }
-  ~PrefillEnvScope() { unsetenv("HEARTH_BATCH_PREFILL"); }
-};
 
-TEST(BatchPrefill, AFamilyWithoutRaggedBatchesOrTheSwitchOffPrefillsOneSequencePerForward) {
+TEST_F(BatchPrefill, AFamilyWithoutRaggedBatchesTheCpuDefaultOrTheSwitchOffPrefillOneSequencePerForward) {
   const std::vector<PrefillSpec> specs{{prefill_prompt(8, 1)}, {prefill_prompt(5, 2)}, {prefill_prompt(8, 3)}};
   auto no_ragged = prefill_shapes_llama<PrefillShapesNoRagged>(nlohmann::json::object(), 24);
+  auto cpu_default = prefill_shapes_llama(nlohmann::json::object(), 24);
   auto switched_off = prefill_shapes_llama(nlohmann::json::object(), 24);
-  for (PrefillShapesLlama* model : {static_cast<PrefillShapesLlama*>(no_ragged.get()), switched_off.get()}) {
-    std::optional<PrefillEnvScope> off;
-    if (model == switched_off.get()) off.emplace("0");
+  for (PrefillShapesLlama* model : {static_cast<PrefillShapesLlama*>(no_ragged.get()), cpu_default.get(), switched_off.get()}) {
+    std::optional<PrefillEnvScope> env;
+    if (model == cpu_default.get()) env.emplace(nullptr);
+    if (model == switched_off.get()) env.emplace("0");
     const std::vector<PrefillRun> want = prefill_run(*model, specs, false);
     expect_prefill_same(prefill_run(*model, specs, true, 256, 6, model), want);
     ASSERT_GE(model->forwards.size(), 3u);
@@ -255,7 +276,7 @@ TEST(BatchPrefill, AFamilyWithoutRaggedBatchesOrTheSwitchOffPrefillsOneSequenceP
   }
 }
 
-TEST(BatchPrefill, ChoicesSharingAPrefillThatRanInAPaddedForwardEqualEachAlone) {
+TEST_F(BatchPrefill, ChoicesSharingAPrefillThatRanInAPaddedForwardEqualEachAlone) {
   // A request with n = 3 (one prefill, three samplers) prefilled beside two others.
   auto model = prefill_shapes_llama(nlohmann::json::object(), 25);
   const std::vector<int64_t> shared = prefill_prompt(13, 7);
@@ -311,7 +332,7 @@ TEST(BatchPrefill, ChoicesSharingAPrefillThatRanInAPaddedForwardEqualEachAlone) 
   EXPECT_EQ(model->forwards[2], (std::vector<int64_t>{5, 1}));
 }
 
-TEST(BatchPrefill, HybridRowsOfQwen3_5AtEqualLengthsEqualEachAlone) {
+TEST_F(BatchPrefill, HybridRowsOfQwen3_5AtEqualLengthsEqualEachAlone) {
   // Recurrent states cannot trim either: equal-length chunks share a forward, others prefill alone.
   auto model = models::load_model(std::filesystem::path(HEARTH_SOURCE_DIR) / "tests/golden/models/qwen3_5/q35_tied_hv2",
                                   {at::kCPU, at::kFloat});
