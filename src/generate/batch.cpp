@@ -1,5 +1,6 @@
 // Sequence and step(): generate()'s prefill/sample/decode loop cut into scheduler iterations so
-// that several sequences decode together. Not the server's scheduling policy (engine_loop.cpp).
+// that several sequences prefill and decode together. Not the server's scheduling policy
+// (engine_loop.cpp).
 #include "generate/batch.h"
 
 #include <c10/core/GradMode.h>
@@ -9,6 +10,7 @@
 #include "core/error.h"
 #include "core/torch_compat.h"
 #include "generate/decode_slots.h"
+#include "generate/static_decode_util.h"
 #include "nn/linear.h"
 
 namespace hearth::generate {
@@ -16,6 +18,51 @@ namespace hearth::generate {
 namespace {
 using Clock = std::chrono::steady_clock;
 double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// A planned prompt chunk: the sequence and how many of its next prompt tokens.
+using Chunk = std::pair<Sequence*, int64_t>;
+
+// Whether every layer cache is a plain KVCache, whose trim is exact (a padded prefill trims its
+// padding back; a sliding window or a recurrent state could not).
+bool trims_exactly(const cache::Caches& caches) {
+  return std::all_of(caches.begin(), caches.end(),
+                     [](const auto& c) { return !c || dynamic_cast<const cache::KVCache*>(c.get()); });
+}
+
+// Whether step() prefills several sequences in one forward: only for a model that takes ragged
+// batches, and by default only off the CPU. A prefill forward on a GPU costs about the same for one
+// row or many; on the CPU, compute-bound, one padded forward costs what the separate ones do and
+// holds every first token until it ends, while one forward per sequence streams each first token
+// as soon as its own forward ends (docs/benchmarks.md). HEARTH_BATCH_PREFILL=1 / 0 forces it on / off.
+bool batch_prefill(const models::Model& model) {
+  if (!model.ragged_batches() || env_equals("HEARTH_BATCH_PREFILL", "0")) return false;
+  return env_equals("HEARTH_BATCH_PREFILL", "1") || !model.placement().device.is_cpu();
+}
+
+// The forwards of one round: `padded` rows together whatever their lengths, `same` rows only with
+// rows of the same length; longest first, a forward closed when its rows × longest chunk would pass
+// max(cap, longest chunk) token positions.
+std::vector<std::vector<Chunk>> forward_groups(std::vector<Chunk> padded, std::vector<Chunk> same, int64_t cap) {
+  std::vector<std::vector<Chunk>> groups;
+  auto pack = [&](std::vector<Chunk>& chunks, bool pad) {
+    std::stable_sort(chunks.begin(), chunks.end(), [](const Chunk& a, const Chunk& b) { return a.second > b.second; });
+    const size_t first = groups.size();
+    for (const Chunk& c : chunks) {
+      if (groups.size() > first) {
+        std::vector<Chunk>& g = groups.back();
+        const int64_t T = g.front().second;
+        if ((pad || c.second == T) && static_cast<int64_t>(g.size() + 1) * T <= std::max(cap, T)) {
+          g.push_back(c);
+          continue;
+        }
+      }
+      groups.push_back({c});
+    }
+  };
+  pack(padded, true);
+  pack(same, false);
+  return groups;
+}
 }  // namespace
 
 Sequence::Sequence(std::vector<int64_t> prompt, GenerateOptions opts, cache::Caches caches,
@@ -95,20 +142,29 @@ void Sequence::check_prompt(const models::Model& model) {
   started_ = true;
 }
 
-void Sequence::prefill_chunk(models::Model& model) {
-  if (!started_) check_prompt(model);
+int64_t Sequence::chunk_at(int64_t at) const {
+  int64_t len = std::min(opts_.prefill_step_size, static_cast<int64_t>(prompt_.size()) - at);
+  if (on_snapshot_ && snapshot_every_ > 0) len = std::min(len, snapshot_every_ - at % snapshot_every_);
+  return len;
+}
+
+void Sequence::prefill_alone(models::Model& model, int64_t len) {
   const int64_t n = static_cast<int64_t>(prompt_.size());
-  int64_t len = std::min(opts_.prefill_step_size, n - offset_);
-  if (on_snapshot_ && snapshot_every_ > 0) len = std::min(len, snapshot_every_ - offset_ % snapshot_every_);
   at::Tensor ids = at::tensor(std::vector<int64_t>(prompt_.begin() + offset_, prompt_.begin() + offset_ + len),
                               at::TensorOptions().dtype(at::kLong))
                        .view({1, len})
                        .to(model.placement().device);
+  const bool last = offset_ + len == n;
   at::Tensor logits;
   {
     nn::ActiveAdapters scope(adapters_);
-    logits = model.forward(ids, offset_, &caches_, /*logits_to_keep=*/offset_ + len == n ? 1 : 0);
+    logits = model.forward(ids, offset_, &caches_, /*logits_to_keep=*/1);
   }
+  end_chunk(model, len, last ? logits[0][-1] : at::Tensor());
+}
+
+void Sequence::end_chunk(models::Model& model, int64_t len, const at::Tensor& last_logits) {
+  const int64_t n = static_cast<int64_t>(prompt_.size());
   offset_ += len;
   if (on_snapshot_ && (offset_ == n || (snapshot_every_ > 0 && offset_ % snapshot_every_ == 0))) {
     cache::Caches copy;
@@ -118,7 +174,7 @@ void Sequence::prefill_chunk(models::Model& model) {
   if (offset_ < n) return;
   GenerationStats& st = result_.stats;
   const int64_t prefilled = n - st.cached_tokens;
-  if (!forks_.empty()) release_forks(model, logits[0][-1]);  // before this sequence samples or feeds anything
+  if (!forks_.empty()) release_forks(model, last_logits);  // before this sequence samples or feeds anything
   if (opts_.max_tokens <= 0) {
     compat::synchronize(model.placement().device);
     st.ttft_s = seconds(t0_, Clock::now());
@@ -126,11 +182,63 @@ void Sequence::prefill_chunk(models::Model& model) {
     done_ = true;
     return;
   }
-  sample_and_emit(logits[0][-1]);
+  sample_and_emit(last_logits);
   t1_ = Clock::now();
   st.ttft_s = seconds(t0_, t1_);
   st.prompt_tps = prefilled / std::max(st.ttft_s, 1e-9);
   t_last_ = t1_;
+}
+
+void Sequence::prefill_together(models::Model& model, const std::vector<Sequence*>& rows,
+                                const std::vector<int64_t>& lens) {
+  // Row b's lens[b] tokens, right-padded to T with token 0. Causal attention keeps the padding out
+  // of every real token's output; its keys/values, appended to the row's caches by the forward, are
+  // trimmed right after (step() pads only rows whose caches trim exactly).
+  const int64_t B = static_cast<int64_t>(rows.size()), T = *std::max_element(lens.begin(), lens.end());
+  std::vector<int64_t> ids(static_cast<size_t>(B * T), 0);
+  models::Positions pos;
+  std::vector<cache::Caches*> caches;
+  std::vector<std::vector<std::string>> adapters;
+  for (int64_t b = 0; b < B; ++b) {
+    const Sequence* s = rows[b];
+    std::copy_n(s->prompt_.begin() + s->offset_, lens[b], ids.begin() + b * T);
+    pos.offsets.push_back(s->offset_);
+    caches.push_back(&rows[b]->caches_);
+    adapters.push_back(s->adapters_);
+  }
+  const at::Device device = model.placement().device;
+  at::Tensor x = at::tensor(ids, at::TensorOptions().dtype(at::kLong)).view({B, T}).to(device);
+  at::Tensor hidden;  // [B, T, C]
+  {
+    cache::Caches view = cache::rows_view(caches);
+    nn::RowAdapters scope(adapters);
+    hidden = model.forward_layers(model.embed(x), 0, model.num_layers(), pos, &view).hidden;
+  }
+  for (int64_t b = 0; b < B; ++b)
+    HEARTH_CHECK(T == lens[b] || cache::trim_all(rows[b]->caches_, T - lens[b]),
+                 "generate: a padded prefill could not trim its padding from a cache");
+  // Logits only where a prompt completes, at its last real token.
+  std::vector<int64_t> last_rows, last_positions;
+  std::vector<std::vector<std::string>> last_adapters;
+  for (int64_t b = 0; b < B; ++b)
+    if (rows[b]->offset_ + lens[b] == static_cast<int64_t>(rows[b]->prompt_.size())) {
+      last_rows.push_back(b);
+      last_positions.push_back(b * T + lens[b] - 1);
+      last_adapters.push_back(rows[b]->adapters_);
+    }
+  at::Tensor logits;  // [E, 1, V], E = last_rows.size()
+  if (!last_rows.empty()) {
+    at::Tensor where = at::tensor(last_positions, at::TensorOptions().dtype(at::kLong)).to(device);
+    at::Tensor last = hidden.reshape({B * T, hidden.size(2)}).index_select(0, where).unsqueeze(1);  // [E, 1, C]
+    nn::RowAdapters scope(std::move(last_adapters));
+    logits = model.head(last);
+  }
+  size_t e = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const bool completes = e < last_rows.size() && last_rows[e] == b;
+    rows[b]->end_chunk(model, lens[b], completes ? logits[static_cast<int64_t>(e++)][0] : at::Tensor());
+    if (rows[b]->done()) rows[b]->finish_stats(model);
+  }
 }
 
 void Sequence::sample_and_emit(const at::Tensor& last_logits) {
@@ -182,14 +290,49 @@ void Sequence::finish_stats(const models::Model& model) {
 
 void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t prefill_budget, DecodeSlots* slots) {
   c10::NoGradGuard no_grad;
-  // Prompt chunks first, in order, within the budget (at least one chunk).
+  // Prompt chunks first: planned in order within the budget (at least one chunk), run in rounds.
+  std::vector<std::vector<Chunk>> rounds;  // round k: the k-th planned chunk of each sequence
   int64_t spent = 0;
   for (Sequence* s : seqs) {
-    while (s->prefilling() && (spent == 0 || spent + s->opts_.prefill_step_size <= prefill_budget)) {
-      const int64_t before = s->offset_;
-      s->prefill_chunk(model);
-      spent += s->offset_ - before;
-      if (s->done()) s->finish_stats(model);
+    if (!s->prefilling()) continue;
+    if (spent > 0 && spent >= prefill_budget) break;  // nothing more fits
+    if (!s->started_) s->check_prompt(model);
+    const int64_t n = static_cast<int64_t>(s->prompt_.size());
+    for (int64_t at = s->offset_, k = 0; at < n; ++k) {
+      const int64_t len = s->chunk_at(at);
+      if (spent > 0 && spent + len > prefill_budget) break;
+      if (static_cast<int64_t>(rounds.size()) <= k) rounds.emplace_back();
+      rounds[k].emplace_back(s, len);
+      spent += len;
+      at += len;
+    }
+  }
+  const bool together = batch_prefill(model);
+  for (const auto& round : rounds) {
+    // Rows whose caches trim exactly may be padded; the others share a forward only at equal lengths.
+    std::vector<Chunk> padded, same;
+    for (const auto& [s, len] : round) {
+      if (s->done()) continue;
+      if (!together) {
+        s->prefill_alone(model, len);
+        if (s->done()) s->finish_stats(model);
+        continue;
+      }
+      (trims_exactly(s->caches_) ? padded : same).emplace_back(s, len);
+    }
+    for (const std::vector<Chunk>& group : forward_groups(padded, same, prefill_budget)) {
+      if (group.size() == 1) {
+        group[0].first->prefill_alone(model, group[0].second);
+        if (group[0].first->done()) group[0].first->finish_stats(model);
+        continue;
+      }
+      std::vector<Sequence*> rows;
+      std::vector<int64_t> lens;
+      for (const auto& [s, len] : group) {
+        rows.push_back(s);
+        lens.push_back(len);
+      }
+      Sequence::prefill_together(model, rows, lens);
     }
   }
   // One token for every decoding sequence (including one whose prefill just ended).

@@ -1,9 +1,9 @@
 // Continuous batching at the level of tokens: a Sequence is one generation in progress (its caches,
 // sampler, adapters and progress), and step() advances a set of them by one scheduler iteration —
-// prompt chunks for the ones still prefilling, then one token for every decoding one in a single
-// batched forward (rows at their own positions, each with its own caches and adapters). The
-// single-sequence loop of generate.h is this with one sequence. Not the server's queue or
-// admission (src/server/engine_loop.h) and not detokenization.
+// prompt chunks for the ones still prefilling (several sequences' chunks in one padded forward),
+// then one token for every decoding one in a single batched forward (rows at their own positions,
+// each with its own caches and adapters). The single-sequence loop of generate.h is this with one
+// sequence. Not the server's queue or admission (src/server/engine_loop.h) and not detokenization.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -90,7 +90,17 @@ class Sequence {
   friend void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t prefill_budget,
                    DecodeSlots* slots);
   void check_prompt(const models::Model& model);
-  void prefill_chunk(models::Model& model);
+  // Tokens of the prompt chunk that starts at prompt position `at` (prefill_step_size, cut at the
+  // prompt's end and at the next snapshot multiple).
+  int64_t chunk_at(int64_t at) const;
+  // One forward of this sequence alone for its next `len` prompt tokens, then end_chunk.
+  void prefill_alone(models::Model& model, int64_t len);
+  // After `len` prompt tokens went into the caches: snapshots, and when the prompt is complete the
+  // forks and the first token from last_logits [V] (undefined while the prompt is incomplete).
+  void end_chunk(models::Model& model, int64_t len, const at::Tensor& last_logits);
+  // One padded forward for the next lens[b] prompt tokens of rows[b] (batch.cpp explains).
+  static void prefill_together(models::Model& model, const std::vector<Sequence*>& rows,
+                               const std::vector<int64_t>& lens);
   void sample_and_emit(const at::Tensor& last_logits);  // last_logits [V]; a throw ends only this sequence
   void emit(int64_t next, const at::Tensor& logprobs);  // a sampled token: EOS, callback, limit
   void finish_stats(const models::Model& model);
@@ -118,16 +128,33 @@ class Sequence {
   int64_t slot_ = -1;
 };
 
-/// One scheduler iteration over `seqs` (sequences already done are skipped): prefills prompt chunks
-/// of the prefilling sequences in order while their total stays within `prefill_budget` tokens (at
-/// least one chunk when any sequence prefills; a sequence whose prefill completes samples its first
-/// token), then feeds every decoding sequence's last token in ONE forward when the model takes
-/// ragged batches (Model::ragged_batches: rows at their own positions via cache::rows_view, each
-/// with its own adapters via nn::RowAdapters), else one forward per sequence, and samples each
-/// row's next token with its own sampler. The results equal running each sequence alone up to
-/// floating-point summation order of the batched matmuls. A sequence whose own sampling throws ends
-/// with Sequence::error() set; the others go on. Throws hearth::Error / c10::Error from the model's
-/// forward (the sequences are then in an undefined state and must be dropped).
+/// One scheduler iteration over `seqs` (sequences already done are skipped).
+///
+/// Prefill: prompt chunks (Sequence's prefill_step_size, cut at snapshot multiples) are planned
+/// sequence by sequence, in order, while the chunks' total stays within `prefill_budget` tokens (at
+/// least one chunk when any sequence prefills; a chunk that does not fit ends that sequence's share
+/// and the next may still fit). The plan runs in chunk-rounds: round k holds the k-th planned chunk
+/// of each sequence. When the model takes ragged batches (Model::ragged_batches) and is not on the
+/// CPU (HEARTH_BATCH_PREFILL=1 / 0 forces this on / off), the chunks of one round go through ONE
+/// forward (rows at their own positions via cache::rows_view, each with its own adapters via
+/// nn::RowAdapters), right-padded to the longest chunk; each row's padding is trimmed from its
+/// caches right after, so a cache only ever holds its own prompt's tokens, and the logits are
+/// computed only at the last real token of rows whose prompt completes. Padding is only possible
+/// for rows whose every layer cache is a plain cache::KVCache (exact trim); rows with sliding-window
+/// or recurrent caches share a forward only with rows of the same chunk length. One padded forward
+/// holds at most max(prefill_budget, its longest chunk) token positions (rows longest first; more
+/// forwards when they do not fit). Otherwise each chunk is a forward of its own (on the CPU,
+/// compute-bound, that streams each first token as soon as its own forward ends:
+/// docs/benchmarks.md). A sequence whose prefill completes samples its first token (and releases
+/// its share_prefill forks) right after its round's forward.
+///
+/// Decode: feeds every decoding sequence's last token in ONE forward when the model takes ragged
+/// batches, else one forward per sequence, and samples each row's next token with its own sampler.
+/// The results equal running each sequence alone up to floating-point summation order of the
+/// batched matmuls. A sequence whose own sampling throws ends with Sequence::error() set; the others
+/// go on. Throws hearth::Error on a prompt token outside the vocabulary, and hearth::Error /
+/// c10::Error from the model's forward (the sequences are then in an undefined state and must be
+/// dropped).
 ///
 /// With `slots` (a DecodeSlots pool built for `model`): a decoding sequence that fits a free slot
 /// (prompt + max_tokens within its capacity, plain KV / recurrent caches) moves into it and decodes
