@@ -30,13 +30,13 @@ bool trims_exactly(const cache::Caches& caches) {
 }
 
 // Whether step() prefills several sequences in one forward: only for a model that takes ragged
-// batches, and by default only off the CPU. A prefill forward on a GPU costs about the same for one
-// row or many; on the CPU, compute-bound, one padded forward costs what the separate ones do and
-// holds every first token until it ends, while one forward per sequence streams each first token
-// as soon as its own forward ends (docs/benchmarks.md). HEARTH_BATCH_PREFILL=1 / 0 forces it on / off.
+// batches, and only when HEARTH_BATCH_PREFILL=1 for now. A prefill forward on a GPU should cost
+// about the same for one row or many (not yet measured there, so not yet the default); on the CPU,
+// compute-bound, one padded forward costs what the separate ones do and holds every first token
+// until it ends, while one forward per sequence streams each first token as soon as its own
+// forward ends (docs/benchmarks.md).
 bool batch_prefill(const models::Model& model) {
-  if (!model.ragged_batches() || env_equals("HEARTH_BATCH_PREFILL", "0")) return false;
-  return env_equals("HEARTH_BATCH_PREFILL", "1") || !model.placement().device.is_cpu();
+  return model.ragged_batches() && env_equals("HEARTH_BATCH_PREFILL", "1");
 }
 
 // The forwards of one round: `padded` rows together whatever their lengths, `same` rows only with

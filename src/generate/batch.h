@@ -134,8 +134,8 @@ class Sequence {
 /// sequence by sequence, in order, while the chunks' total stays within `prefill_budget` tokens (at
 /// least one chunk when any sequence prefills; a chunk that does not fit ends that sequence's share
 /// and the next may still fit). The plan runs in chunk-rounds: round k holds the k-th planned chunk
-/// of each sequence. When the model takes ragged batches (Model::ragged_batches) and is not on the
-/// CPU (HEARTH_BATCH_PREFILL=1 / 0 forces this on / off), the chunks of one round go through ONE
+/// of each sequence. When the model takes ragged batches (Model::ragged_batches) and
+/// HEARTH_BATCH_PREFILL=1 (opt-in until measured on a GPU), the chunks of one round go through ONE
 /// forward (rows at their own positions via cache::rows_view, each with its own adapters via
 /// nn::RowAdapters), right-padded to the longest chunk; each row's padding is trimmed from its
 /// caches right after, so a cache only ever holds its own prompt's tokens, and the logits are

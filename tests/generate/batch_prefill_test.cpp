@@ -158,7 +158,7 @@ void expect_prefill_same(const std::vector<PrefillRun>& got, const std::vector<P
   }
 }
 
-// Sets HEARTH_BATCH_PREFILL for one scope (unset: step()'s default, off on the CPU), then restores it.
+// Sets HEARTH_BATCH_PREFILL for one scope (unset: step()'s default, off), then restores it.
 class PrefillEnvScope {
  public:
   explicit PrefillEnvScope(const char* value) {
