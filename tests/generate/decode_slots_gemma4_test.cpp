@@ -12,6 +12,7 @@
 #include <iostream>
 #include <typeinfo>
 
+#include "core/error.h"
 #include "generate/batch.h"
 #include "generate/decode_slots.h"
 #include "models/gemma4/gemma4.h"
@@ -252,6 +253,54 @@ TEST(DecodeSlotsGemma4, CachesReadBackFromASlotEqualTheEagerOnesAndCarryOn) {
     EXPECT_TRUE(slotted.result().stats.static_decode);
     EXPECT_FALSE(ragged.result().stats.static_decode);
   }
+}
+
+TEST(DecodeSlotsGemma4, APoolRowTakesARotatingCacheByPositionAndHandsItBack) {
+  // A window of 4 with a step of 4: after 10 one-token updates the cache holds positions 6..9.
+  const int64_t H = 2, D = 3;
+  auto token = [&](int64_t p) { return at::full({1, H, 1, D}, double(p + 1)); };
+  cache::RotatingKVCache rc(4, 4);
+  for (int64_t p = 0; p < 10; ++p) rc.update(token(p), token(p) * -1);
+  const int64_t start = rc.start();
+  ASSERT_GT(start, 0);
+  // A pool of 3 rows × 16 positions, row 1 already holding stale values (a former occupant).
+  at::Tensor pk = at::full({3, H, 16, D}, 99.0), pv = at::full({3, H, 16, D}, 99.0);
+  auto st = std::make_shared<cache::StaticState>();
+  st->positions = at::zeros({3}, at::kLong);
+  st->capacity = 16;
+  cache::StaticKVCache pool(st, pk, pv);
+  pool.write_row(1, rc);
+  EXPECT_EQ(rc.offset(), 10);  // the source is unchanged
+  for (int64_t p = 0; p < 16; ++p) {
+    const double want = p >= start && p < 10 ? double(p + 1) : 99.0;  // by absolute position; the rest untouched
+    EXPECT_EQ(pk[1].select(1, p).max().item<double>(), want) << "position " << p;
+    EXPECT_EQ(pv[1].select(1, p).min().item<double>(), p >= start && p < 10 ? -want : 99.0) << "position " << p;
+  }
+  EXPECT_EQ(pk[0].max().item<double>(), 99.0);  // other rows untouched
+  // Two decode steps in the pool (row 1 at positions 10 and 11), then back to the rotating cache.
+  for (int64_t p = 10; p < 12; ++p) {
+    st->positions.fill_(p);
+    pool.update(at::full({3, H, 1, D}, double(p + 1)), at::full({3, H, 1, D}, -double(p + 1)));
+  }
+  pool.read_row(1, rc, 12);
+  EXPECT_EQ(rc.offset(), 12);
+  cache::KVView back = g4slot_held(rc, H, D);
+  EXPECT_EQ(back.pos0 + back.keys.size(2), 12);
+  ASSERT_GE(back.keys.size(2), 3);
+  for (int64_t j = 0; j < back.keys.size(2); ++j) {
+    EXPECT_EQ(back.keys.select(2, j).max().item<double>(), double(back.pos0 + j + 1)) << "held token " << j;
+    EXPECT_EQ(back.values.select(2, j).min().item<double>(), -double(back.pos0 + j + 1)) << "held token " << j;
+  }
+  // What does not fit is refused with an error, not written.
+  EXPECT_THROW(pool.write_row(3, rc), Error);  // no such row
+  EXPECT_THROW(pool.read_row(1, rc, 11), Error);  // rc already holds 12
+  EXPECT_THROW(pool.read_row(1, rc, 17), Error);  // past the positions
+  cache::RotatingKVCache other_heads(4, 4);
+  other_heads.update(at::zeros({1, H + 1, 1, D}), at::zeros({1, H + 1, 1, D}));
+  EXPECT_THROW(pool.write_row(0, other_heads), Error);
+  cache::RotatingKVCache too_long(4, 4);
+  for (int64_t p = 0; p < 17; ++p) too_long.update(token(p), token(p));
+  EXPECT_THROW(pool.write_row(0, too_long), Error);
 }
 
 TEST(DecodeSlotsGemma4, SlotBytesCountEveryLayerWithItsOwnKVPerToken) {
