@@ -36,7 +36,8 @@ struct StaticState {
 ///
 /// The buffers may also be a window of a larger pool (generate/decode_slots.h: rows [0, B) and
 /// tokens [0, capacity) of [S, Hkv, C, D]), so that one pool serves every (batch, length) bucket;
-/// rows of the pool are filled from and read back into growing caches with write_row/read_row.
+/// rows of the pool are filled from and read back into growing caches with write_row/read_row
+/// (sliding-window caches too: by absolute position, as the constructor from one lays them out).
 class StaticKVCache : public KVCacheBase {
  public:
   /// Copies `from` (a filled KVCache of B rows holding state.host_offset tokens) into new buffers

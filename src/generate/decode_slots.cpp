@@ -117,12 +117,15 @@ std::vector<DecodeSlots::LayerProto> DecodeSlots::probe(models::Model& model, at
         const cache::LayerCache* c = grown[i].get();
         switch (out[i].kind) {
           case Kind::kShared: stat.push_back(nullptr); break;
-          case Kind::kKV: stat.push_back(std::make_unique<cache::StaticKVCache>(st, static_cast<const cache::KVCache&>(*c))); break;
+          case Kind::kKV:
+            stat.push_back(std::make_unique<cache::StaticKVCache>(st, static_cast<const cache::KVCache&>(*c)));
+            break;
           case Kind::kWindow:
             stat.push_back(std::make_unique<cache::StaticKVCache>(st, static_cast<const cache::RotatingKVCache&>(*c)));
             break;
           case Kind::kRecurrent:
-            stat.push_back(std::make_unique<cache::StaticRecurrentCache>(st, static_cast<const cache::RecurrentCache&>(*c)));
+            stat.push_back(
+                std::make_unique<cache::StaticRecurrentCache>(st, static_cast<const cache::RecurrentCache&>(*c)));
             break;
         }
       }
@@ -146,7 +149,7 @@ DecodeSlots::SlotBytes DecodeSlots::slot_bytes(models::Model& model) {
   SlotBytes out;
   for (const LayerProto& l : probe(model, &logits, nullptr)) {
     if (l.kind == Kind::kKV || l.kind == Kind::kWindow)
-      out.per_token += (l.a.size(1) * l.a.size(3) * l.a.element_size()) + (l.b.size(1) * l.b.size(3) * l.b.element_size());
+      out.per_token += l.a.size(1) * l.a.size(3) * l.a.element_size() + l.b.size(1) * l.b.size(3) * l.b.element_size();
     else if (l.kind == Kind::kRecurrent)
       out.fixed += l.a.nbytes() / l.a.size(0) + l.b.nbytes() / l.b.size(0);
   }
@@ -254,7 +257,8 @@ bool DecodeSlots::fits(const Sequence& s) const {
         if (c) return false;
         break;
       case Kind::kKV:
-        if (!c || typeid(*c) != typeid(cache::KVCache) || static_cast<const cache::KVCache&>(*c).keys_buffer().size(0) != 1)
+        if (!c || typeid(*c) != typeid(cache::KVCache) ||
+            static_cast<const cache::KVCache&>(*c).keys_buffer().size(0) != 1)
           return false;
         break;
       case Kind::kWindow:
@@ -291,7 +295,8 @@ void DecodeSlots::admit(Sequence& s) {
         static_cast<cache::StaticKVCache&>(*full_[i]).write_row(slot, static_cast<const cache::RotatingKVCache&>(*c));
         break;
       case Kind::kRecurrent:
-        static_cast<cache::StaticRecurrentCache&>(*full_[i]).write_row(slot, static_cast<const cache::RecurrentCache&>(*c));
+        static_cast<cache::StaticRecurrentCache&>(*full_[i])
+            .write_row(slot, static_cast<const cache::RecurrentCache&>(*c));
         break;
     }
   }
@@ -317,7 +322,9 @@ void DecodeSlots::release(Sequence& s, bool read_back) {
     for (size_t i = 0; i < full_.size(); ++i) {
       switch (kinds_[i]) {
         case Kind::kShared: out.push_back(nullptr); break;
-        case Kind::kKV: out.push_back(static_cast<const cache::StaticKVCache&>(*full_[i]).read_row(s.slot_, s.offset_)); break;
+        case Kind::kKV:
+          out.push_back(static_cast<const cache::StaticKVCache&>(*full_[i]).read_row(s.slot_, s.offset_));
+          break;
         case Kind::kWindow: {
           HEARTH_CHECK(i < kept.size() && kept[i], "decode slots: layer ", i, "'s sliding-window cache was not kept");
           auto& rc = static_cast<cache::RotatingKVCache&>(*kept[i]);
@@ -349,7 +356,8 @@ DecodeSlots::Bucket& DecodeSlots::bucket(int64_t b, int64_t len) {
   for (size_t i = 0; i < buffers_.size(); ++i) {
     const auto& [x, y] = buffers_[i];
     if (kinds_[i] == Kind::kShared) bk->caches.push_back(nullptr);  // reads its donor's buffers
-    else if (kinds_[i] == Kind::kRecurrent) bk->caches.push_back(std::make_unique<cache::StaticRecurrentCache>(bk->state, x, y));
+    else if (kinds_[i] == Kind::kRecurrent)
+      bk->caches.push_back(std::make_unique<cache::StaticRecurrentCache>(bk->state, x, y));
     else bk->caches.push_back(std::make_unique<cache::StaticKVCache>(bk->state, x, y));
   }
   entry = std::move(bk);
@@ -401,7 +409,8 @@ void DecodeSlots::record(Bucket& bk) {
       // write rewrites the same position), so the states of rows [0, b) are put back after it.
       std::vector<std::pair<at::Tensor, at::Tensor>> saved;
       for (size_t i = 0; i < buffers_.size(); ++i)
-        if (kinds_[i] == Kind::kRecurrent) saved.emplace_back(buffers_[i].first.narrow(0, 0, b).clone(), buffers_[i].second.narrow(0, 0, b).clone());
+        if (kinds_[i] == Kind::kRecurrent)
+          saved.emplace_back(buffers_[i].first.narrow(0, 0, b).clone(), buffers_[i].second.narrow(0, 0, b).clone());
       compat::synchronize(device_);  // the warm-up runs on a side stream: inputs and saved states first
       try {
         // One memory pool for all buckets: steps run one at a time and write their results into

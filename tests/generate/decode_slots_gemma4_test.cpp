@@ -121,8 +121,11 @@ void g4slot_expect_same_caches(const models::gemma4::Gemma4Config& cfg, cache::C
     ASSERT_EQ(typeid(*got[i]), typeid(*want[i]));
     if (auto* kv = dynamic_cast<cache::KVCache*>(got[i].get())) {
       auto& ref = dynamic_cast<cache::KVCache&>(*want[i]);
-      EXPECT_LE((kv->keys_buffer().narrow(2, 0, n) - ref.keys_buffer().narrow(2, 0, n)).abs().max().item<double>(), 1e-4);
-      EXPECT_LE((kv->values_buffer().narrow(2, 0, n) - ref.values_buffer().narrow(2, 0, n)).abs().max().item<double>(), 1e-4);
+      auto diff = [n](const at::Tensor& a, const at::Tensor& b) {
+        return (a.narrow(2, 0, n) - b.narrow(2, 0, n)).abs().max().item<double>();
+      };
+      EXPECT_LE(diff(kv->keys_buffer(), ref.keys_buffer()), 1e-4);
+      EXPECT_LE(diff(kv->values_buffer(), ref.values_buffer()), 1e-4);
       continue;
     }
     auto& sw = dynamic_cast<cache::RotatingKVCache&>(*got[i]);
