@@ -59,6 +59,46 @@ std::unique_ptr<KVCache> StaticKVCache::read_row(int64_t row, int64_t n) const {
   return c;
 }
 
+namespace {
+// The tokens a sliding-window cache holds: (keys, values [1, H, n, D], position of the oldest), read
+// through a zero-token update of a copy (the cache does not expose its buffers; such an update
+// returns what it holds and changes nothing). `like` [*, H, *, D] gives the heads, head dim and
+// dtype the cache must have (its update throws hearth::Error when they differ).
+KVView held_tokens(const RotatingKVCache& from, const at::Tensor& like) {
+  auto copy = from.clone();
+  at::Tensor none = at::empty({1, like.size(1), 0, like.size(3)}, like.options());
+  return static_cast<RotatingKVCache&>(*copy).update(none, none);
+}
+}  // namespace
+
+void StaticKVCache::write_row(int64_t row, const RotatingKVCache& from) {
+  HEARTH_CHECK(keys_.defined() && row >= 0 && row < keys_.size(0), "StaticKVCache: write_row to row ", row, " of ",
+               keys_.defined() ? keys_.size(0) : 0);
+  HEARTH_CHECK(from.offset() > 0 && from.offset() <= keys_.size(2), "StaticKVCache: a sliding-window cache of ",
+               from.offset(), " tokens does not fit ", keys_.size(2), " positions");
+  const KVView held = held_tokens(from, keys_);
+  const int64_t n = held.keys.size(2);
+  HEARTH_CHECK(held.keys.size(0) == 1 && held.pos0 + n == from.offset(), "StaticKVCache: the sliding-window cache ",
+               "holds positions ", held.pos0, "..", held.pos0 + n - 1, " of ", held.keys.size(0), " rows, expected ",
+               "one row up to ", from.offset() - 1);
+  keys_[row].narrow(1, held.pos0, n).copy_(held.keys[0]);
+  values_[row].narrow(1, held.pos0, n).copy_(held.values[0]);
+}
+
+void StaticKVCache::read_row(int64_t row, RotatingKVCache& to, int64_t n) const {
+  const int64_t from = to.offset();
+  HEARTH_CHECK(keys_.defined() && row >= 0 && row < keys_.size(0) && from <= n && n <= keys_.size(2),
+               "StaticKVCache: cannot hand positions ", from, "..", n - 1, " of row ", row, " to a sliding-window ",
+               "cache (", keys_.defined() ? keys_.size(0) : 0, " rows of ", keys_.defined() ? keys_.size(2) : 0,
+               " positions)");
+  const at::Tensor k = keys_.narrow(0, row, 1), v = values_.narrow(0, row, 1);
+  for (int64_t p = from; p < n;) {
+    const int64_t len = std::min(n - p, to.window());
+    to.update(k.narrow(2, p, len), v.narrow(2, p, len));
+    p += len;
+  }
+}
+
 StaticKVCache::StaticKVCache(std::shared_ptr<StaticState> state, const RotatingKVCache& from)
     : state_(std::move(state)) {
   const int64_t n = from.offset();

@@ -36,7 +36,8 @@ struct StaticState {
 ///
 /// The buffers may also be a window of a larger pool (generate/decode_slots.h: rows [0, B) and
 /// tokens [0, capacity) of [S, Hkv, C, D]), so that one pool serves every (batch, length) bucket;
-/// rows of the pool are filled from and read back into growing caches with write_row/read_row.
+/// rows of the pool are filled from and read back into growing caches with write_row/read_row
+/// (sliding-window caches too: by absolute position, as the constructor from one lays them out).
 class StaticKVCache : public KVCacheBase {
  public:
   /// Copies `from` (a filled KVCache of B rows holding state.host_offset tokens) into new buffers
@@ -63,6 +64,18 @@ class StaticKVCache : public KVCacheBase {
   void write_row(int64_t row, const KVCache& from);
   /// Row `row`'s first `n` tokens as an ordinary growing cache of one row (a copy).
   std::unique_ptr<KVCache> read_row(int64_t row, int64_t n) const;
+  /// A sliding-window layer's row (decode slots hold it by absolute position, like the constructor
+  /// from a RotatingKVCache): copies the tokens `from` (one row) holds, positions from.start() ..
+  /// from.offset()-1, into row `row` at those positions. The row's earlier positions are left as
+  /// they were (stale but finite): the window mask hides them from every query at or past
+  /// from.offset(), since `from` keeps at least window-1 tokens. `from` is not changed. Throws
+  /// hearth::Error when the row or the positions do not fit, or the shapes or dtype differ.
+  void write_row(int64_t row, const RotatingKVCache& from);
+  /// Back to the sliding-window cache row `row` was filled from (write_row, `to` unchanged since):
+  /// appends the row's positions to.offset() .. n-1 to `to` in updates of to.window() tokens, as
+  /// extend() does for a whole cache, so `to` ends as the eager loop would leave it. Throws
+  /// hearth::Error when the row does not exist or n is below to.offset() or past the buffers.
+  void read_row(int64_t row, RotatingKVCache& to, int64_t n) const;
   KVView update(const at::Tensor& k, const at::Tensor& v) override;
   int64_t offset() const override { return state_->host_offset; }
   int64_t trim(int64_t n) override;  ///< 0: positions live on the device (the runner rewinds them)

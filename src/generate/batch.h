@@ -157,7 +157,7 @@ class Sequence {
 /// dropped).
 ///
 /// With `slots` (a DecodeSlots pool built for `model`): a decoding sequence that fits a free slot
-/// (prompt + max_tokens within its capacity, plain KV / recurrent caches) moves into it and decodes
+/// (prompt + max_tokens within its capacity, caches as make_cache() gives them) moves into it and decodes
 /// there, all slotted rows in one static step (a replayed CUDA graph on the GPU), with no per-step
 /// copies of its caches; a slotted sequence that ends is read back into growing caches and its
 /// slot freed. Sequences that do not fit decode through the ragged path above in the same step.

@@ -60,6 +60,102 @@ std::vector<std::pair<int64_t, int64_t>> DecodeSlots::all_buckets(int64_t slots,
 DecodeSlots::DecodeSlots(models::Model& model, int64_t slots, int64_t capacity)
     : model_(model), slots_(slots), capacity_(capacity), device_(model.placement().device) {}
 
+struct DecodeSlots::LayerProto {
+  Kind kind = Kind::kShared;
+  at::Tensor a, b;  // one row: keys, values [1, Hkv, *, D] (kKV, kWindow); conv, state (kRecurrent)
+  int64_t window = 0;  // kWindow: the RotatingKVCache's window
+};
+
+std::vector<DecodeSlots::LayerProto> DecodeSlots::probe(models::Model& model, at::Tensor* logits, std::string* why) {
+  auto unusable = [&](std::string reason) {
+    if (why) *why = std::move(reason);
+    return std::vector<LayerProto>{};
+  };
+  c10::NoGradGuard no_grad;
+  cache::Caches grown = model.make_cache();
+  std::vector<LayerProto> out(grown.size());
+  bool windows = false;
+  for (size_t i = 0; i < grown.size(); ++i) {
+    const cache::LayerCache* c = grown[i].get();
+    if (!c) continue;  // a layer without state of its own (Gemma 4's KV sharers)
+    if (typeid(*c) == typeid(cache::KVCache)) out[i].kind = Kind::kKV;
+    else if (typeid(*c) == typeid(cache::RecurrentCache)) out[i].kind = Kind::kRecurrent;
+    else if (typeid(*c) == typeid(cache::RotatingKVCache)) out[i].kind = Kind::kWindow;
+    else
+      return unusable(cat("layer ", i, "'s cache is ", c->kind(),
+                          " (slots hold KV caches, sliding-window KV caches and recurrent states)"));
+    if (out[i].kind == Kind::kWindow) {
+      out[i].window = static_cast<const cache::RotatingKVCache&>(*c).window();
+      windows = true;
+    }
+  }
+  const at::Device device = model.placement().device;
+  const auto lopt = at::TensorOptions().dtype(at::kLong).device(device);
+  *logits = model.forward(at::zeros({1, 1}, lopt), 0, &grown);  // shapes and dtypes of every layer
+  for (size_t i = 0; i < grown.size(); ++i) {
+    if (out[i].kind == Kind::kKV) {
+      const auto& kv = static_cast<const cache::KVCache&>(*grown[i]);
+      out[i].a = kv.keys_buffer();
+      out[i].b = kv.values_buffer();
+    } else if (out[i].kind == Kind::kRecurrent) {
+      const auto& rc = static_cast<const cache::RecurrentCache&>(*grown[i]);
+      out[i].a = rc.conv_state();
+      out[i].b = rc.recurrent_state();
+    }
+  }
+  if (windows) {
+    // A sliding-window cache does not expose its buffers: one static step from the probe's caches
+    // (the single-sequence runner's conversion, graph_decode.cpp) makes full-capacity static ones,
+    // whose buffers give the shapes; it also proves the family's static path.
+    try {
+      auto st = std::make_shared<cache::StaticState>();
+      st->capacity = 2;
+      st->host_offset = 1;
+      st->positions = at::full({1}, 1, lopt);
+      cache::Caches stat;
+      for (size_t i = 0; i < grown.size(); ++i) {
+        const cache::LayerCache* c = grown[i].get();
+        switch (out[i].kind) {
+          case Kind::kShared: stat.push_back(nullptr); break;
+          case Kind::kKV:
+            stat.push_back(std::make_unique<cache::StaticKVCache>(st, static_cast<const cache::KVCache&>(*c)));
+            break;
+          case Kind::kWindow:
+            stat.push_back(std::make_unique<cache::StaticKVCache>(st, static_cast<const cache::RotatingKVCache&>(*c)));
+            break;
+          case Kind::kRecurrent:
+            stat.push_back(
+                std::make_unique<cache::StaticRecurrentCache>(st, static_cast<const cache::RecurrentCache&>(*c)));
+            break;
+        }
+      }
+      model.forward(at::zeros({1, 1}, lopt), 1, &stat);
+      if (!st->family_ran_static) return unusable(model.model_type() + " has no static decode step");
+      for (size_t i = 0; i < grown.size(); ++i)
+        if (out[i].kind == Kind::kWindow) {
+          const auto& sc = static_cast<const cache::StaticKVCache&>(*stat[i]);
+          out[i].a = sc.keys();
+          out[i].b = sc.values();
+        }
+    } catch (const std::exception& e) {
+      return unusable(model.model_type() + "'s static decode step failed: " + e.what());
+    }
+  }
+  return out;
+}
+
+DecodeSlots::SlotBytes DecodeSlots::slot_bytes(models::Model& model) {
+  at::Tensor logits;
+  SlotBytes out;
+  for (const LayerProto& l : probe(model, &logits, nullptr)) {
+    if (l.kind == Kind::kKV || l.kind == Kind::kWindow)
+      out.per_token += l.a.size(1) * l.a.size(3) * l.a.element_size() + l.b.size(1) * l.b.size(3) * l.b.element_size();
+    else if (l.kind == Kind::kRecurrent)
+      out.fixed += l.a.nbytes() / l.a.size(0) + l.b.nbytes() / l.b.size(0);
+  }
+  return out;
+}
+
 std::unique_ptr<DecodeSlots> DecodeSlots::create(models::Model& model, int64_t slots, int64_t capacity, std::string* why) {
   HEARTH_CHECK(slots >= 1 && capacity >= 2, "decode slots: need at least one slot of two tokens, got ", slots,
                " slots of ", capacity);
@@ -68,16 +164,12 @@ std::unique_ptr<DecodeSlots> DecodeSlots::create(models::Model& model, int64_t s
     return nullptr;
   };
   c10::NoGradGuard no_grad;
-  cache::Caches probe = model.make_cache();
-  for (size_t i = 0; i < probe.size(); ++i) {
-    const cache::LayerCache* c = probe[i].get();
-    if (!c || (typeid(*c) != typeid(cache::KVCache) && typeid(*c) != typeid(cache::RecurrentCache)))
-      return unusable(cat("layer ", i, "'s cache is ", c ? c->kind() : std::string("shared"),
-                          " (slots hold plain KV caches and recurrent states)"));
-  }
+  at::Tensor probe_logits;
+  std::string reason;
+  const std::vector<LayerProto> layers = probe(model, &probe_logits, &reason);
+  if (layers.empty()) return unusable(reason);
   const at::Device device = model.placement().device;
   const auto lopt = at::TensorOptions().dtype(at::kLong).device(device);
-  at::Tensor probe_logits = model.forward(at::zeros({1, 1}, lopt), 0, &probe);  // shapes and dtypes of every layer
   std::unique_ptr<DecodeSlots> p(new DecodeSlots(model, slots, capacity));
   p->capture_ = !env_equals("HEARTH_CUDA_GRAPHS", "0") && !env_equals("HEARTH_CUDA_GRAPHS", "nocapture");
   p->positions_ = at::zeros({slots}, lopt);
@@ -85,28 +177,31 @@ std::unique_ptr<DecodeSlots> DecodeSlots::create(models::Model& model, int64_t s
   p->logits_ = at::zeros({slots, probe_logits.size(-1)}, probe_logits.options().dtype(at::kFloat));
   p->next_ = at::zeros({slots}, lopt);
   p->occupant_.assign(static_cast<size_t>(slots), nullptr);
+  p->kept_.resize(static_cast<size_t>(slots));
   p->full_state_ = std::make_shared<cache::StaticState>();
   p->full_state_->positions = p->positions_;
   p->full_state_->capacity = capacity;
-  for (const auto& c : probe) {
-    if (const auto* rc = dynamic_cast<const cache::RecurrentCache*>(c.get())) {
-      const at::Tensor& cs = rc->conv_state();
-      const at::Tensor& rs = rc->recurrent_state();
+  for (const LayerProto& l : layers) {
+    p->kinds_.push_back(l.kind);
+    p->windows_.push_back(l.window);
+    if (l.kind == Kind::kShared) {
+      p->full_.push_back(nullptr);
+      p->buffers_.emplace_back();
+    } else if (l.kind == Kind::kRecurrent) {
+      const at::Tensor& cs = l.a;
+      const at::Tensor& rs = l.b;
       at::Tensor conv = at::zeros({slots, cs.size(1), cs.size(2)}, cs.options());
       at::Tensor rec = at::zeros({slots, rs.size(1), rs.size(2), rs.size(3)}, rs.options());
       p->full_.push_back(std::make_unique<cache::StaticRecurrentCache>(p->full_state_, conv, rec));
       p->buffers_.emplace_back(conv, rec);
-      p->recurrent_.push_back(true);
       p->nbytes_ += conv.nbytes() + rec.nbytes();
     } else {
-      const auto& kv = static_cast<const cache::KVCache&>(*c);
-      const at::Tensor& k = kv.keys_buffer();
-      const at::Tensor& v = kv.values_buffer();
+      const at::Tensor& k = l.a;
+      const at::Tensor& v = l.b;
       at::Tensor keys = at::empty({slots, k.size(1), capacity, k.size(3)}, k.options());  // see ensure_zeroed
       at::Tensor values = at::empty({slots, v.size(1), capacity, v.size(3)}, v.options());
       p->full_.push_back(std::make_unique<cache::StaticKVCache>(p->full_state_, keys, values));
       p->buffers_.emplace_back(keys, values);
-      p->recurrent_.push_back(false);
       p->nbytes_ += keys.nbytes() + values.nbytes();
     }
   }
@@ -129,7 +224,7 @@ void DecodeSlots::ensure_zeroed(int64_t tokens) {
   tokens = std::min(tokens, capacity_);
   if (tokens <= zeroed_) return;
   for (size_t i = 0; i < buffers_.size(); ++i)
-    if (!recurrent_[i]) {
+    if (kinds_[i] == Kind::kKV || kinds_[i] == Kind::kWindow) {
       buffers_[i].first.narrow(2, zeroed_, tokens - zeroed_).zero_();
       buffers_[i].second.narrow(2, zeroed_, tokens - zeroed_).zero_();
     }
@@ -157,8 +252,25 @@ bool DecodeSlots::fits(const Sequence& s) const {
   if (std::find(occupant_.begin(), occupant_.end(), nullptr) == occupant_.end()) return false;
   for (size_t i = 0; i < full_.size(); ++i) {
     const cache::LayerCache* c = s.caches_[i].get();
-    if (!c || typeid(*c) != (recurrent_[i] ? typeid(cache::RecurrentCache) : typeid(cache::KVCache))) return false;
-    if (!recurrent_[i] && static_cast<const cache::KVCache&>(*c).keys_buffer().size(0) != 1) return false;
+    switch (kinds_[i]) {
+      case Kind::kShared:
+        if (c) return false;
+        break;
+      case Kind::kKV:
+        if (!c || typeid(*c) != typeid(cache::KVCache) ||
+            static_cast<const cache::KVCache&>(*c).keys_buffer().size(0) != 1)
+          return false;
+        break;
+      case Kind::kWindow:
+        // One row (write_row checks the shapes), the pool's window (the family masks with it).
+        if (!c || typeid(*c) != typeid(cache::RotatingKVCache) ||
+            static_cast<const cache::RotatingKVCache&>(*c).window() != windows_[i])
+          return false;
+        break;
+      case Kind::kRecurrent:
+        if (!c || typeid(*c) != typeid(cache::RecurrentCache)) return false;
+        break;
+    }
   }
   // Tokens still to feed: one per token still to generate (the last one is never fed).
   const int64_t remaining = s.opts_.max_tokens - static_cast<int64_t>(s.result_.tokens.size());
@@ -173,28 +285,61 @@ void DecodeSlots::admit(Sequence& s) {
   const int64_t remaining = s.opts_.max_tokens - static_cast<int64_t>(s.result_.tokens.size());
   ensure_zeroed(pick_bucket(length_buckets(capacity_), s.offset_ + remaining));
   for (size_t i = 0; i < full_.size(); ++i) {
-    if (recurrent_[i])
-      static_cast<cache::StaticRecurrentCache&>(*full_[i]).write_row(slot, static_cast<const cache::RecurrentCache&>(*s.caches_[i]));
-    else
-      static_cast<cache::StaticKVCache&>(*full_[i]).write_row(slot, static_cast<const cache::KVCache&>(*s.caches_[i]));
+    const cache::LayerCache* c = s.caches_[i].get();
+    switch (kinds_[i]) {
+      case Kind::kShared: break;
+      case Kind::kKV:
+        static_cast<cache::StaticKVCache&>(*full_[i]).write_row(slot, static_cast<const cache::KVCache&>(*c));
+        break;
+      case Kind::kWindow:
+        static_cast<cache::StaticKVCache&>(*full_[i]).write_row(slot, static_cast<const cache::RotatingKVCache&>(*c));
+        break;
+      case Kind::kRecurrent:
+        static_cast<cache::StaticRecurrentCache&>(*full_[i])
+            .write_row(slot, static_cast<const cache::RecurrentCache&>(*c));
+        break;
+    }
   }
+  // The slot holds them now (read back by release), except the sliding-window caches, kept as they
+  // are: release appends the positions decoded in the slot to them.
+  cache::Caches& kept = kept_[static_cast<size_t>(slot)];
+  kept.clear();
+  kept.resize(full_.size());
+  for (size_t i = 0; i < full_.size(); ++i)
+    if (kinds_[i] == Kind::kWindow) kept[i] = std::move(s.caches_[i]);
   occupant_[static_cast<size_t>(slot)] = &s;
   s.slots_ = this;
   s.slot_ = slot;
-  s.caches_.clear();  // the slot holds them now (read back by release)
+  s.caches_.clear();
   s.result_.stats.static_decode = true;
 }
 
 void DecodeSlots::release(Sequence& s, bool read_back) {
   HEARTH_CHECK(s.slots_ == this && s.slot_ >= 0 && s.slot_ < slots_, "decode slots: release of a sequence not in this pool");
+  cache::Caches& kept = kept_[static_cast<size_t>(s.slot_)];
   if (read_back) {
     cache::Caches out;
     for (size_t i = 0; i < full_.size(); ++i) {
-      if (recurrent_[i]) out.push_back(static_cast<const cache::StaticRecurrentCache&>(*full_[i]).read_row(s.slot_, s.offset_));
-      else out.push_back(static_cast<const cache::StaticKVCache&>(*full_[i]).read_row(s.slot_, s.offset_));
+      switch (kinds_[i]) {
+        case Kind::kShared: out.push_back(nullptr); break;
+        case Kind::kKV:
+          out.push_back(static_cast<const cache::StaticKVCache&>(*full_[i]).read_row(s.slot_, s.offset_));
+          break;
+        case Kind::kWindow: {
+          HEARTH_CHECK(i < kept.size() && kept[i], "decode slots: layer ", i, "'s sliding-window cache was not kept");
+          auto& rc = static_cast<cache::RotatingKVCache&>(*kept[i]);
+          static_cast<const cache::StaticKVCache&>(*full_[i]).read_row(s.slot_, rc, s.offset_);
+          out.push_back(std::move(kept[i]));
+          break;
+        }
+        case Kind::kRecurrent:
+          out.push_back(static_cast<const cache::StaticRecurrentCache&>(*full_[i]).read_row(s.slot_, s.offset_));
+          break;
+      }
     }
     s.caches_ = std::move(out);
   }
+  kept.clear();
   occupant_[static_cast<size_t>(s.slot_)] = nullptr;
   s.slots_ = nullptr;
   s.slot_ = -1;
@@ -210,7 +355,9 @@ DecodeSlots::Bucket& DecodeSlots::bucket(int64_t b, int64_t len) {
   bk->state->capacity = len;
   for (size_t i = 0; i < buffers_.size(); ++i) {
     const auto& [x, y] = buffers_[i];
-    if (recurrent_[i]) bk->caches.push_back(std::make_unique<cache::StaticRecurrentCache>(bk->state, x, y));
+    if (kinds_[i] == Kind::kShared) bk->caches.push_back(nullptr);  // reads its donor's buffers
+    else if (kinds_[i] == Kind::kRecurrent)
+      bk->caches.push_back(std::make_unique<cache::StaticRecurrentCache>(bk->state, x, y));
     else bk->caches.push_back(std::make_unique<cache::StaticKVCache>(bk->state, x, y));
   }
   entry = std::move(bk);
@@ -262,7 +409,8 @@ void DecodeSlots::record(Bucket& bk) {
       // write rewrites the same position), so the states of rows [0, b) are put back after it.
       std::vector<std::pair<at::Tensor, at::Tensor>> saved;
       for (size_t i = 0; i < buffers_.size(); ++i)
-        if (recurrent_[i]) saved.emplace_back(buffers_[i].first.narrow(0, 0, b).clone(), buffers_[i].second.narrow(0, 0, b).clone());
+        if (kinds_[i] == Kind::kRecurrent)
+          saved.emplace_back(buffers_[i].first.narrow(0, 0, b).clone(), buffers_[i].second.narrow(0, 0, b).clone());
       compat::synchronize(device_);  // the warm-up runs on a side stream: inputs and saved states first
       try {
         // One memory pool for all buckets: steps run one at a time and write their results into
@@ -274,7 +422,7 @@ void DecodeSlots::record(Bucket& bk) {
       }
       size_t j = 0;
       for (size_t i = 0; i < buffers_.size(); ++i)
-        if (recurrent_[i]) {
+        if (kinds_[i] == Kind::kRecurrent) {
           buffers_[i].first.narrow(0, 0, b).copy_(saved[j].first);
           buffers_[i].second.narrow(0, 0, b).copy_(saved[j].second);
           ++j;

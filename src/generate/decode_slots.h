@@ -23,15 +23,21 @@ namespace hearth::generate {
 class Sequence;
 
 /// The pool. Each layer holds one static buffer set: KV layers [S, Hkv, C, D] (the model's dtype),
-/// recurrent-state layers conv [S, convDim, W] and float32 state [S, Hv, Dk, Dv]; one positions
-/// tensor [S] (int64, device) and one token-id tensor [S, 1] are the step's only inputs; logits
-/// [S, V] float32 and their argmax [S] its outputs.
+/// sliding-window layers too (by absolute position, as the single-sequence static path holds them:
+/// the family's window mask, from each row's own position, hides what the window excludes),
+/// recurrent-state layers conv [S, convDim, W] and float32 state [S, Hv, Dk, Dv], layers without
+/// state of their own (Gemma 4's KV sharers: null cache entries) nothing — they read their donor
+/// layer's buffers. One positions tensor [S] (int64, device) and one token-id tensor [S, 1] are the
+/// step's only inputs; logits [S, V] float32 and their argmax [S] its outputs.
 ///
-/// A decoding sequence (prefill done) whose every layer cache is a plain KVCache or RecurrentCache
-/// and whose prompt + remaining tokens fit C takes the lowest free slot (admit): its growing
-/// caches are copied into the slot's rows once and dropped. It then decodes in place. When it
-/// ends (or someone asks for its caches: Sequence::caches()) its rows are read back into growing
-/// caches of exactly its tokens and the slot is freed; a Sequence destroyed in a slot frees it.
+/// A decoding sequence (prefill done) whose layer caches are of the kinds make_cache() gives
+/// (KVCache, RotatingKVCache, RecurrentCache or null) and whose prompt + remaining tokens fit C
+/// takes the lowest free slot (admit): its caches are copied into the slot's rows once and dropped,
+/// except its sliding-window caches (small: about the window), which the pool keeps unchanged while
+/// it is slotted. It then decodes in place. When it ends (or someone asks for its caches:
+/// Sequence::caches()) its rows are read back — growing caches of exactly its tokens, recurrent
+/// states, and the kept sliding-window caches appended the positions decoded in the slot (as the
+/// eager loop would have left them) — and the slot is freed; a Sequence destroyed in a slot frees it.
 ///
 /// A step (decode) runs over rows [0, b), b = the smallest of {1, 2, 4, …, S} above the highest
 /// occupied slot, and tokens [0, L), L = the smallest of {128, 256, …, C} above the highest
@@ -45,11 +51,20 @@ class DecodeSlots {
  public:
   /// Builds a pool of `slots` rows × `capacity` tokens for `model` and proves the family's static
   /// path with one eager step. Returns nullptr (with the reason in *why when given) when the model
-  /// cannot use slots: a layer cache that is not a plain KVCache or RecurrentCache (sliding
-  /// windows, shared KV), or a family without a static step (Gemma 4 today). Throws hearth::Error
-  /// when slots < 1 or capacity < 2, and c10::Error when the buffers cannot be allocated.
+  /// cannot use slots: a layer cache of another kind than KVCache, RotatingKVCache, RecurrentCache
+  /// or none, or a family without a static step. Throws hearth::Error when slots < 1 or
+  /// capacity < 2, and c10::Error when the buffers cannot be allocated.
   static std::unique_ptr<DecodeSlots> create(models::Model& model, int64_t slots, int64_t capacity,
                                              std::string* why = nullptr);
+  /// What one slot of C tokens holds for a model: per_token × C + fixed bytes (per_token: the K and
+  /// V of one token over every layer with its own KV, sliding-window layers included, since a slot
+  /// holds them by absolute position; fixed: the recurrent states). The pool is slots × that.
+  struct SlotBytes {
+    int64_t per_token = 0, fixed = 0;
+  };
+  /// Measures SlotBytes with a one-token probe (as create() does). {0, 0} when the model cannot use
+  /// slots (create() says why). Throws c10::Error from the probe's forward.
+  static SlotBytes slot_bytes(models::Model& model);
   /// Reads every occupied slot back into its sequence's growing caches (they go on eagerly).
   ~DecodeSlots();
   DecodeSlots(const DecodeSlots&) = delete;
@@ -106,6 +121,11 @@ class DecodeSlots {
     int64_t b = 0;
   };
   DecodeSlots(models::Model& model, int64_t slots, int64_t capacity);
+  /// One layer as a one-token probe of the model finds it (defined in decode_slots.cpp).
+  struct LayerProto;
+  /// The probe: every layer's kind and one row's buffers. Empty, with the reason in *why, when the
+  /// model cannot use slots; *logits gets the probe's logits [1, 1, V].
+  static std::vector<LayerProto> probe(models::Model& model, at::Tensor* logits, std::string* why);
 
   /// Whether `s` (decoding, not in a slot) can take a slot now.
   bool fits(const Sequence& s) const;
@@ -131,8 +151,13 @@ class DecodeSlots {
   at::Device device_;
   std::shared_ptr<cache::StaticState> full_state_;  // all rows, all tokens: write_row/read_row
   cache::Caches full_;                              // per layer, over the whole pool
-  std::vector<std::pair<at::Tensor, at::Tensor>> buffers_;  // per layer: (keys, values) or (conv, recurrent)
-  std::vector<bool> recurrent_;                     // per layer
+  /// A layer's kind of slot storage: none (a KV sharer), KV, sliding-window KV (by absolute
+  /// position; the sequence's RotatingKVCache is kept aside), recurrent state.
+  enum class Kind { kShared, kKV, kWindow, kRecurrent };
+  std::vector<std::pair<at::Tensor, at::Tensor>> buffers_;  // per layer: (keys, values), (conv, recurrent) or none
+  std::vector<Kind> kinds_;                         // per layer
+  std::vector<int64_t> windows_;                    // per layer: the RotatingKVCache's window (kWindow)
+  std::vector<cache::Caches> kept_;                 // per slot: its sequence's sliding-window caches (else null)
   at::Tensor positions_, ids_, logits_, next_;      // [S], [S, 1], [S, V] float32, [S]
   std::vector<Sequence*> occupant_;                 // per slot (nullptr = free)
   compat::GraphPool graph_pool_;  // shared by every bucket's graph (declared first: outlives them)

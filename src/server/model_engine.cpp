@@ -432,11 +432,14 @@ int64_t ModelEngine::start_decode_slots(int64_t num_seqs, int64_t memory_budget,
   if (num_seqs < 1) return off("no sequences to hold");
   int64_t capacity = context_length_;
   if (memory_budget > 0) {
-    // The pool takes at most half the budget and leaves one full-context request its room.
+    // The pool takes at most half the budget and leaves one full-context request its room. A slot
+    // holds every KV layer per token, sliding-window ones included (by absolute position), so its
+    // cost is measured on the slot layout, not on the growing caches' (state_bytes).
     const int64_t share = std::min(memory_budget / 2, memory_budget - state_bytes(context_length_));
-    const int64_t per_slot = share / num_seqs - fixed_state_bytes_;
+    const generate::DecodeSlots::SlotBytes cost = generate::DecodeSlots::slot_bytes(*model_);
+    const int64_t per_slot = share / num_seqs - cost.fixed;
     if (per_slot <= 0) return off("the memory budget leaves no room for decode slots");
-    if (kv_bytes_per_token_ > 0) capacity = std::min(capacity, per_slot / kv_bytes_per_token_);
+    if (cost.per_token > 0) capacity = std::min(capacity, per_slot / cost.per_token);
   } else {
     capacity = std::min<int64_t>(capacity, 4096);
   }

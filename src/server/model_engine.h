@@ -129,11 +129,12 @@ class ModelEngine : public Engine {
   /// Builds the decode-slot pool (generate::DecodeSlots) for `num_seqs` running sequences (the
   /// server's --max-num-seqs) and returns the bytes it holds, which the caller takes out of the
   /// running requests' memory budget. Each slot holds C = context_length() tokens, capped so that
-  /// the pool takes at most half of `memory_budget` and leaves room for one request filling the
+  /// the pool takes at most half of `memory_budget` (at DecodeSlots::slot_bytes per slot: every KV
+  /// layer, sliding-window ones included, per token) and leaves room for one request filling the
   /// context (memory_budget 0 = none: C is capped at 4096 instead); a sequence longer than C
   /// decodes through the ragged path. Returns 0, building nothing, when slots are off
   /// (opts.decode_slots false, HEARTH_DECODE_SLOTS=0, no batching, C below 128) or the model
-  /// cannot use them (a family without a static step, sliding-window or shared KV layers); `why`
+  /// cannot use them (a family without a static step, a cache kind slots do not hold); `why`
   /// then says which. Call once, before generating.
   int64_t start_decode_slots(int64_t num_seqs, int64_t memory_budget, std::string* why = nullptr);
   /// Records every (batch, length) bucket of the pool now (generate::DecodeSlots::warm_up: CUDA

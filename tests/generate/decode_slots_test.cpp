@@ -2,7 +2,8 @@
 // different prompt lengths, joining and leaving at different steps, one ending early, sampled and
 // adapter rows, a hybrid Qwen3.5 — give exactly the greedy tokens each gives alone through the eager
 // loop, logprobs within the measured tolerance; what does not fit falls back to the ragged path;
-// caches read back from a slot carry on exactly; a family that cannot use slots is refused.
+// caches read back from a slot carry on exactly; a sliding-window llama takes slots too (Gemma 4:
+// decode_slots_gemma4_test.cpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -277,11 +278,25 @@ TEST(DecodeSlots, ADroppedSequenceFreesItsSlot) {
   EXPECT_EQ(b.result().tokens.size(), 3u);
 }
 
-TEST(DecodeSlots, AModelWithSlidingWindowCachesCannotUseSlots) {
+TEST(DecodeSlots, ASlidingWindowLlamaTakesSlotsAndEqualsEachAlone) {
+  // Mistral-style: every layer a RotatingKVCache of 6 tokens; the slots hold them by absolute
+  // position and the family's window mask (per row, from its own position) hides the rest.
   auto model = random_llama(tiny_llama_config({{"model_type", "mistral"}, {"sliding_window", 6}}), at::kFloat, 3);
+  const int64_t V = model->vocab_size();
+  std::vector<std::vector<int64_t>> prompts{slot_prompt(3, 1, V), slot_prompt(10, 2, V), slot_prompt(23, 3, V)};
+  std::vector<GenerateOptions> opts{slot_options(20), slot_options(9), slot_options(16)};
+  std::vector<SlotTrace> want;
+  for (size_t i = 0; i < prompts.size(); ++i) want.push_back(slot_alone(*model, prompts[i], opts[i]));
   std::string why;
-  EXPECT_EQ(DecodeSlots::create(*model, 4, 64, &why), nullptr);
-  EXPECT_NE(why.find("rotating"), std::string::npos) << why;
+  auto slots = DecodeSlots::create(*model, 4, 64, &why);
+  ASSERT_TRUE(slots) << why;
+  int64_t most = 0;
+  auto got = slot_batched(*model, slots.get(), prompts, opts, {0, 1, 2}, {}, &most);
+  EXPECT_EQ(most, 3);
+  EXPECT_EQ(slots->occupied(), 0);
+  const double worst = expect_same_slots(got, want, 1e-4);
+  std::cout << "sliding-window llama slots: worst logprob difference " << worst << "\n";
+  for (const auto& g : got) EXPECT_TRUE(g.static_decode);
   EXPECT_THROW(DecodeSlots::create(*model, 0, 64), Error);
 }
 

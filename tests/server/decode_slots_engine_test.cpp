@@ -1,11 +1,13 @@
 // ModelEngine with decode slots (generate/decode_slots.h) on tiny golden models, CPU fp32: batched
 // requests through the EngineLoop — base and adapter rows, a prompt-cache hit from a slotted
-// request's caches — answer exactly as an engine without slots; the pool is sized from the context
-// and the memory budget, and switched off by option, environment, or a model that cannot use it.
+// request's caches — answer exactly as an engine without slots, for llama and Gemma 4 (sliding and
+// KV-sharing layers); the pool is sized from the context and the memory budget (Gemma 4's sliding
+// layers counted per token), and switched off by option or environment.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <iostream>
 
 #include "../adapters/lora_test_util.h"
 #include "engine_job_test_util.h"
@@ -104,10 +106,54 @@ TEST(DecodeSlotsEngine, ThePoolFollowsTheBudgetAndCanBeSwitchedOff) {
   unsetenv("HEARTH_DECODE_SLOTS");
   EXPECT_EQ(e->decode_slots(), nullptr);
   EXPECT_NE(why.find("off"), std::string::npos) << why;
-  // A sliding-window model keeps the ragged path.
+  // A sliding-window model takes slots too (its windows held per token).
   auto swa = slot_engine("mistral_swa", false);
-  EXPECT_EQ(swa->start_decode_slots(4, 0, &why), 0);
-  EXPECT_NE(why.find("rotating"), std::string::npos) << why;
+  EXPECT_GT(swa->start_decode_slots(4, 0, &why), 0) << why;
+}
+
+TEST(DecodeSlotsEngine, Gemma4RequestsAnswerAsWithoutSlotsInAPoolThatFitsTheBudget) {
+  auto plain = slot_engine("gemma4_e", true), slotted = slot_engine("gemma4_e", true);
+  std::string why;
+  // The pool's bytes are slot_bytes per slot (its sliding layers held per token, its KV sharers not
+  // at all), within half the budget.
+  const int64_t budget = 4 * slotted->state_bytes(slotted->context_length());
+  const int64_t bytes = slotted->start_decode_slots(4, budget, &why);
+  const generate::DecodeSlots* s = slotted->decode_slots();
+  ASSERT_NE(s, nullptr) << why;
+  EXPECT_LE(bytes, budget / 2);
+  EXPECT_LT(s->capacity(), slotted->context_length());  // the budget bound it
+  EXPECT_GE(s->capacity(), 128);
+  const generate::DecodeSlots::SlotBytes cost = generate::DecodeSlots::slot_bytes(slotted->model());
+  EXPECT_GT(cost.per_token, slotted->state_charge().per_token);  // the sliding layers count per token
+  EXPECT_EQ(bytes, 4 * s->capacity() * cost.per_token);
+  const std::vector<std::string> prompts{"Hello", "The quick brown fox jumps over the lazy dog again and again",
+                                         "a b c d e f g h i j k l m n o p", "Once upon a time", "1 2 3"};
+  std::vector<CompletionRequest> first, second;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    first.push_back(slot_request(prompts[i], 12 + static_cast<int64_t>(i),
+                                 i % 3 == 1 ? std::optional<std::string>("ad") : std::nullopt));
+  for (size_t i = 0; i < prompts.size(); ++i) second.push_back(slot_request(prompts[i] + " and then more", 8));
+  auto want1 = slot_run_all(*plain, first), got1 = slot_run_all(*slotted, first);
+  auto want2 = slot_run_all(*plain, second), got2 = slot_run_all(*slotted, second);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(got1[i].tokens, want1[i].tokens) << "request " << i;
+    EXPECT_EQ(got1[i].text, want1[i].text) << "request " << i;
+    EXPECT_EQ(got2[i].text, want2[i].text) << "second request " << i;
+    if (got2[i].cached > 1 || want2[i].cached > 1) EXPECT_EQ(got2[i].cached, want2[i].cached) << "second request " << i;
+  }
+  // The prompt cache served caches read back from slots as it served the eager ones (a sliding
+  // window's cache cannot trim far back, so fewer entries are hits than for llama).
+  int64_t hits = 0, want_hits = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    hits += got2[i].cached > 1;
+    want_hits += want2[i].cached > 1;
+  }
+  std::cout << "gemma4_e slots: " << hits << " prompt-cache hits of the second round (" << want_hits
+            << " without slots)\n";
+  EXPECT_GE(hits, 1);
+  EXPECT_EQ(hits, want_hits);
+  EXPECT_GT(s->eager_steps() + s->graph_steps(), 0);  // the slots really decoded
+  EXPECT_EQ(s->occupied(), 0);
 }
 
 }  // namespace
