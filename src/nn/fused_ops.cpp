@@ -1,7 +1,7 @@
 // Dispatch of the fused decode ops (kernels/norm_act.cu) and their tensor-op references.
 #include "nn/fused_ops.h"
 
-#include <ATen/core/grad_mode.h>
+#include <c10/core/GradMode.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -44,7 +44,7 @@ bool kernel_applies(std::initializer_list<const at::Tensor*> ts) {
   for (const at::Tensor* t : ts) {
     if (!t->defined()) continue;
     if (!t->is_cuda() || t->scalar_type() != st || t->device() != first.device()) return false;
-    if (at::GradMode::is_enabled() && t->requires_grad()) return false;
+    if (c10::GradMode::is_enabled() && t->requires_grad()) return false;
   }
   return true;
 }
