@@ -547,9 +547,20 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
     window_time += std::chrono::duration<double>(std::chrono::steady_clock::now() - tic).count();
   };
   const auto resume = [&] { tic = std::chrono::steady_clock::now(); };
+  // A loss or a weight that is no longer finite ends the run before anything is written: the
+  // adapter (or checkpoint) already in the folder stays what it was.
+  const auto diverged = [&](const std::string& what) {
+    throw Error(cat("train: ", what, " by step ", res.steps_done, " (training diverged: lower --learning-rate, ",
+                    "--weight-decay or set --grad-clip); nothing was saved to ", cfg.adapter_path.string()));
+  };
+  const auto check_weights = [&] {
+    for (const TrainableParam& p : mw.masters())
+      if (!at::isfinite(p.tensor.detach()).all().item<bool>()) diverged(cat("parameter ", p.name, " is not finite"));
+  };
   const auto flush_losses = [&] {
     for (const at::Tensor& l : pending_losses) {
       const double v = l.item<double>();
+      if (!std::isfinite(v)) diverged(cat("the training loss became ", v));
       res.step_losses.push_back(v);
       window_loss += v;
     }
@@ -668,11 +679,17 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
       if (on_report) on_report(rep);
       res.reports.push_back(rep);
     }
-    if (writer && save) save_checkpoint(cfg, step, batcher, opt, mw.masters(), lora.get());
+    if (writer && save) {
+      check_weights();
+      save_checkpoint(cfg, step, batcher, opt, mw.masters(), lora.get());
+    }
     if (report || save) resume();
   }
   flush_losses();
-  if (writer) save_checkpoint(cfg, res.steps_done, batcher, opt, mw.masters(), lora.get());
+  if (writer) {
+    check_weights();
+    save_checkpoint(cfg, res.steps_done, batcher, opt, mw.masters(), lora.get());
+  }
   return res;
 }
 

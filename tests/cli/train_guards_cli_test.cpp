@@ -200,3 +200,25 @@ TEST(TrainGuardsCli, BenchTrainSaysWhatItMeasuredInEachCell) {
       << all.out;
   EXPECT_EQ(all.out.find("PARTIAL"), std::string::npos) << all.out;
 }
+
+// A run that diverges (a learning rate of 1e30 makes the loss or the weights non-finite) ends with
+// one error line and writes nothing more: the adapter and checkpoint it resumed stay as they were
+// (an attack found a NaN run replacing a good adapter and exiting 0). With --save-every, the saves
+// before the loss turned non-finite are kept; only finite weights are ever written.
+TEST(TrainGuardsCli, ADivergedRunSavesNothing) {
+  TempDir d;
+  const fs::path data = guard_data(d), out = d / "out";
+  const GuardRun first = run_guard_cli(guard_train(data, out) + "--iters 2 --seed 1", d);
+  ASSERT_EQ(first.rc, 0) << first.out << first.err;
+  const std::string adapter = hearth::io::read_file(out / "adapters.safetensors");
+  const std::string checkpoint = hearth::io::read_file(out / "checkpoint.json");
+  const GuardRun bad = run_guard_cli("train --model " + guard_model() + " --data " + guard_q(data) +
+                                         " --adapter-path " + guard_q(out) + " --resume " + guard_q(out) +
+                                         " --batch-size 2 --max-seq-length 64 --learning-rate 1e30 --seed 1 --device cpu"
+                                         " --iters 6",
+                                     d);
+  expect_guard_error(bad, "(training diverged: lower --learning-rate");
+  EXPECT_NE(bad.err.find("nothing was saved to " + out.string()), std::string::npos) << bad.err;
+  EXPECT_TRUE(hearth::io::read_file(out / "adapters.safetensors") == adapter) << "a diverged run replaced the adapter";
+  EXPECT_EQ(hearth::io::read_file(out / "checkpoint.json"), checkpoint);
+}
