@@ -11,21 +11,27 @@
 import fs from "node:fs";
 import path from "node:path";
 
+let tmpPath = null;  // the partial output, removed on any failure
 function fail(msg) {
+  if (tmpPath) fs.rmSync(tmpPath, { force: true });
   process.stderr.write(`hf_to_gguf: ${msg}\n`);
   process.exit(1);
 }
+process.on("uncaughtException", (e) => fail(e.message.split("\n")[0]));
 
 const args = { type: "f32" };
 for (let i = 2; i < process.argv.length; i += 2) {
   const k = process.argv[i], v = process.argv[i + 1];
-  if (!k.startsWith("--") || v === undefined) fail(`usage: --model DIR --out FILE.gguf [--type f32|f16|q8_0] (at '${k}')`);
+  if (!["--model", "--out", "--type"].includes(k) || v === undefined)
+    fail(`usage: --model DIR --out FILE.gguf [--type f32|f16|q8_0] (at '${k}')`);
   args[k.slice(2)] = v;
 }
 if (!args.model || !args.out) fail("--model DIR and --out FILE.gguf are required");
 const GGML = { f32: 0, f16: 1, q8_0: 8 };
 const FILE_TYPE = { f32: 0, f16: 1, q8_0: 7 };  // llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_Q8_0
-if (!(args.type in GGML)) fail(`--type '${args.type}': expected f32, f16 or q8_0`);
+if (!Object.hasOwn(GGML, args.type)) fail(`--type '${args.type}': expected f32, f16 or q8_0`);
+if (fs.existsSync(args.out)) fail(`--out ${args.out}: already exists (the converter writes a new file)`);
+if (!fs.existsSync(path.dirname(path.resolve(args.out)))) fail(`--out ${args.out}: its folder does not exist`);
 
 const readJson = (p) => {
   try { return JSON.parse(fs.readFileSync(p, "utf8")); } catch (e) { fail(`${p}: ${e.message}`); }
@@ -50,10 +56,21 @@ const tensors = new Map();  // name -> {file, dtype, shape, begin, end}
     const n = Number(len.readBigUInt64LE());
     const hb = Buffer.alloc(n);
     fs.readSync(fd, hb, 0, n, 8);
-    const header = JSON.parse(hb.toString("utf8"));
+    let header;
+    try {
+      header = JSON.parse(hb.toString("utf8"));
+    } catch (e) {
+      fail(`${file}: the safetensors header is not valid JSON`);
+    }
+    const size = fs.fstatSync(fd).size;
+    const width = { F32: 4, BF16: 2, F16: 2 };
     for (const [name, t] of Object.entries(header)) {
       if (name === "__metadata__") continue;
-      tensors.set(name, { fd, dtype: t.dtype, shape: t.shape, begin: 8 + n + t.data_offsets[0], end: 8 + n + t.data_offsets[1] });
+      const begin = 8 + n + t.data_offsets[0], end = 8 + n + t.data_offsets[1];
+      if (end > size) fail(`${file}: ${name} ends at byte ${end}, past the file's ${size} bytes (truncated?)`);
+      if (width[t.dtype] && end - begin !== width[t.dtype] * t.shape.reduce((a, b) => a * b, 1))
+        fail(`${file}: ${name} holds ${end - begin} bytes, its shape [${t.shape}] of ${t.dtype} needs ${width[t.dtype] * t.shape.reduce((a, b) => a * b, 1)}`);
+      tensors.set(name, { fd, dtype: t.dtype, shape: t.shape, begin, end });
     }
   }
 }
@@ -110,6 +127,8 @@ function halfToFloat(h) {
 // convert_hf_to_gguf.py LlamaModel.permute: HF's rotate-half q/k rows back to interleaved pairs.
 function permute(w, heads) {
   const rows = w.shape[0], cols = w.shape[1], hd = rows / heads, out = new Float32Array(w.data.length);
+  if (!Number.isInteger(hd) || hd % 2 !== 0 || hd !== headDim)
+    fail(`a q/k projection of ${rows} rows does not split into ${heads} heads of head_dim ${headDim}`);
   for (let h = 0; h < heads; ++h)
     for (let i = 0; i < hd / 2; ++i)
       for (let j = 0; j < 2; ++j)
@@ -132,7 +151,10 @@ for (let i = 0; i < cfg.num_hidden_layers; ++i) {
   add(b + "ffn_down.weight", () => readF32(p + "mlp.down_proj.weight"));
 }
 add("output_norm.weight", () => readF32("model.norm.weight"), false);
+if (cfg.tie_word_embeddings === false && !tensors.has("lm_head.weight"))
+  fail("config.json says tie_word_embeddings: false but lm_head.weight is missing");
 if (!cfg.tie_word_embeddings && tensors.has("lm_head.weight")) add("output.weight", () => readF32("lm_head.weight"));
+if (cfg.sliding_window) fail(`config.json: sliding_window ${cfg.sliding_window} is not written by this converter`);
 const rs = cfg.rope_scaling;
 if (rs && (rs.rope_type ?? rs.type) === "llama3") {
   // convert_hf_to_gguf.py LlamaModel.generate_extra_tensors: per-frequency factors.
@@ -258,6 +280,7 @@ for (const e of plan) {
   offset += Math.ceil(nbytes(typeOf(e), e.shape) / ALIGN) * ALIGN;
 }
 const tmp = `${args.out}.tmp.${process.pid}`;
+tmpPath = tmp;
 const out = fs.openSync(tmp, "w");
 let pos = 0;
 const write = (b) => { fs.writeSync(out, b); pos += b.length; };
@@ -291,5 +314,7 @@ for (const e of plan) {
   write(Buffer.alloc((ALIGN - (b.length % ALIGN)) % ALIGN));
 }
 fs.closeSync(out);
+if (fs.existsSync(args.out)) fail(`--out ${args.out}: appeared while converting; not replaced`);
 fs.renameSync(tmp, args.out);
+tmpPath = null;
 console.log(`wrote ${args.out}: ${plan.length} tensors, ${args.type}, ${(pos / 1e6).toFixed(1)} MB`);
