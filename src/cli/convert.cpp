@@ -107,6 +107,13 @@ void convert_into(const ConvertOptions& o, const fs::path& in, const fs::path& t
                    in.string(), ": ", *module, ".scales has shape [", sc.shape.empty() ? 0 : sc.shape[0], ", ",
                    sc.shape.size() > 1 ? sc.shape[1] : 0, "], which does not match ", qs->bits, "-bit codes of group ",
                    qs->group_size, " for ", w.shape[0], " rows");
+      for (const char* part : {".scales", ".biases"}) {
+        const io::DType dt = ws.info(*module + part).dtype;
+        HEARTH_CHECK(dt == io::DType::F32 || dt == io::DType::F16 || dt == io::DType::BF16, in.string(), ": ", *module,
+                     part, " is stored as ", io::dtype_name(dt), ", not a floating-point type");
+      }
+      HEARTH_CHECK(w.dtype == io::DType::U32 || w.dtype == io::DType::I32, in.string(), ": ", name, " is stored as ",
+                   io::dtype_name(w.dtype), "; packed codes are U32");
       const uint64_t elem = dtype ? at::elementSize(*dtype) : static_cast<uint64_t>(io::dtype_size(sc.dtype));
       Planned p{name, false, static_cast<uint64_t>(w.shape[0]) * cols * elem};
       p.dequantized = qs;

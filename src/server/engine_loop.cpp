@@ -56,7 +56,7 @@ std::string charge_explained(const Engine::StateCharge& c, int64_t tokens) {
 }  // namespace
 
 uint64_t request_text_bytes(const CompletionRequest& req) {
-  if (!req.chat) return req.prompt.size() + 8 * req.prompt_ids.size();
+  if (!req.chat) return req.prompt.size();  // token ids need no tokenizing: their count is checked exactly
   uint64_t n = 0;
   for (const auto& m : req.messages) {
     n += m.content ? m.content->size() : 0;

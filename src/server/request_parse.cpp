@@ -256,10 +256,14 @@ CompletionRequest parse_completion_request(const nlohmann::ordered_json& body) {
   req.chat = false;
   const json* p = field(body, "prompt");
   if (!p) throw ApiError(400, "Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter");
-  if (p->is_array() && !p->empty() && (*p)[0].is_number()) {
+  if (p->is_array() && p->empty()) bad("prompt", "Invalid 'prompt': empty array.");
+  if (p->is_array() && !(*p)[0].is_string() && !(*p)[0].is_array()) {
     // One prompt as token ids (OpenAI's "array of tokens"); a batch of prompts stays unsupported.
     for (size_t i = 0; i < p->size(); ++i) {
       const json& v = (*p)[i];
+      if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        bad(hearth::cat("prompt[", i, "]"),
+            hearth::cat("Invalid 'prompt[", i, "]': token id ", v.dump(), " is outside the vocabulary."));
       if (!v.is_number_integer() || v.get<int64_t>() < 0)
         bad(hearth::cat("prompt[", i, "]"),
             hearth::cat("Invalid 'prompt[", i, "]': expected a non-negative integer token id, got ", v.dump(), "."));

@@ -160,6 +160,22 @@ TEST(CliIo, ConvertDequantizeUndoesTheQuantizedLayout) {
   EXPECT_FALSE(cfg.contains("quantization_config"));
   EXPECT_EQ(cfg["torch_dtype"], "float32");
 
+  // Scales stored as integers are refused, naming the tensor (they had produced a garbage model).
+  {
+    std::map<std::string, at::Tensor> t;
+    for (const auto& n : q.names()) t[n] = q.get(n);
+    t["model.layers.0.self_attn.q_proj.scales"] = t["model.layers.0.self_attn.q_proj.scales"].to(at::kShort);
+    std::filesystem::create_directories(d / "qi");
+    hearth::io::save_safetensors(d / "qi" / "model.safetensors", t, {{"format", "mlx"}},
+                                 {{"model.layers.0.self_attn.q_proj.weight", hearth::io::DType::U32},
+                                  {"model.embed_tokens.weight", hearth::io::DType::U32}});
+    std::filesystem::copy_file(d / "q" / "config.json", d / "qi" / "config.json");
+    r = run_hearth("convert -d --model " + (d / "qi").string() + " --out " + (d / "x").string(), d);
+    EXPECT_NE(r.code, 0);
+    EXPECT_NE(r.err.find("model.layers.0.self_attn.q_proj.scales is stored as I16, not a floating-point type"),
+              std::string::npos)
+        << r.err;
+  }
   r = run_hearth("convert -d --model " + (d / "m").string() + " --out " + (d / "x").string(), d);
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("is not quantized"), std::string::npos) << r.err;

@@ -185,6 +185,14 @@ TEST(RequestParse, CompletionPromptAsTokenIds) {
   EXPECT_EQ(rejected_param(R"({"prompt": ["a", "b"]})", false), "prompt");
   EXPECT_EQ(rejected_param(R"({"prompt": [[1, 2]]})", false), "prompt");
   EXPECT_EQ(rejected_param(R"({"prompt": []})", false), "prompt");
+  EXPECT_EQ(rejected_param(R"({"prompt": [true]})", false), "prompt[0]");
+  EXPECT_EQ(rejected_param(R"({"prompt": [{}]})", false), "prompt[0]");
+  EXPECT_EQ(rejected_param(R"({"prompt": [18446744073709551615]})", false), "prompt[0]");
+  try {
+    parse_completion_request(parse_body(R"({"prompt": [18446744073709551615]})"));
+  } catch (const ApiError& e) {
+    EXPECT_NE(std::string(e.what()).find("outside the vocabulary"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
