@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "../io/io_test_util.h"
+#include "cli_run_util.h"
 #include "../test_util.h"
 #include "io/atomic_file.h"
 #include "io/hf_config.h"
@@ -26,33 +27,12 @@ using J = nlohmann::json;
 
 fs::path golden_model(const std::string& variant) { return fs::path(HEARTH_SOURCE_DIR) / "tests/golden/models" / variant; }
 
-struct CliRun {
-  int rc = -1;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
+using CliRun = hearth::testing::CliRunResult;
 
-CliRun hearth_run(const std::string& args, const TempDir& scratch) {
-  const fs::path err = scratch / "stderr.txt";
-  const std::string cmd = std::string(HEARTH_BINARY) + " " + args + " 2>" + shell_quote(err.string()) + " </dev/null";
-  CliRun r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.err = hearth::io::read_file(err);
-  return r;
-}
+CliRun hearth_run(const std::string& args, const TempDir& scratch) { return hearth::testing::run_hearth_cli(args, scratch); }
 
 // Exit 1 and exactly one stderr line, "hearth: error: ..." containing `needle`.
-void expect_one_line_error(const CliRun& r, const std::string& needle) {
-  EXPECT_EQ(r.rc, 1) << r.err;
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  EXPECT_EQ(r.err.rfind("hearth: error: ", 0), 0u) << r.err;
-  EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
-}
+void expect_one_line_error(const CliRun& r, const std::string& needle) { hearth::testing::expect_one_line_cli_error(r, needle); }
 
 // A copy of a golden model whose config.json gets `patch` merged in.
 fs::path patched_model(const TempDir& d, const std::string& name, const J& patch) {

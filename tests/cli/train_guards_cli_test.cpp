@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../io/io_test_util.h"
+#include "cli_run_util.h"
 #include "../test_util.h"
 #include "io/atomic_file.h"
 #include "io/hf_config.h"
@@ -24,32 +25,12 @@ namespace fs = std::filesystem;
 using hearth::testing::shell_quote;
 using hearth::testing::TempDir;
 
-struct GuardRun {
-  int rc = -1;
-  std::string out, err;
-};
+using GuardRun = hearth::testing::CliRunResult;
 
-GuardRun run_guard_cli(const std::string& args, const TempDir& scratch) {
-  const fs::path err = scratch / "guard_stderr.txt";
-  const std::string cmd = std::string(HEARTH_BINARY) + " " + args + " 2>" + shell_quote(err.string()) + " </dev/null";
-  GuardRun r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.err = hearth::io::read_file(err);
-  return r;
-}
+GuardRun run_guard_cli(const std::string& args, const TempDir& scratch) { return hearth::testing::run_hearth_cli(args, scratch); }
 
 // Exit 1 and exactly one stderr line, "hearth: error: ..." containing `needle`.
-void expect_guard_error(const GuardRun& r, const std::string& needle) {
-  EXPECT_EQ(r.rc, 1) << r.out << r.err;
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  EXPECT_EQ(r.err.rfind("hearth: error: ", 0), 0u) << r.err;
-  EXPECT_NE(r.err.find(needle), std::string::npos) << "want: " << needle << "\ngot: " << r.err;
-}
+void expect_guard_error(const GuardRun& r, const std::string& needle) { hearth::testing::expect_one_line_cli_error(r, needle); }
 
 std::string guard_model() { return shell_quote((fs::path(HEARTH_SOURCE_DIR) / "tests/golden/models/llama_mha").string()); }
 
