@@ -42,7 +42,16 @@ def main():
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("models", nargs="+")
     a = ap.parse_args()
-    for m in a.models:
+    models = []
+    for m in a.models:  # a folder of model folders (tests/golden/models/qwen3_5) stands for each of them
+        if os.path.exists(os.path.join(m, "config.json")):
+            models.append(m)
+        elif os.path.isdir(m):
+            subs = sorted(os.path.join(m, d) for d in os.listdir(m) if os.path.exists(os.path.join(m, d, "config.json")))
+            if not subs:
+                print("skipped (no config.json in it or its subfolders):", m)
+            models += subs
+    for m in models:
         cfg = json.load(open(os.path.join(m, "config.json")))
         if "quantization" in cfg or "quantization_config" in cfg:
             print("skipped (transformers cannot run MLX-quantized folders):", m)
