@@ -135,7 +135,7 @@ class Sequence {
 /// least one chunk when any sequence prefills; a chunk that does not fit ends that sequence's share
 /// and the next may still fit). The plan runs in chunk-rounds: round k holds the k-th planned chunk
 /// of each sequence. When the model takes ragged batches (Model::ragged_batches) and
-/// HEARTH_BATCH_PREFILL=1 (opt-in until measured on a GPU), the chunks of one round go through ONE
+/// it runs on a GPU (HEARTH_BATCH_PREFILL=1 / =0 forces it on / off), the chunks of one round go through ONE
 /// forward (rows at their own positions via cache::rows_view, each with its own adapters via
 /// nn::RowAdapters), right-padded to the longest chunk; each row's padding is trimmed from its
 /// caches right after, so a cache only ever holds its own prompt's tokens, and the logits are
@@ -143,7 +143,7 @@ class Sequence {
 /// for rows whose every layer cache is a plain cache::KVCache (exact trim); rows with sliding-window
 /// or recurrent caches share a forward only with rows of the same chunk length. One padded forward
 /// holds at most max(prefill_budget, its longest chunk) token positions (rows longest first; more
-/// forwards when they do not fit). Otherwise each chunk is a forward of its own (on the CPU,
+/// forwards when they do not fit). Otherwise each chunk is a forward of its own (the CPU's default:
 /// compute-bound, that streams each first token as soon as its own forward ends:
 /// docs/benchmarks.md). A sequence whose prefill completes samples its first token (and releases
 /// its share_prefill forks) right after its round's forward.
