@@ -97,6 +97,12 @@ class StaticKVCache : public KVCacheBase {
   /// RotatingKVCache): what a layer sharing this layer's keys/values (Gemma 4) attends over.
   const at::Tensor& keys() const { return keys_; }
   const at::Tensor& values() const { return values_; }
+  /// The contiguous storage as [rows·Hkv·row_stride(), D]: token p of (row b, head h) at row
+  /// (b·Hkv + h)·row_stride() + p — what a fused write indexes (nn::rope_cache_write). Undefined
+  /// until the buffers are made, like keys().
+  const at::Tensor& flat_keys() const { return flat_keys_; }
+  const at::Tensor& flat_values() const { return flat_values_; }
+  int64_t row_stride() const { return row_stride_; }
   const std::shared_ptr<StaticState>& state() const { return state_; }
 
  private:

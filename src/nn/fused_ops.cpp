@@ -1,4 +1,5 @@
-// Dispatch of the fused decode ops (kernels/norm_act.cu) and their tensor-op references.
+// Dispatch of the fused decode ops (kernels/norm_act.cu, kernels/rope_cache.cu) and their
+// tensor-op references.
 #include "nn/fused_ops.h"
 
 #include <c10/core/GradMode.h>
@@ -14,6 +15,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "kernels/norm_act.h"
+#include "kernels/rope_cache.h"
 #endif
 
 namespace hearth::nn {
@@ -22,7 +24,7 @@ namespace {
 std::atomic<bool>& fused_flag() {
   static std::atomic<bool> on{[] {
     const char* v = std::getenv("HEARTH_FUSED_DECODE");
-    return v != nullptr && std::strcmp(v, "1") == 0;
+    return v == nullptr || std::strcmp(v, "0") != 0;
   }()};
   return on;
 }
@@ -105,6 +107,50 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   }
 #endif
   return at::silu(gate) * up;
+}
+
+at::Tensor rope_cache_write(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
+                            const at::Tensor& sin, const at::Tensor& positions, const at::Tensor& flat_keys,
+                            const at::Tensor& flat_values, int64_t row_stride) {
+#ifdef HEARTH_WITH_CUDA_KERNELS
+  if (!kernel_applies({&q, &k, &v, &cos, &sin, &flat_keys, &flat_values})) return {};
+  if (q.dim() != 4 || k.dim() != 4 || v.sizes() != k.sizes() || q.size(2) != 1 || k.size(2) != 1 ||
+      k.size(0) != q.size(0) || k.size(3) != q.size(3))
+    return {};
+  const int64_t B = q.size(0), D = q.size(3), rot = cos.size(-1);
+  if (q.stride(3) != 1 || k.stride(3) != 1 || v.stride(3) != 1 || !cos.is_contiguous() || !sin.is_contiguous() ||
+      cos.numel() != B * rot || sin.sizes() != cos.sizes() || rot % 2 != 0 || rot > D || !positions.is_cuda() ||
+      positions.scalar_type() != at::kLong || positions.numel() != B || !positions.is_contiguous() ||
+      flat_keys.dim() != 2 || flat_keys.size(1) != D || !flat_keys.is_contiguous() ||
+      flat_values.sizes() != flat_keys.sizes() || !flat_values.is_contiguous() ||
+      flat_keys.size(0) < B * k.size(1) * row_stride)
+    return {};
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor q_out = at::empty_like(q);  // the strides apply_rotary's output would have
+  kernels::RopeCacheArgs a;
+  a.q = q.data_ptr();
+  a.k = k.data_ptr();
+  a.v = v.data_ptr();
+  a.q_sb = q.stride(0), a.q_sh = q.stride(1), a.k_sb = k.stride(0), a.k_sh = k.stride(1);
+  a.v_sb = v.stride(0), a.v_sh = v.stride(1);
+  a.cos = cos.data_ptr();
+  a.sin = sin.data_ptr();
+  a.positions = positions.data_ptr<int64_t>();
+  a.q_out = q_out.data_ptr();
+  a.qo_sb = q_out.stride(0), a.qo_sh = q_out.stride(1);
+  a.k_cache = flat_keys.data_ptr();
+  a.v_cache = flat_values.data_ptr();
+  a.row_stride = row_stride;
+  a.B = B, a.Hq = q.size(1), a.Hk = k.size(1), a.D = D, a.rot = rot;
+  a.dtype = qdtype(q.scalar_type());
+  a.stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+  if (const char* err = kernels::rope_cache_write(a)) throw Error(cat("rope_cache_write: ", err));
+  return q_out;
+#else
+  (void)q, (void)k, (void)v, (void)cos, (void)sin, (void)positions, (void)flat_keys, (void)flat_values,
+      (void)row_stride;
+  return {};
+#endif
 }
 
 }  // namespace hearth::nn

@@ -1,13 +1,17 @@
 // nn::add_rms_norm and nn::silu_mul (nn/fused_ops.h): on the CPU they are exactly the reference ops
 // (residual add, LlamaRMSNorm; at::silu · up); on CUDA with HEARTH_WITH_CUDA_KERNELS the fused
 // kernels (kernels/norm_act.cu) against those same ops on the same device — the sum and silu_mul
-// bit-identical, the norm within one rounding of the dtype. The CUDA tests skip without a GPU.
+// bit-identical, the norm within one rounding of the dtype; nn::rope_cache_write (kernels/
+// rope_cache.cu) against nn::apply_rotary + StaticKVCache::update, bit-identical. The CUDA tests
+// skip without a GPU.
 #include <gtest/gtest.h>
 
+#include "cache/static_kv_cache.h"
 #include "core/error.h"
 #include "core/torch_compat.h"
 #include "nn/fused_ops.h"
 #include "nn/rms_norm.h"
+#include "nn/rope.h"
 
 namespace {
 
@@ -81,4 +85,71 @@ TEST(FusedOps, CudaKernelsMatchTheReferenceOps) {
   const at::Tensor wg = at::randn({64}, at::TensorOptions().device(cuda));
   auto [sg, yg] = add_rms_norm(xg, at::Tensor(), wg, 1e-6);
   EXPECT_TRUE(yg.requires_grad());
+}
+
+namespace {
+
+// One static-step write done both ways on the same data: returns {fused q, reference q} after
+// checking the two pools agree (keys and values, every position).
+std::pair<at::Tensor, at::Tensor> fused_ops_rope_both(at::ScalarType st, at::Device dev, int64_t Hq, int64_t Hk,
+                                                      int64_t D, int64_t rot) {
+  const int64_t B = 3, S = 16, C = 20;
+  const auto o = at::TensorOptions().dtype(st).device(dev);
+  auto state = std::make_shared<hearth::cache::StaticState>();
+  state->positions = at::tensor(std::vector<int64_t>{5, 0, 15}, at::kLong).to(dev);
+  state->capacity = S;
+  const at::Tensor pk = at::randn({4, Hk, C, D}, o), pv = at::randn({4, Hk, C, D}, o);
+  at::Tensor ref_k = pk.clone(), ref_v = pv.clone(), fused_k = pk.clone(), fused_v = pv.clone();
+  hearth::cache::StaticKVCache ref(state, ref_k, ref_v), fused(state, fused_k, fused_v);
+  // Strided like a projection's output viewed [B, 1, H, D] and transposed to [B, H, 1, D].
+  const at::Tensor q = at::randn({B, 1, Hq, D}, o).transpose(1, 2), k = at::randn({B, 1, Hk, D}, o).transpose(1, 2);
+  const at::Tensor v = at::randn({B, 1, Hk, D}, o).transpose(1, 2);
+  const at::Tensor table_cos = at::randn({S, rot}, o), table_sin = at::randn({S, rot}, o);
+  const at::Tensor cos = table_cos.index_select(0, state->positions).view({B, 1, 1, rot});
+  const at::Tensor sin = table_sin.index_select(0, state->positions).view({B, 1, 1, rot});
+  const at::Tensor want_q = hearth::nn::apply_rotary(q, cos, sin);
+  ref.update(hearth::nn::apply_rotary(k, cos, sin), v);
+  const at::Tensor got_q = hearth::nn::rope_cache_write(q, k, v, cos, sin, state->positions, fused.flat_keys(),
+                                                        fused.flat_values(), fused.row_stride());
+  if (got_q.defined()) {
+    EXPECT_TRUE(at::equal(fused_k, ref_k)) << c10::toString(st) << " Hq " << Hq << " Hk " << Hk << " D " << D;
+    EXPECT_TRUE(at::equal(fused_v, ref_v)) << c10::toString(st) << " Hq " << Hq << " Hk " << Hk << " D " << D;
+  } else {
+    EXPECT_TRUE(at::equal(fused_k, pk)) << "no kernel: nothing written";
+  }
+  return {got_q, want_q};
+}
+
+}  // namespace
+
+TEST(FusedOps, RopeCacheWriteIsApplyRotaryAndUpdate) {
+  {  // the CPU (and the switch off) leave it to the tensor ops: undefined, nothing written
+    FusedOpsSwitch on(true);
+    EXPECT_FALSE(fused_ops_rope_both(at::kFloat, at::kCPU, 4, 2, 8, 8).first.defined());
+  }
+  if (!hearth::compat::cuda_available()) GTEST_SKIP() << "needs CUDA (GPU machine)";
+#ifndef HEARTH_WITH_CUDA_KERNELS
+  GTEST_SKIP() << "built without Hearth's CUDA kernels";
+#endif
+  const at::Device cuda(at::kCUDA, 0);
+  {
+    FusedOpsSwitch off(false);
+    EXPECT_FALSE(fused_ops_rope_both(at::kBFloat16, cuda, 4, 2, 64, 64).first.defined());
+  }
+  FusedOpsSwitch on(true);
+  struct Shape {
+    int64_t Hq, Hk, D, rot;
+  };
+  // GQA 4:1 at D 64; MHA at D 128 with half the dims rotated; MQA at D 80 (not a power of two);
+  // D 256 (Gemma-sized heads, more dims than threads).
+  for (at::ScalarType st : {at::kFloat, at::kHalf, at::kBFloat16}) {
+    for (Shape s : {Shape{8, 2, 64, 64}, Shape{4, 4, 128, 64}, Shape{6, 1, 80, 80}, Shape{2, 1, 256, 256}}) {
+      at::manual_seed(s.D + s.Hq);
+      auto [got, want] = fused_ops_rope_both(st, cuda, s.Hq, s.Hk, s.D, s.rot);
+      ASSERT_TRUE(got.defined()) << c10::toString(st) << " D " << s.D;
+      EXPECT_EQ(got.sizes(), want.sizes());
+      EXPECT_TRUE(at::equal(got, want)) << c10::toString(st) << " Hq " << s.Hq << " D " << s.D << " rot " << s.rot
+                                        << ": max |d| " << (got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>();
+    }
+  }
 }

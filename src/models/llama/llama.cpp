@@ -8,8 +8,25 @@
 
 #include "core/error.h"
 #include "models/dense_params.h"
+#include "nn/fused_ops.h"
 
 namespace hearth::models::llama {
+
+namespace {
+// A static decode step (all rows, one token, buffers made) takes RoPE and the cache write in one
+// kernel (nn::rope_cache_write, bit-identical to apply_rotary + update): fills q_rot and kv and
+// returns true; false (the kernel does not apply) leaves both to the tensor ops.
+bool fused_static_write(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionRows& g,
+                        at::Tensor& q_rot, cache::KVView& kv) {
+  auto* sc = dynamic_cast<cache::StaticKVCache*>(g.cache);
+  if (!sc || !sc->keys().defined() || q.size(2) != 1) return false;
+  q_rot = nn::rope_cache_write(q, k, v, g.cos, g.sin, sc->state()->positions, sc->flat_keys(), sc->flat_values(),
+                               sc->row_stride());
+  if (!q_rot.defined()) return false;
+  kv = cache::KVView{sc->keys(), sc->values(), 0};
+  return true;
+}
+}  // namespace
 
 at::Tensor LlamaAttention::forward(const at::Tensor& x, const std::vector<AttentionRows>& groups) const {
   const int64_t B = x.size(0), T = x.size(1);
@@ -24,11 +41,15 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const std::vector<Attent
   std::vector<at::Tensor> outs;
   for (const AttentionRows& g : groups) {
     const bool all = g.rows.count == B;
-    at::Tensor qg = nn::apply_rotary(all ? q : q.narrow(0, g.rows.begin, g.rows.count), g.cos, g.sin);
-    at::Tensor kg = nn::apply_rotary(all ? k : k.narrow(0, g.rows.begin, g.rows.count), g.cos, g.sin);
-    at::Tensor vg = all ? v : v.narrow(0, g.rows.begin, g.rows.count);
-    cache::KVView kv{kg, vg, g.rows.offset};
-    if (g.cache) kv = g.cache->update(kg, vg);
+    at::Tensor qg;
+    cache::KVView kv;
+    if (!(all && fused_static_write(q, k, v, g, qg, kv))) {
+      qg = nn::apply_rotary(all ? q : q.narrow(0, g.rows.begin, g.rows.count), g.cos, g.sin);
+      at::Tensor kg = nn::apply_rotary(all ? k : k.narrow(0, g.rows.begin, g.rows.count), g.cos, g.sin);
+      at::Tensor vg = all ? v : v.narrow(0, g.rows.begin, g.rows.count);
+      kv = cache::KVView{kg, vg, g.rows.offset};
+      if (g.cache) kv = g.cache->update(kg, vg);
+    }
     nn::AttentionParams p;
     p.scale = scaling;
     p.q_pos0 = g.rows.offset;
