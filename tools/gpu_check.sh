@@ -2,7 +2,9 @@
 # The GPU machine's check, in one call (see docs/benchmarks.md): build against the machine's
 # PyTorch (CUDA), run the whole test suite, then the CUDA bf16 parity test against fresh
 # transformers references, then (with --bench) the real-shape benchmarks. Logs go to $OUT (or
-# ./gpu-out). Usage: tools/gpu_check.sh [--tests] [--parity] [--bench] [--bench-train]
+# ./gpu-out). Usage: tools/gpu_check.sh [--tests] [--parity] [--bench] [--bench-train] [--profile]
+# The call's tree is limited to 64 MiB: carry .devdeps (tools/device_deps.sh) and leave
+# models/starter out of the tree for the call (its tests, Starter* and EnumMask, then fail there).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out="${OUT:-$root/gpu-out}"; mkdir -p "$out"
@@ -31,6 +33,12 @@ for step in "$@"; do
         echo "== hearth bf16 $args"; "$b/hearth" bench --model $m --device cuda --dtype bfloat16 $args 2>&1 | tail -6
         echo "== hearth mlx4 $args"; "$b/hearth" bench --model $m-mlx4 --device cuda --dtype bfloat16 $args 2>&1 | tail -6
       done 2>&1 | tee "$out/bench.log" ;;
+    --profile)  # one graph decode step of the 1B shape, kernel by kernel (issue 11's profile)
+      m=/tmp/l1b
+      [[ -d $m ]] || python3 "$root/tools/make_random_model.py" --shape llama-3.2-1b --out $m > "$out/make_model.log" 2>&1
+      ncu --graph-profiling node --clock-control none --metrics gpu__time_duration.sum --export /tmp/prof --force-overwrite \
+        "$b/hearth" bench --model $m --device cuda --dtype bfloat16 --prompt-tokens 32 --gen-tokens 3 --runs 1 > "$out/ncu_run.log" 2>&1
+      ncu --import /tmp/prof.ncu-rep --csv --page raw > "$out/prof.csv" && python3 "$root/tools/ncu_step_summary.py" "$out/prof.csv" | tee "$out/profile.txt" ;;
     --bench-train)  # issue 4's table: LoRA SFT memory/speed vs sequence length, Hearth vs transformers+peft
       for shape in ${HEARTH_TRAIN_SHAPES:-llama-3.2-1b llama-3.1-8b}; do
         m=/tmp/$shape
