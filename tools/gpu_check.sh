@@ -15,7 +15,11 @@ b="$root/build-cuda"
 for step in "$@"; do
   case "$step" in
     --tests)
-      (cd "$b" && ctest -j 8 --output-on-failure --timeout 600) > "$out/tests.log" 2>&1
+      # Two threads per test, eight at a time: with every test taking all 16 cores the suite ran past
+      # a call's 10 minutes (2026-12-02: 108 of 151 suites in 330 s). Without models/starter in the
+      # tree (the 64 MiB limit) its tests are left out.
+      ex=(); [[ -f "$root/models/starter/model.safetensors" ]] || ex=(-E 'Starter|EnumMask|ScriptsRun')
+      (cd "$b" && OMP_NUM_THREADS=2 ctest -j 8 --output-on-failure --timeout 600 "${ex[@]}") > "$out/tests.log" 2>&1
       grep -E "tests passed|tests failed|Failed|\*\*\*" "$out/tests.log" | tail -15 ;;
     --parity)
       g=/tmp/cuda-goldens; rm -rf "$g"
