@@ -4,6 +4,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -91,6 +92,12 @@ struct CompletionRequest {
   /// The compiled response_format grammar (nullptr for "text"); shared, immutable.
   std::shared_ptr<const grammar::Grammar> response_grammar;
 
+  /// Not from the client: EngineLoop points it at its Job's cancel flag (Job::cancelled; null
+  /// otherwise). An engine polls it between prompt chunks, so a request whose client left is
+  /// dropped at the next chunk boundary instead of after its whole prefill (ModelEngine:
+  /// generate::GenerateOptions::cancelled); it then ends with Finish::Reason::kAborted.
+  const std::atomic<bool>* cancelled = nullptr;
+
   /// True when tools were given and tool_choice is not "none" (tool-call parsing is on).
   bool tools_active() const { return !tools.empty() && tool_choice != "none"; }
 };
@@ -131,9 +138,10 @@ struct TokenEvent {
 
 /// How a generation ended.
 struct Finish {
-  /// kStopped: on_token returned false. kAborted is never returned by an Engine: EngineLoop sets
-  /// it when on_token returned false because the job was cancelled (server shutdown, or a
-  /// streaming client that left), so the answer is reported cut (finish_reason "abort").
+  /// kStopped: on_token returned false. kAborted: the request was cancelled (server shutdown, or a
+  /// client that left), so the answer is reported cut (finish_reason "abort"): an Engine returns it
+  /// for a generation that CompletionRequest::cancelled ended, and EngineLoop sets it when on_token
+  /// returned false because the job was cancelled.
   enum class Reason { kEos, kLength, kStopped, kAborted };
   Reason reason = Reason::kEos;
   int64_t completion_tokens = 0;  ///< tokens sampled, including a final EOS (never emitted)

@@ -82,6 +82,7 @@ std::shared_ptr<Job> EngineLoop::submit(CompletionRequest req) {
   }
   auto job = std::make_shared<Job>();
   job->request = std::move(req);
+  job->request.cancelled = &job->cancelled;  // the engine polls it between prompt chunks
   if (!prepare(*job)) return job;
   return enqueue(std::move(job));
 }

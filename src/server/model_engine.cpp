@@ -139,6 +139,8 @@ void use_adapter_path(ModelEngineOptions& opts, const fs::path& dir, const std::
 ModelEngine::ModelEngine(ModelEngineOptions opts)
     : opts_(std::move(opts)), tokenizer_(tokenizer::Tokenizer::from_dir(opts_.model_dir)) {
   c10::NoGradGuard no_grad;
+  HEARTH_CHECK_T(InvalidArgument, opts_.prefill_step_size > 0, "prefill_step_size must be positive, got ",
+                 opts_.prefill_step_size);
   const fs::path dir = fs::weakly_canonical(opts_.model_dir);
   model_id_ = dir.filename().string();
   if (opts_.context_length > 0) {
@@ -352,6 +354,9 @@ std::unique_ptr<ActiveSequence> ModelEngine::start_choice(const Prompt& prompt, 
   if (choice > 0 && req.sampling.seed) o.sampling.seed = static_cast<uint64_t>(*choice_seed(req.sampling.seed, choice));
   o.eos_ids = eos_ids_;
   o.logprobs = req.logprobs;
+  o.prefill_step_size = opts_.prefill_step_size;
+  if (const std::atomic<bool>* flag = req.cancelled)
+    o.cancelled = [flag] { return flag->load(std::memory_order_relaxed); };
   // The selection made now stays this sequence's for its whole generation; unmounts wait until no
   // sequence runs (EngineLoop).
   const std::vector<std::string> selection = selected_adapters(req);
@@ -417,7 +422,7 @@ bool ModelEngine::on_step(Running& r, int64_t id, const at::Tensor& logprobs) {
 void ModelEngine::step(const std::vector<ActiveSequence*>& seqs) {
   std::vector<generate::Sequence*> v;
   for (ActiveSequence* a : seqs) v.push_back(static_cast<Running*>(a)->seq.get());
-  generate::step(*model_, v, generate::GenerateOptions{}.prefill_step_size, slots_.get());
+  generate::step(*model_, v, opts_.prefill_step_size, slots_.get());
 }
 
 int64_t ModelEngine::start_decode_slots(int64_t num_seqs, int64_t memory_budget, std::string* why) {
@@ -468,13 +473,13 @@ Finish ModelEngine::finish_sequence(ActiveSequence& a) {
                      "response_format", "response_format_too_complex");
     throw Error("sampling failed: " + err);
   }
-  if (std::string rest = r.decoder->flush(); !rest.empty() && !r.stopped) {
+  const generate::GenerationResult& result = r.seq->result();
+  if (std::string rest = r.decoder->flush(); !rest.empty() && !r.stopped && !result.stats.cancelled) {
     TokenEvent ev;
     ev.text_only = true;
     ev.text = std::move(rest);
     r.on_token(ev);
   }
-  const generate::GenerationResult& result = r.seq->result();
   last_stats_ = result.stats;
   cache::Caches& caches = r.seq->caches();
   if (prompt_cache_ && !caches.empty()) {
@@ -488,7 +493,8 @@ Finish ModelEngine::finish_sequence(ActiveSequence& a) {
   Finish f;
   f.cached_tokens = result.stats.cached_tokens;
   f.completion_tokens = static_cast<int64_t>(result.tokens.size()) + (result.stats.stopped_by_eos ? 1 : 0);
-  f.reason = r.stopped ? Finish::Reason::kStopped
+  f.reason = r.stopped                     ? Finish::Reason::kStopped
+             : result.stats.cancelled      ? Finish::Reason::kAborted  // req.cancelled: cut, never "stop"
              : result.stats.stopped_by_eos ? Finish::Reason::kEos
                                            : Finish::Reason::kLength;
   return f;

@@ -68,6 +68,11 @@ struct ModelEngineOptions {
   /// sizes them (`hearth serve --no-decode-slots` or HEARTH_DECODE_SLOTS=0: off, every decoding
   /// row takes the ragged path as before).
   bool decode_slots = true;
+  /// Prompt tokens per prefill chunk (generate::GenerateOptions::prefill_step_size), and the prompt
+  /// tokens one step() prefills at most (its prefill budget): between two steps other requests
+  /// decode, and a request whose client left is dropped (CompletionRequest::cancelled) at the next
+  /// chunk boundary. Must be positive (InvalidArgument).
+  int64_t prefill_step_size = 2048;
 };
 
 /// `--adapter-path DIR` of generate/chat/eval: a LoRA adapter is mounted as `id` and made the
