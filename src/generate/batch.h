@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/kv_cache.h"
 #include "generate/generate.h"
 
 namespace hearth::generate {
@@ -63,6 +64,9 @@ class Sequence {
   /// decodes in a decode slot (decode_slots.h) has its caches read back from the slot first (the
   /// slot is freed and it decodes on through the ragged path).
   cache::Caches& caches();
+  /// Bytes its own caches hold now (cache::total_bytes; while it decodes in a decode slot, the
+  /// slot's rows are the pool's and not counted). Changes nothing.
+  int64_t cache_bytes() const { return cache::total_bytes(caches_); }
   /// True while it decodes in a slot of a DecodeSlots pool.
   bool in_slot() const { return slots_ != nullptr; }
   const std::vector<int64_t>& prompt() const { return prompt_; }

@@ -226,16 +226,23 @@ class Engine {
   /// Whether start_sequence/step/finish_sequence are implemented (EngineLoop then runs up to
   /// max_num_seqs requests together; otherwise one generate() at a time).
   virtual bool supports_batching() const { return false; }
-  /// Bytes of cache state one sequence of `tokens` tokens holds (KV grows per token; recurrent
-  /// state is constant): what the admission budget (EngineLoopOptions::memory_budget) counts.
-  /// 0 = unknown (no budget applies). Any thread; constant after construction.
+  /// Bytes of cache state one sequence of `tokens` tokens may hold at most, at any moment of its
+  /// generation (KV grows per token; a sliding window up to its window plus one prefill chunk;
+  /// recurrent state is constant): what the admission budget (EngineLoopOptions::memory_budget)
+  /// counts. 0 = unknown (no budget applies). Any thread; constant after construction.
   virtual int64_t state_bytes(int64_t tokens) const { (void)tokens; return 0; }
-  /// How state_bytes(tokens) is computed, for error messages, /metrics and logs:
-  /// fixed + per_token * (tokens rounded up to a multiple of round_to). All 0 = unknown.
+  /// How state_bytes(tokens) is computed, for error messages, /metrics and logs, with R(n) = n
+  /// rounded up to a multiple of round_to: fixed + per_token * R(tokens)
+  /// + window_per_token * R(min(tokens, window_tokens)). All 0 = unknown.
   struct StateCharge {
-    int64_t per_token = 0;  ///< bytes per token of KV (all layers)
-    int64_t fixed = 0;      ///< bytes that do not grow with tokens (recurrent states, windows)
+    int64_t per_token = 0;  ///< bytes per token of the full-attention KV layers
+    int64_t fixed = 0;      ///< bytes that do not grow with tokens (recurrent states)
     int64_t round_to = 0;   ///< the caches grow in steps of this many tokens
+    /// Sliding-window KV layers: bytes per token (all of them), up to window_tokens tokens = the
+    /// largest window - 1 + one prefill chunk (a chunk's keys join the window's before the oldest
+    /// are dropped, so that is what such a cache holds at most).
+    int64_t window_per_token = 0;
+    int64_t window_tokens = 0;
   };
   virtual StateCharge state_charge() const { return {}; }
   /// Starts generating for one request like generate() would (same sampling, adapters, prompt

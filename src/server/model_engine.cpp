@@ -195,16 +195,25 @@ ModelEngine::ModelEngine(ModelEngineOptions opts)
     // One token through fresh caches: growing KV caches then hold `capacity` tokens' worth.
     cache::Caches probe = model_->make_cache();
     model_->forward(at::zeros({1, 1}, at::TensorOptions().dtype(at::kLong).device(model_->placement().device)), 0, &probe);
-    double per_token = 0;
+    // A sliding-window cache holds up to window - 1 + T tokens while a T-token chunk goes through
+    // (then keeps its buffer): charged per token up to window - 1 + one prefill chunk.
+    double per_token = 0, window_per_token = 0;
+    int64_t window = 0;
     for (const auto& c : probe) {
       if (!c) continue;
       hybrid_ = hybrid_ || c->kind() == "recurrent";
-      if (const auto* kv = dynamic_cast<const cache::KVCache*>(c.get()); kv && kv->capacity() > 0)
+      if (const auto* kv = dynamic_cast<const cache::KVCache*>(c.get()); kv && kv->capacity() > 0) {
         per_token += static_cast<double>(kv->nbytes()) / static_cast<double>(kv->capacity());
-      else
+      } else if (const auto* rot = dynamic_cast<const cache::RotatingKVCache*>(c.get()); rot && rot->capacity() > 0) {
+        window_per_token += static_cast<double>(rot->nbytes()) / static_cast<double>(rot->capacity());
+        window = std::max(window, rot->window());
+      } else {
         fixed_state_bytes_ += c->nbytes();
+      }
     }
     kv_bytes_per_token_ = static_cast<int64_t>(per_token + 0.5);
+    window_bytes_per_token_ = static_cast<int64_t>(window_per_token + 0.5);
+    window_tokens_ = window > 0 ? window - 1 + opts_.prefill_step_size : 0;
   }
   if (pc_bytes > 0 && !uses_dynamic_rope(config))
     prompt_cache_ = std::make_unique<cache::PromptCache>(pc_bytes);
@@ -501,8 +510,13 @@ Finish ModelEngine::finish_sequence(ActiveSequence& a) {
 }
 
 int64_t ModelEngine::state_bytes(int64_t tokens) const {
-  const int64_t rounded = (std::max<int64_t>(tokens, 1) + kStateRoundTo - 1) / kStateRoundTo * kStateRoundTo;
-  return fixed_state_bytes_ + kv_bytes_per_token_ * rounded;
+  auto rounded = [](int64_t n) { return (std::max<int64_t>(n, 1) + kStateRoundTo - 1) / kStateRoundTo * kStateRoundTo; };
+  return fixed_state_bytes_ + kv_bytes_per_token_ * rounded(tokens) +
+         window_bytes_per_token_ * rounded(std::min(tokens, window_tokens_));
+}
+
+int64_t ModelEngine::held_bytes(const ActiveSequence& seq) const {
+  return static_cast<const Running&>(seq).seq->cache_bytes();
 }
 
 Finish ModelEngine::generate(const Prompt& prompt, const CompletionRequest& req, const TokenCallback& on_token) {
