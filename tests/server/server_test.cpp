@@ -312,6 +312,7 @@ TEST_F(ServerTest, BadRequestsGet400InOpenAiShapeAndTheServerKeepsServing) {
   expect_error(post("/v1/chat/completions", "{" + m + R"(, "n": 0})"), 400, "n");
   expect_error(post("/v1/chat/completions", "{" + m + R"(, "adapter": "nope"})"), 400);  // engine's prepare()
   expect_error(post("/v1/completions", R"({"prompt": ["a"]})"), 400, "prompt");
+  expect_error(post("/v1/completions", R"({"prompt": "a", "suffix": " the end"})"), 400, "suffix");  // as vLLM
   auto r = post("/v1/chat/completions", chat_body("still alive"));
   ASSERT_EQ(r->status, 200);
   EXPECT_EQ(J::parse(r->body)["choices"][0]["message"]["content"], "still alive");
