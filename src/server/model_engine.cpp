@@ -405,10 +405,12 @@ bool ModelEngine::on_step(Running& r, int64_t id, const at::Tensor& logprobs) {
   ev.id = id;
   ev.text = r.decoder->push(static_cast<int32_t>(id));
   if (r.logprobs && logprobs.defined()) {
-    at::Tensor lp = logprobs.to(at::kCPU, at::kFloat).contiguous();
     fill(id, ev.token, ev.bytes);
-    ev.logprob = lp[id].item<float>();
-    if (r.top_logprobs > 0) {
+    if (r.top_logprobs <= 0) {
+      ev.logprob = logprobs[id].item<float>();  // one value, not the [V] row, off the device
+    } else {
+      at::Tensor lp = logprobs.to(at::kCPU, at::kFloat).contiguous();
+      ev.logprob = lp[id].item<float>();
       auto [vals, idx] = at::topk(lp, std::min<int64_t>(r.top_logprobs, lp.size(0)));
       for (int64_t i = 0; i < vals.size(0); ++i) {
         TopLogprob alt;
