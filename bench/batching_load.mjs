@@ -6,6 +6,13 @@
 // Usage: node bench/batching_load.mjs --model DIR [--bin build/hearth] [--clients 1,8,32]
 //        [--requests 4] [--tokens 64] [--device cpu] [--max-num-seqs 32]
 //        [--server-args "--no-cuda-graph-warmup ..."] (extra `hearth serve` flags, space-separated)
+// TTFT is measured at the first streamed chunk that carries a token. The server sends no chunk for a
+// token whose text is empty (a special token, or bytes held back until a UTF-8 character is whole)
+// unless logprobs were asked: then every token comes in a chunk of its own with its logprobs entry.
+// So each request asks for logprobs=0 (the sampled token's logprob only: one value per token) and
+// TTFT stops at the first chunk with text or a logprobs token; with random-weight models the first
+// tokens often decode to empty text, and a text-based TTFT would be the whole latency. Same in
+// bench/batching_load.py.
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 
@@ -39,12 +46,15 @@ async function start() {
   return { proc, url };
 }
 
+// Whether a streamed completions choice holds a generated token: text, or a logprobs entry.
+const carriesToken = (choice) => Boolean(choice?.text) || Boolean(choice?.logprobs?.tokens?.length);
+
 async function one(url, i) {
   const t0 = performance.now();
   const res = await fetch(`${url}/v1/completions`, {
     method: 'POST', headers: { 'content-type': 'application/json' },
     body: JSON.stringify({ prompt: `Request ${i}: the story of a small town by the sea,`, max_tokens: maxTokens,
-      temperature: 0, stream: true, stream_options: { include_usage: true } }),
+      temperature: 0, stream: true, stream_options: { include_usage: true }, logprobs: 0 }),
   });
   if (res.status !== 200) throw new Error(`status ${res.status}`);
   let ttft = null, tokens = 0, buf = '';
@@ -57,7 +67,7 @@ async function one(url, i) {
       if (!ev.startsWith('data: ') || ev === 'data: [DONE]') continue;
       const j = JSON.parse(ev.slice(6));
       if (j.error) throw new Error(j.error.message);
-      if (ttft === null && j.choices?.[0]?.text) ttft = performance.now() - t0;
+      if (ttft === null && carriesToken(j.choices?.[0])) ttft = performance.now() - t0;
       if (j.usage) tokens = j.usage.completion_tokens;
     }
   }

@@ -5,6 +5,14 @@ completions (greedy, max_tokens T; the count comes from usage) to one `hearth se
 Prints one JSON line per C: aggregate generated tok/s, TTFT and latency p50/p99, failures, the
 server's RSS before/after. Loopback only, bounded (R requests per client).
 
+TTFT is measured at the first streamed chunk that carries a token. The server sends no chunk for a
+token whose text is empty (a special token, or bytes held back until a UTF-8 character is whole)
+unless logprobs were asked: then every token comes in a chunk of its own with its logprobs entry,
+text or not. So each request asks for logprobs=0 (the sampled token's logprob, no alternatives: one
+value read per token) and TTFT stops at the first chunk with text or a logprobs token; with
+random-weight models the first tokens often decode to empty text, and a text-based TTFT would then
+be the whole latency. Same in bench/batching_load.mjs.
+
   python3 bench/batching_load.py --model DIR [--bin build/hearth] [--clients 1,8,32] [--requests 4]
                                  [--tokens 64] [--device cpu] [--max-num-seqs 32]
                                  [--server-args "--no-cuda-graph-warmup ..."]
@@ -29,11 +37,16 @@ def pct(xs, p):
     return s[min(len(s) - 1, int(p * len(s)))]
 
 
+def carries_token(choice):
+    """Whether a streamed completions choice holds a generated token: text, or a logprobs entry."""
+    return bool(choice.get("text")) or bool((choice.get("logprobs") or {}).get("tokens"))
+
+
 def one(url, i, max_tokens):
     """One streamed completion (stdlib http.client: it undoes the chunked encoding)."""
     t0 = time.perf_counter()
     body = {"prompt": f"Request {i}: the story of a small town by the sea,", "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, "logprobs": 0}
     u = urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     try:
@@ -52,7 +65,7 @@ def one(url, i, max_tokens):
             j = json.loads(line[6:])
             if "error" in j:
                 raise RuntimeError(j["error"]["message"])
-            if ttft is None and j.get("choices") and j["choices"][0].get("text"):
+            if ttft is None and j.get("choices") and carries_token(j["choices"][0]):
                 ttft = time.perf_counter() - t0
             if j.get("usage"):
                 tokens = j["usage"]["completion_tokens"]

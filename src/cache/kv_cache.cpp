@@ -50,6 +50,13 @@ int64_t KVCache::trim(int64_t n) {
   return t;
 }
 
+void KVCache::shrink_to_fit() {
+  const int64_t cap = round_up(std::max<int64_t>(offset_, 1), step_);
+  if (!keys_.defined() || cap >= keys_.size(2)) return;
+  keys_ = grow(keys_, keys_, offset_, cap);
+  values_ = grow(values_, values_, offset_, cap);
+}
+
 std::unique_ptr<LayerCache> KVCache::clone() const {
   auto c = std::make_unique<KVCache>(step_);
   c->offset_ = offset_;
@@ -104,6 +111,20 @@ int64_t RotatingKVCache::trim(int64_t n) {
   used_ -= t;
   offset_ -= t;
   return t;
+}
+
+void RotatingKVCache::shrink_to_fit() {
+  const int64_t cap = round_up(std::max<int64_t>(used_, 1), step_);
+  if (!keys_.defined() || cap >= keys_.size(2)) return;
+  keys_ = grow(keys_, keys_, used_, cap);
+  values_ = grow(values_, values_, used_, cap);
+}
+
+void shrink_to_fit(Caches& caches) {
+  for (auto& c : caches) {
+    if (auto* kv = dynamic_cast<KVCache*>(c.get())) kv->shrink_to_fit();
+    else if (auto* rot = dynamic_cast<RotatingKVCache*>(c.get())) rot->shrink_to_fit();
+  }
 }
 
 int64_t RotatingKVCache::nbytes() const { return keys_.defined() ? keys_.nbytes() + values_.nbytes() : 0; }

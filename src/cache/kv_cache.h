@@ -56,6 +56,9 @@ class KVCache : public KVCacheBase {
   std::string kind() const override { return "kv"; }
   std::unique_ptr<LayerCache> clone() const override;
   int64_t capacity() const { return keys_.defined() ? keys_.size(2) : 0; }
+  /// Reallocates the buffers to offset() tokens rounded up to the growth step (at least one step)
+  /// when they are larger (a copy), e.g. after a trim far back; the tokens are unchanged.
+  void shrink_to_fit();
   /// The buffers [B, Hkv, capacity(), D] (undefined before the first update); tokens past
   /// offset() are stale.
   const at::Tensor& keys_buffer() const { return keys_; }
@@ -81,6 +84,13 @@ class RotatingKVCache : public KVCacheBase {
   std::string kind() const override { return "rotating_kv"; }
   std::unique_ptr<LayerCache> clone() const override;
   int64_t window() const { return window_; }
+  /// Tokens the buffers [B, Hkv, capacity(), D] have room for (0 before the first update): after a
+  /// T-token update, at least min(offset(), window() - 1) + T rounded up to the growth step, and
+  /// never shrinking.
+  int64_t capacity() const { return keys_.defined() ? keys_.size(2) : 0; }
+  /// Reallocates the buffers to the tokens held rounded up to the growth step (at least one step)
+  /// when they are larger (a copy); the tokens are unchanged.
+  void shrink_to_fit();
   /// Absolute position of the oldest token held.
   int64_t start() const { return start_; }
 
@@ -123,6 +133,11 @@ int64_t offset_of(const Caches& caches);
 
 /// Deep copies of every entry (null stays null): see LayerCache::clone.
 Caches clone(const Caches& caches);
+
+/// KVCache::shrink_to_fit / RotatingKVCache::shrink_to_fit on every layer of those kinds (the
+/// others are left as they are): afterwards no buffer holds more than its tokens rounded up to the
+/// growth step.
+void shrink_to_fit(Caches& caches);
 
 /// Removes the last `n` tokens from every layer. Returns false when some layer cannot trim exactly
 /// `n` (a recurrent state, a sliding window that already dropped what is needed); the caches are

@@ -46,6 +46,7 @@ PromptCacheHit PromptCache::take(const std::string& ns, const std::vector<int64_
     entries_.splice(entries_.begin(), entries_, best);
     ++hits_;
     hit.caches = clone(entries_.front().caches);
+    shrink_to_fit(hit.caches);
     hit.cached = best_p;
     return hit;
   }
@@ -57,6 +58,8 @@ PromptCacheHit PromptCache::take(const std::string& ns, const std::vector<int64_
     return hit;
   }
   ++hits_;
+  // A request grown longer than this prompt left buffers the new request is not charged for.
+  shrink_to_fit(e.caches);
   hit.caches = std::move(e.caches);
   hit.cached = best_p;
   return hit;

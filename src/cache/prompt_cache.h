@@ -40,7 +40,9 @@ class PromptCache {
   /// Entries holding a layer of kind "recurrent" (hybrid models; such a state cannot trim) are
   /// snapshots: usable only when all their tokens are a prefix of `prompt` (p = their length), the
   /// longest usable entry wins, and a snapshot is handed out as a clone() while it stays cached
-  /// (most recently used), so later requests sharing it resume from it too.
+  /// (most recently used), so later requests sharing it resume from it too. The caches handed out
+  /// hold buffers no larger than their tokens rounded up to the growth step (shrink_to_fit), so a
+  /// hit holds no more than a fresh prefill of the same tokens would.
   PromptCacheHit take(const std::string& ns, const std::vector<int64_t>& prompt);
 
   /// Stores `caches` holding exactly `tokens` (caches[i]->offset() == tokens.size(); throws

@@ -195,6 +195,10 @@ std::function<int()> setup_serve(CLI::App& app) {
   app.add_flag("--allow-long-context", a->engine.allow_long_context,
                "Accept a --context-length above the model's limit (config.json max_position_embeddings, times the "
                "RoPE scaling factor where one applies); HEARTH_ALLOW_LONG_CONTEXT=1 does the same");
+  app.add_option("--prefill-step-size", a->engine.prefill_step_size,
+                 "Prompt tokens per prefill chunk and per scheduler step (default 2048): between chunks the other "
+                 "requests decode, and a request whose client left is dropped")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
   app.add_flag_callback("--no-decode-slots", [a] { a->engine.decode_slots = false; },
                "Decode every running request through the ragged batched path instead of decode slots (static "
                "per-slot caches, CUDA graphs on the GPU); HEARTH_DECODE_SLOTS=0 does the same");

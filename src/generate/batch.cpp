@@ -145,6 +145,36 @@ void Sequence::check_prompt(const models::Model& model) {
   started_ = true;
 }
 
+bool Sequence::end_if_cancelled(const models::Model& model) {
+  if (done_) return true;
+  if (!opts_.cancelled || !opts_.cancelled()) return false;
+  done_ = true;
+  pending_ = -1;  // a token emitted but not fed back stays out of the caches, as when on_step stops it
+  result_.stats.cancelled = true;
+  if (parent_) {
+    std::erase(parent_->forks_, this);
+    parent_ = nullptr;
+  }
+  if (!forks_.empty()) {
+    // Its children wait for this prefill: the first carries it on from here, the others wait for it.
+    Sequence* heir = forks_.front();
+    heir->parent_ = nullptr;
+    heir->forks_.assign(forks_.begin() + 1, forks_.end());
+    for (Sequence* c : heir->forks_) c->parent_ = heir;
+    forks_.clear();
+    if (started_) {
+      heir->caches_ = std::move(caches_);
+      caches_.clear();
+      heir->offset_ = offset_;
+      heir->started_ = true;
+      heir->t0_ = t0_;
+      heir->result_.stats.cached_tokens = result_.stats.cached_tokens;
+    }
+  }
+  finish_stats(model);
+  return true;
+}
+
 int64_t Sequence::chunk_at(int64_t at) const {
   int64_t len = std::min(opts_.prefill_step_size, static_cast<int64_t>(prompt_.size()) - at);
   if (on_snapshot_ && snapshot_every_ > 0) len = std::min(len, snapshot_every_ - at % snapshot_every_);
@@ -169,6 +199,7 @@ void Sequence::prefill_alone(models::Model& model, int64_t len) {
 void Sequence::end_chunk(models::Model& model, int64_t len, const at::Tensor& last_logits) {
   const int64_t n = static_cast<int64_t>(prompt_.size());
   offset_ += len;
+  ++result_.stats.prefill_chunks;
   if (on_snapshot_ && (offset_ == n || (snapshot_every_ > 0 && offset_ % snapshot_every_ == 0))) {
     cache::Caches copy;
     for (const auto& c : caches_) copy.push_back(c ? c->clone() : nullptr);
@@ -293,6 +324,7 @@ void Sequence::finish_stats(const models::Model& model) {
 
 void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t prefill_budget, DecodeSlots* slots) {
   c10::NoGradGuard no_grad;
+  for (Sequence* s : seqs) s->end_if_cancelled(model);  // a request whose client left ends here
   // Prompt chunks first: planned in order within the budget (at least one chunk), run in rounds.
   std::vector<std::vector<Chunk>> rounds;  // round k: the k-th planned chunk of each sequence
   int64_t spent = 0;
@@ -315,7 +347,7 @@ void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t pref
     // Rows whose caches trim exactly may be padded; the others share a forward only at equal lengths.
     std::vector<Chunk> padded, same;
     for (const auto& [s, len] : round) {
-      if (s->done()) continue;
+      if (s->end_if_cancelled(model)) continue;  // done, or cancelled since its last chunk
       if (!together) {
         s->prefill_alone(model, len);
         if (s->done()) s->finish_stats(model);

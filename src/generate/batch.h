@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/kv_cache.h"
 #include "generate/generate.h"
 
 namespace hearth::generate {
@@ -21,8 +22,9 @@ class DecodeSlots;
 
 /// One generation in progress. Created with its prompt and options; advanced only by step().
 /// Follows generate()'s semantics exactly: prefill in chunks of opts.prefill_step_size, sample, call
-/// on_step per token (not for an EOS), stop at an EOS id, after opts.max_tokens tokens, or when
-/// on_step returns false.
+/// on_step per token (not for an EOS), stop at an EOS id, after opts.max_tokens tokens, when
+/// on_step returns false, or when opts.cancelled returns true (polled at each step() and before each
+/// prompt chunk: see step()).
 class Sequence {
  public:
   /// `caches`: empty → fresh from the model at the first step; else caches holding a prefix of
@@ -62,6 +64,9 @@ class Sequence {
   /// decodes in a decode slot (decode_slots.h) has its caches read back from the slot first (the
   /// slot is freed and it decodes on through the ragged path).
   cache::Caches& caches();
+  /// Bytes its own caches hold now (cache::total_bytes; while it decodes in a decode slot, the
+  /// slot's rows are the pool's and not counted). Changes nothing.
+  int64_t cache_bytes() const { return cache::total_bytes(caches_); }
   /// True while it decodes in a slot of a DecodeSlots pool.
   bool in_slot() const { return slots_ != nullptr; }
   const std::vector<int64_t>& prompt() const { return prompt_; }
@@ -90,6 +95,9 @@ class Sequence {
   friend void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t prefill_budget,
                    DecodeSlots* slots);
   void check_prompt(const models::Model& model);
+  // True when it is done, or opts_.cancelled says so now: it then ends where it is (a share_prefill
+  // child leaves its parent; a parent hands its caches and its other children to its first child).
+  bool end_if_cancelled(const models::Model& model);
   // Tokens of the prompt chunk that starts at prompt position `at` (prefill_step_size, cut at the
   // prompt's end and at the next snapshot multiple).
   int64_t chunk_at(int64_t at) const;
@@ -129,6 +137,13 @@ class Sequence {
 };
 
 /// One scheduler iteration over `seqs` (sequences already done are skipped).
+///
+/// Cancellation: every sequence's GenerateOptions::cancelled is polled first, and a prefilling
+/// one's again before each of its chunks; a cancelled sequence ends there (done(),
+/// result().stats.cancelled, its caches holding the chunks already run), so a long prompt stops at
+/// the next chunk boundary. A cancelled share_prefill parent hands the prefill it started (its
+/// caches, its other children) to its first child, which prefills on from there at the next step
+/// (keep every child in `seqs`).
 ///
 /// Prefill: prompt chunks (Sequence's prefill_step_size, cut at snapshot multiples) are planned
 /// sequence by sequence, in order, while the chunks' total stays within `prefill_budget` tokens (at

@@ -20,6 +20,11 @@ struct GenerateOptions {
   SamplingParams sampling;
   std::vector<int64_t> eos_ids;      // stop (EOS not emitted to the callback, not counted)
   bool logprobs = false;             // hand StepCallback the step's log-probabilities
+  /// Polled at the start of every step() (batch.h) and before each prompt chunk: once it returns
+  /// true the sequence ends where it is (done, stats.cancelled; the caches hold what was computed),
+  /// so a request whose client left stops at the next chunk boundary instead of after its whole
+  /// prefill. Empty = never. Called on the generating thread; must be cheap (an atomic load).
+  std::function<bool()> cancelled;
 };
 
 struct GenerationStats {
@@ -31,6 +36,8 @@ struct GenerationStats {
   double ttft_s = 0;                 // time to first token (prefill + first sample)
   int64_t peak_memory_bytes = 0;     // compat::peak_memory_bytes(device)
   bool stopped_by_eos = false;
+  bool cancelled = false;            // GenerateOptions::cancelled ended it
+  int64_t prefill_chunks = 0;        // prompt chunks that went through the model (forwards' worth)
   /// The decode after the first token ran on the static path (batch.h Sequence::run_static): a CUDA
   /// graph per token on CUDA.
   bool static_decode = false;

@@ -4,6 +4,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -91,6 +92,12 @@ struct CompletionRequest {
   /// The compiled response_format grammar (nullptr for "text"); shared, immutable.
   std::shared_ptr<const grammar::Grammar> response_grammar;
 
+  /// Not from the client: EngineLoop points it at its Job's cancel flag (Job::cancelled; null
+  /// otherwise). An engine polls it between prompt chunks, so a request whose client left is
+  /// dropped at the next chunk boundary instead of after its whole prefill (ModelEngine:
+  /// generate::GenerateOptions::cancelled); it then ends with Finish::Reason::kAborted.
+  const std::atomic<bool>* cancelled = nullptr;
+
   /// True when tools were given and tool_choice is not "none" (tool-call parsing is on).
   bool tools_active() const { return !tools.empty() && tool_choice != "none"; }
 };
@@ -131,9 +138,10 @@ struct TokenEvent {
 
 /// How a generation ended.
 struct Finish {
-  /// kStopped: on_token returned false. kAborted is never returned by an Engine: EngineLoop sets
-  /// it when on_token returned false because the job was cancelled (server shutdown, or a
-  /// streaming client that left), so the answer is reported cut (finish_reason "abort").
+  /// kStopped: on_token returned false. kAborted: the request was cancelled (server shutdown, or a
+  /// client that left), so the answer is reported cut (finish_reason "abort"): an Engine returns it
+  /// for a generation that CompletionRequest::cancelled ended, and EngineLoop sets it when on_token
+  /// returned false because the job was cancelled.
   enum class Reason { kEos, kLength, kStopped, kAborted };
   Reason reason = Reason::kEos;
   int64_t completion_tokens = 0;  ///< tokens sampled, including a final EOS (never emitted)
@@ -218,16 +226,23 @@ class Engine {
   /// Whether start_sequence/step/finish_sequence are implemented (EngineLoop then runs up to
   /// max_num_seqs requests together; otherwise one generate() at a time).
   virtual bool supports_batching() const { return false; }
-  /// Bytes of cache state one sequence of `tokens` tokens holds (KV grows per token; recurrent
-  /// state is constant): what the admission budget (EngineLoopOptions::memory_budget) counts.
-  /// 0 = unknown (no budget applies). Any thread; constant after construction.
+  /// Bytes of cache state one sequence of `tokens` tokens may hold at most, at any moment of its
+  /// generation (KV grows per token; a sliding window up to its window plus one prefill chunk;
+  /// recurrent state is constant): what the admission budget (EngineLoopOptions::memory_budget)
+  /// counts. 0 = unknown (no budget applies). Any thread; constant after construction.
   virtual int64_t state_bytes(int64_t tokens) const { (void)tokens; return 0; }
-  /// How state_bytes(tokens) is computed, for error messages, /metrics and logs:
-  /// fixed + per_token * (tokens rounded up to a multiple of round_to). All 0 = unknown.
+  /// How state_bytes(tokens) is computed, for error messages, /metrics and logs, with R(n) = n
+  /// rounded up to a multiple of round_to: fixed + per_token * R(tokens)
+  /// + window_per_token * R(min(tokens, window_tokens)). All 0 = unknown.
   struct StateCharge {
-    int64_t per_token = 0;  ///< bytes per token of KV (all layers)
-    int64_t fixed = 0;      ///< bytes that do not grow with tokens (recurrent states, windows)
+    int64_t per_token = 0;  ///< bytes per token of the full-attention KV layers
+    int64_t fixed = 0;      ///< bytes that do not grow with tokens (recurrent states)
     int64_t round_to = 0;   ///< the caches grow in steps of this many tokens
+    /// Sliding-window KV layers: bytes per token (all of them), up to window_tokens tokens = the
+    /// largest window - 1 + one prefill chunk (a chunk's keys join the window's before the oldest
+    /// are dropped, so that is what such a cache holds at most).
+    int64_t window_per_token = 0;
+    int64_t window_tokens = 0;
   };
   virtual StateCharge state_charge() const { return {}; }
   /// Starts generating for one request like generate() would (same sampling, adapters, prompt

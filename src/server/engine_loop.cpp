@@ -43,14 +43,19 @@ class SlotGuard {
 };
 
 // " (F fixed + P bytes per token x T tokens: prompt + max_tokens = N rounded up to the caches'
-// R-token growth step)", or "" when the engine does not say how it charges.
+// R-token growth step [+ S bytes per token x M tokens of the sliding-window layers, ...])", or ""
+// when the engine does not say how it charges.
 std::string charge_explained(const Engine::StateCharge& c, int64_t tokens) {
-  if (c.per_token <= 0 && c.fixed <= 0) return "";
+  if (c.per_token <= 0 && c.fixed <= 0 && c.window_per_token <= 0) return "";
   const int64_t r = std::max<int64_t>(c.round_to, 1);
-  const int64_t rounded = (std::max<int64_t>(tokens, 1) + r - 1) / r * r;
-  return cat(" (", c.fixed > 0 ? cat(c.fixed, " fixed bytes + ") : std::string(), c.per_token, " bytes per token x ", rounded,
+  auto round = [&](int64_t n) { return (std::max<int64_t>(n, 1) + r - 1) / r * r; };
+  std::string windows;
+  if (c.window_per_token > 0)
+    windows = cat(" + ", c.window_per_token, " bytes per token x ", round(std::min(tokens, c.window_tokens)),
+                  " tokens of the sliding-window layers (at most ", c.window_tokens, " tokens: their window - 1 + one prefill chunk)");
+  return cat(" (", c.fixed > 0 ? cat(c.fixed, " fixed bytes + ") : std::string(), c.per_token, " bytes per token x ", round(tokens),
              " tokens: prompt + max_tokens = ", tokens, r > 1 ? cat(" rounded up to the caches' ", r, "-token growth step") : std::string(),
-             ")");
+             windows, ")");
 }
 
 }  // namespace
@@ -82,6 +87,7 @@ std::shared_ptr<Job> EngineLoop::submit(CompletionRequest req) {
   }
   auto job = std::make_shared<Job>();
   job->request = std::move(req);
+  job->request.cancelled = &job->cancelled;  // the engine polls it between prompt chunks
   if (!prepare(*job)) return job;
   return enqueue(std::move(job));
 }

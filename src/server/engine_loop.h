@@ -49,8 +49,10 @@ struct EngineLoopOptions {
 /// context - prompt -> 400 with param "max_tokens" (never clamped); no max_tokens -> the default
 /// above, clamped to the room left. On the engine thread, Engine::check_request() runs again
 /// just before generate() (an adapter may have been unmounted meanwhile; 400). A job whose
-/// `cancelled` flag is set is skipped, or stopped at its next token and finished with
-/// finish_reason "abort" (the partial answer is delivered; a cut answer never claims "stop").
+/// `cancelled` flag is set is skipped, or stopped at its next token or prompt chunk (submit() points
+/// CompletionRequest::cancelled at it, which the engine polls) and finished with finish_reason
+/// "abort" (the partial answer is delivered; a cut answer never claims "stop"), freeing its slot and
+/// its reserved budget at once.
 /// kError events carry the ApiError's status, param and code.
 /// Bytes of request text any prompt built from `req` contains (message contents, names, ids,
 /// thoughts, tool calls, tools, template kwargs; the prompt of a completion): more than

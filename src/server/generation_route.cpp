@@ -228,6 +228,13 @@ void serve_generation(const GenerationContext& ctx, CompletionRequest req, std::
         }
         // Wait briefly for an event, then take every event already queued (one write).
         auto ev = st->job->events.pop(out.empty() ? 200ms : 0ms);
+        if (!ev && out.empty() && current_client_closed()) {
+          // Nothing is written while the request waits in the queue or prefills a long prompt, so
+          // no write can fail: a look at the socket (as for non-streaming requests) shows the
+          // client left, and the job is dropped at once (at admission, or at the next prompt chunk).
+          st->job->cancelled = true;
+          return false;
+        }
         const auto now = Clock::now();
         if (!ev && out.empty() && now - st->last_write > std::chrono::seconds(5)) out = ": keep-alive\n\n";
         bool end = false;

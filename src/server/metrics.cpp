@@ -136,7 +136,7 @@ std::string Metrics::render(size_t queue_length, const CacheBudgetGauges& budget
   sample(out, "hearth_running_sequences", static_cast<double>(running_));
   header(out, "hearth_cache_reserved_bytes", "gauge",
          "Cache bytes the running requests reserved against --memory-budget (each: fixed + bytes per token x "
-         "(prompt + max_tokens) rounded up, per choice).");
+         "(prompt + max_tokens) rounded up + the sliding-window layers' share, per choice).");
   sample(out, "hearth_cache_reserved_bytes", static_cast<double>(budget.reserved_bytes));
   header(out, "hearth_memory_budget_bytes", "gauge",
          "Cache bytes the running requests may reserve together (--memory-budget less the decode slots; 0 = no limit).");
@@ -145,11 +145,18 @@ std::string Metrics::render(size_t queue_length, const CacheBudgetGauges& budget
          "A request's charge per token of prompt + max_tokens (KV bytes of all layers).");
   sample(out, "hearth_request_charge_bytes_per_token", static_cast<double>(budget.per_token_bytes));
   header(out, "hearth_request_charge_fixed_bytes", "gauge",
-         "A request's charge that does not grow with tokens (recurrent states, sliding windows).");
+         "A request's charge that does not grow with tokens (recurrent states).");
   sample(out, "hearth_request_charge_fixed_bytes", static_cast<double>(budget.fixed_bytes));
   header(out, "hearth_request_charge_round_to_tokens", "gauge",
          "prompt + max_tokens is rounded up to a multiple of this (the caches' growth step) before charging.");
   sample(out, "hearth_request_charge_round_to_tokens", static_cast<double>(budget.round_to_tokens));
+  header(out, "hearth_request_charge_window_bytes_per_token", "gauge",
+         "A request's charge per token of the sliding-window layers, for at most "
+         "hearth_request_charge_window_tokens of prompt + max_tokens (0 = no such layers).");
+  sample(out, "hearth_request_charge_window_bytes_per_token", static_cast<double>(budget.window_per_token_bytes));
+  header(out, "hearth_request_charge_window_tokens", "gauge",
+         "The most tokens a sliding-window layer holds: its window - 1 plus one prefill chunk.");
+  sample(out, "hearth_request_charge_window_tokens", static_cast<double>(budget.window_tokens));
   histogram(out, "hearth_time_to_first_token_seconds", "Seconds from a request's arrival to its first output text.", ttft_);
   histogram(out, "hearth_inter_token_latency_seconds",
             "Seconds between generated tokens (each request's mean gap after its first output, once per gap).", itl_);

@@ -33,14 +33,17 @@ struct GenerationSample {
 };
 
 /// The cache-budget gauges, read at scrape time (EngineLoop and Engine::state_charge): what the
-/// running requests reserved, the budget, and the terms of a request's charge, which is
-/// fixed + per_token * (prompt + max_tokens rounded up to round_to tokens), per choice.
+/// running requests reserved, the budget, and the terms of a request's charge, which is, with
+/// t = prompt + max_tokens and R(n) = n rounded up to round_to tokens, fixed + per_token * R(t)
+/// + window_per_token * R(min(t, window_tokens)), per choice (Engine::StateCharge).
 struct CacheBudgetGauges {
   int64_t reserved_bytes = 0;
   int64_t budget_bytes = 0;  ///< 0 = no --memory-budget
   int64_t per_token_bytes = 0;
   int64_t fixed_bytes = 0;
   int64_t round_to_tokens = 0;
+  int64_t window_per_token_bytes = 0;  ///< sliding-window layers (0 = none)
+  int64_t window_tokens = 0;
 };
 
 /// All metrics of one server; every method is thread-safe (one mutex: updates are a few adds).

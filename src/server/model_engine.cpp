@@ -139,6 +139,8 @@ void use_adapter_path(ModelEngineOptions& opts, const fs::path& dir, const std::
 ModelEngine::ModelEngine(ModelEngineOptions opts)
     : opts_(std::move(opts)), tokenizer_(tokenizer::Tokenizer::from_dir(opts_.model_dir)) {
   c10::NoGradGuard no_grad;
+  HEARTH_CHECK_T(InvalidArgument, opts_.prefill_step_size > 0, "prefill_step_size must be positive, got ",
+                 opts_.prefill_step_size);
   const fs::path dir = fs::weakly_canonical(opts_.model_dir);
   model_id_ = dir.filename().string();
   if (opts_.context_length > 0) {
@@ -193,16 +195,25 @@ ModelEngine::ModelEngine(ModelEngineOptions opts)
     // One token through fresh caches: growing KV caches then hold `capacity` tokens' worth.
     cache::Caches probe = model_->make_cache();
     model_->forward(at::zeros({1, 1}, at::TensorOptions().dtype(at::kLong).device(model_->placement().device)), 0, &probe);
-    double per_token = 0;
+    // A sliding-window cache holds up to window - 1 + T tokens while a T-token chunk goes through
+    // (then keeps its buffer): charged per token up to window - 1 + one prefill chunk.
+    double per_token = 0, window_per_token = 0;
+    int64_t window = 0;
     for (const auto& c : probe) {
       if (!c) continue;
       hybrid_ = hybrid_ || c->kind() == "recurrent";
-      if (const auto* kv = dynamic_cast<const cache::KVCache*>(c.get()); kv && kv->capacity() > 0)
+      if (const auto* kv = dynamic_cast<const cache::KVCache*>(c.get()); kv && kv->capacity() > 0) {
         per_token += static_cast<double>(kv->nbytes()) / static_cast<double>(kv->capacity());
-      else
+      } else if (const auto* rot = dynamic_cast<const cache::RotatingKVCache*>(c.get()); rot && rot->capacity() > 0) {
+        window_per_token += static_cast<double>(rot->nbytes()) / static_cast<double>(rot->capacity());
+        window = std::max(window, rot->window());
+      } else {
         fixed_state_bytes_ += c->nbytes();
+      }
     }
     kv_bytes_per_token_ = static_cast<int64_t>(per_token + 0.5);
+    window_bytes_per_token_ = static_cast<int64_t>(window_per_token + 0.5);
+    window_tokens_ = window > 0 ? window - 1 + opts_.prefill_step_size : 0;
   }
   if (pc_bytes > 0 && !uses_dynamic_rope(config))
     prompt_cache_ = std::make_unique<cache::PromptCache>(pc_bytes);
@@ -352,6 +363,9 @@ std::unique_ptr<ActiveSequence> ModelEngine::start_choice(const Prompt& prompt, 
   if (choice > 0 && req.sampling.seed) o.sampling.seed = static_cast<uint64_t>(*choice_seed(req.sampling.seed, choice));
   o.eos_ids = eos_ids_;
   o.logprobs = req.logprobs;
+  o.prefill_step_size = opts_.prefill_step_size;
+  if (const std::atomic<bool>* flag = req.cancelled)
+    o.cancelled = [flag] { return flag->load(std::memory_order_relaxed); };
   // The selection made now stays this sequence's for its whole generation; unmounts wait until no
   // sequence runs (EngineLoop).
   const std::vector<std::string> selection = selected_adapters(req);
@@ -391,10 +405,12 @@ bool ModelEngine::on_step(Running& r, int64_t id, const at::Tensor& logprobs) {
   ev.id = id;
   ev.text = r.decoder->push(static_cast<int32_t>(id));
   if (r.logprobs && logprobs.defined()) {
-    at::Tensor lp = logprobs.to(at::kCPU, at::kFloat).contiguous();
     fill(id, ev.token, ev.bytes);
-    ev.logprob = lp[id].item<float>();
-    if (r.top_logprobs > 0) {
+    if (r.top_logprobs <= 0) {
+      ev.logprob = logprobs[id].item<float>();  // one value, not the [V] row, off the device
+    } else {
+      at::Tensor lp = logprobs.to(at::kCPU, at::kFloat).contiguous();
+      ev.logprob = lp[id].item<float>();
       auto [vals, idx] = at::topk(lp, std::min<int64_t>(r.top_logprobs, lp.size(0)));
       for (int64_t i = 0; i < vals.size(0); ++i) {
         TopLogprob alt;
@@ -417,7 +433,7 @@ bool ModelEngine::on_step(Running& r, int64_t id, const at::Tensor& logprobs) {
 void ModelEngine::step(const std::vector<ActiveSequence*>& seqs) {
   std::vector<generate::Sequence*> v;
   for (ActiveSequence* a : seqs) v.push_back(static_cast<Running*>(a)->seq.get());
-  generate::step(*model_, v, generate::GenerateOptions{}.prefill_step_size, slots_.get());
+  generate::step(*model_, v, opts_.prefill_step_size, slots_.get());
 }
 
 int64_t ModelEngine::start_decode_slots(int64_t num_seqs, int64_t memory_budget, std::string* why) {
@@ -468,13 +484,13 @@ Finish ModelEngine::finish_sequence(ActiveSequence& a) {
                      "response_format", "response_format_too_complex");
     throw Error("sampling failed: " + err);
   }
-  if (std::string rest = r.decoder->flush(); !rest.empty() && !r.stopped) {
+  const generate::GenerationResult& result = r.seq->result();
+  if (std::string rest = r.decoder->flush(); !rest.empty() && !r.stopped && !result.stats.cancelled) {
     TokenEvent ev;
     ev.text_only = true;
     ev.text = std::move(rest);
     r.on_token(ev);
   }
-  const generate::GenerationResult& result = r.seq->result();
   last_stats_ = result.stats;
   cache::Caches& caches = r.seq->caches();
   if (prompt_cache_ && !caches.empty()) {
@@ -488,15 +504,21 @@ Finish ModelEngine::finish_sequence(ActiveSequence& a) {
   Finish f;
   f.cached_tokens = result.stats.cached_tokens;
   f.completion_tokens = static_cast<int64_t>(result.tokens.size()) + (result.stats.stopped_by_eos ? 1 : 0);
-  f.reason = r.stopped ? Finish::Reason::kStopped
+  f.reason = r.stopped                     ? Finish::Reason::kStopped
+             : result.stats.cancelled      ? Finish::Reason::kAborted  // req.cancelled: cut, never "stop"
              : result.stats.stopped_by_eos ? Finish::Reason::kEos
                                            : Finish::Reason::kLength;
   return f;
 }
 
 int64_t ModelEngine::state_bytes(int64_t tokens) const {
-  const int64_t rounded = (std::max<int64_t>(tokens, 1) + kStateRoundTo - 1) / kStateRoundTo * kStateRoundTo;
-  return fixed_state_bytes_ + kv_bytes_per_token_ * rounded;
+  auto rounded = [](int64_t n) { return (std::max<int64_t>(n, 1) + kStateRoundTo - 1) / kStateRoundTo * kStateRoundTo; };
+  return fixed_state_bytes_ + kv_bytes_per_token_ * rounded(tokens) +
+         window_bytes_per_token_ * rounded(std::min(tokens, window_tokens_));
+}
+
+int64_t ModelEngine::held_bytes(const ActiveSequence& seq) const {
+  return static_cast<const Running&>(seq).seq->cache_bytes();
 }
 
 Finish ModelEngine::generate(const Prompt& prompt, const CompletionRequest& req, const TokenCallback& on_token) {

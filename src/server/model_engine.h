@@ -68,6 +68,11 @@ struct ModelEngineOptions {
   /// sizes them (`hearth serve --no-decode-slots` or HEARTH_DECODE_SLOTS=0: off, every decoding
   /// row takes the ragged path as before).
   bool decode_slots = true;
+  /// Prompt tokens per prefill chunk (generate::GenerateOptions::prefill_step_size), and the prompt
+  /// tokens one step() prefills at most (its prefill budget): between two steps other requests
+  /// decode, and a request whose client left is dropped (CompletionRequest::cancelled) at the next
+  /// chunk boundary. Must be positive (InvalidArgument).
+  int64_t prefill_step_size = 2048;
 };
 
 /// `--adapter-path DIR` of generate/chat/eval: a LoRA adapter is mounted as `id` and made the
@@ -118,12 +123,22 @@ class ModelEngine : public Engine {
   /// EngineLoop runs several sequences through step() together (llama-family models decode them in
   /// one forward; other families one forward per sequence within the step).
   bool supports_batching() const override { return batching_; }
-  /// Measured at load with a one-token probe: each KV layer's bytes per token (its buffer over its
-  /// capacity) times `tokens` rounded up to the cache's 256-token growth step, plus the fixed size of
-  /// the other layers (recurrent state, sliding windows).
+  /// Measured at load with a one-token probe: each full-attention KV layer's bytes per token (its
+  /// buffer over its capacity) times `tokens` rounded up to the caches' 256-token growth step; each
+  /// sliding-window layer's bytes per token times min(tokens, window - 1 + opts.prefill_step_size)
+  /// rounded up alike (what its buffer grows to while a prefill chunk joins the window, kept after);
+  /// plus the fixed size of the other layers (recurrent state). An upper bound of what a
+  /// sequence's caches hold at any step (held_bytes), from a prompt-cache hit too (take() hands out
+  /// buffers shrunk to their tokens).
   int64_t state_bytes(int64_t tokens) const override;
-  /// {kv bytes per token, fixed bytes, 256} as measured at load (state_bytes' terms).
-  StateCharge state_charge() const override { return {kv_bytes_per_token_, fixed_state_bytes_, kStateRoundTo}; }
+  /// state_bytes' terms as measured at load: {kv bytes per token, fixed bytes, 256, sliding-window
+  /// bytes per token, largest window - 1 + prefill_step_size}.
+  StateCharge state_charge() const override {
+    return {kv_bytes_per_token_, fixed_state_bytes_, kStateRoundTo, window_bytes_per_token_, window_tokens_};
+  }
+  /// Bytes the caches of `seq` (one of this engine's sequences) hold now (cache::total_bytes; a
+  /// sequence in a decode slot: only what it keeps outside the pool). Engine thread only.
+  int64_t held_bytes(const ActiveSequence& seq) const;
   /// The device the model runs on (for the server's default memory budget).
   at::Device device() const { return model_->placement().device; }
   /// Builds the decode-slot pool (generate::DecodeSlots) for `num_seqs` running sequences (the
@@ -230,6 +245,7 @@ class ModelEngine : public Engine {
   bool hybrid_ = false;    // a layer keeps a recurrent state: snapshots for the prompt cache
   bool batching_ = true;  // off for dynamic-NTK RoPE (its tables depend on the longest row seen)
   int64_t kv_bytes_per_token_ = 0, fixed_state_bytes_ = 0;  // state_bytes()' probe
+  int64_t window_bytes_per_token_ = 0, window_tokens_ = 0;    // ... its sliding-window layers
   std::unique_ptr<generate::DecodeSlots> slots_;  // after model_: destroyed first
 };
 

@@ -30,18 +30,27 @@ ojson chat_logprobs(const std::vector<TokenEvent>& toks) {
   return ojson{{"content", content}};
 }
 
+// Characters (code points) a token adds to the text: the UTF-8 lead bytes of its raw bytes, so a
+// character split over two tokens counts once, at the token where it begins.
+int64_t chars_added(const TokenEvent& t) {
+  int64_t n = 0;
+  for (unsigned char c : t.bytes.empty() ? t.token : t.bytes) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
 // Legacy completions logprobs: {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}.
-ojson legacy_logprobs(const std::vector<TokenEvent>& toks, int64_t offset0) {
+// text_offset: each token's character offset in the choice's text (OpenAI, vLLM), counted from
+// `*offset` (the characters of the tokens before these), which is advanced past them.
+ojson legacy_logprobs(const std::vector<TokenEvent>& toks, int64_t* offset) {
   ojson tokens = ojson::array(), lps = ojson::array(), tops = ojson::array(), offs = ojson::array();
-  int64_t off = offset0;
   for (const auto& t : toks) {
     tokens.push_back(t.token);
     lps.push_back(t.logprob);
     ojson top = ojson::object();
     for (const auto& a : t.top_logprobs) top[a.token] = a.logprob;
     tops.push_back(top);
-    offs.push_back(off);
-    off += static_cast<int64_t>(t.token.size());
+    offs.push_back(*offset);
+    *offset += chars_added(t);
   }
   return ojson{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
 }
@@ -105,14 +114,15 @@ ojson first_chunk(const ResponseMeta& m, int choice) {
   return chunk(m, chat_choice(choice, ojson{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr));
 }
 
-ojson delta_chunk(const ResponseMeta& m, const StreamEvent& d) {
+ojson delta_chunk(const ResponseMeta& m, const StreamEvent& d, int64_t* text_offset) {
   if (m.chat) {
     ojson lp = m.logprobs && !d.logprobs.empty() ? chat_logprobs(d.logprobs) : ojson();
     ojson delta = d.reasoning.empty() ? ojson{{"content", d.text}} : ojson{{"reasoning_content", d.reasoning}};
     if (!d.reasoning.empty() && !d.text.empty()) delta["content"] = d.text;
     return chunk(m, chat_choice(d.choice, std::move(delta), lp, nullptr));
   }
-  ojson lp = m.logprobs && !d.logprobs.empty() ? legacy_logprobs(d.logprobs, 0) : ojson();
+  int64_t from_zero = 0;
+  ojson lp = m.logprobs && !d.logprobs.empty() ? legacy_logprobs(d.logprobs, text_offset ? text_offset : &from_zero) : ojson();
   return chunk(m, text_choice(d.choice, d.text, lp, nullptr));
 }
 
@@ -161,7 +171,8 @@ ojson full_response(const ResponseMeta& m, const std::vector<StreamEvent>& delta
       choices.push_back(ojson{{"index", done->choice}, {"message", msg}, {"logprobs", m.logprobs ? chat_logprobs(toks) : ojson()},
                               {"finish_reason", done->finish_reason}});
     } else {
-      choices.push_back(text_choice(done->choice, text, m.logprobs ? legacy_logprobs(toks, 0) : ojson(), done->finish_reason));
+      int64_t offset = 0;
+      choices.push_back(text_choice(done->choice, text, m.logprobs ? legacy_logprobs(toks, &offset) : ojson(), done->finish_reason));
     }
     // The prompt is counted once (the choices share it), the completions summed (OpenAI, vLLM).
     completion += done->completion_tokens;
@@ -193,7 +204,10 @@ std::string OpenAiWriter::begin(const StreamEvent&) {
   return out;
 }
 
-std::string OpenAiWriter::delta(const StreamEvent& d) { return sse(delta_chunk(m_, d)); }
+std::string OpenAiWriter::delta(const StreamEvent& d) {
+  if (text_offsets_.size() <= static_cast<size_t>(d.choice)) text_offsets_.resize(static_cast<size_t>(d.choice) + 1, 0);
+  return sse(delta_chunk(m_, d, &text_offsets_[static_cast<size_t>(d.choice)]));
+}
 
 std::string OpenAiWriter::end(const StreamEvent& done) {
   std::string out;

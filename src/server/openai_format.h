@@ -39,7 +39,10 @@ std::string sse(const ojson& j);
 ojson first_chunk(const ResponseMeta& m, int choice = 0);
 /// Streaming: the chunk for one kDelta event: delta {"content"} or, for thought text,
 /// {"reasoning_content"} (vLLM's reasoning parsers, DeepSeek's API), and logprobs when asked.
-ojson delta_chunk(const ResponseMeta& m, const StreamEvent& delta);
+/// Completions' logprobs.text_offset: each token's character offset in the choice's whole text,
+/// counted from `*text_offset` (the characters of the choice's earlier tokens; null = 0), which is
+/// advanced past this chunk's tokens, so a stream reports what the non-streamed answer does.
+ojson delta_chunk(const ResponseMeta& m, const StreamEvent& delta, int64_t* text_offset = nullptr);
 /// Streaming: the closing chunks of choice done.choice for its kDone: tool_calls delta (if any)
 /// and the finish_reason chunk. The usage chunk and "data: [DONE]" are added by the caller.
 std::vector<ojson> final_chunks(const ResponseMeta& m, const StreamEvent& done);
@@ -49,7 +52,9 @@ ojson usage_chunk(const ResponseMeta& m, int64_t prompt_tokens, int64_t completi
 /// Non-streaming: the whole response from all kDelta events and the kDone event of each choice
 /// (choices ordered by index, each from its own deltas); a message has "reasoning_content" (the
 /// concatenated thought) only when the model produced one. usage: the prompt once, the completion
-/// tokens summed over the choices.
+/// tokens summed over the choices. Completions' logprobs.text_offset: the character (code point)
+/// offset of each token in its choice's text, as OpenAI and vLLM count it (a character split over
+/// two tokens counts at the token where it begins).
 ojson full_response(const ResponseMeta& m, const std::vector<StreamEvent>& deltas, const std::vector<StreamEvent>& dones);
 
 /// usage {prompt_tokens, completion_tokens, total_tokens, prompt_tokens_details: {cached_tokens}}
@@ -65,6 +70,7 @@ class OpenAiWriter : public ResponseWriter {
   std::string full_choices(const std::vector<StreamEvent>& deltas, const std::vector<StreamEvent>& dones) override;
   /// The first chunk of every choice.
   std::string begin(const StreamEvent& started) override;
+  /// A chunk; completions' text_offset continues from the choice's earlier chunks.
   std::string delta(const StreamEvent& d) override;
   /// One choice's closing chunks; after the last of m.n choices also the usage chunk (prompt once,
   /// completions summed) and "data: [DONE]".
@@ -74,6 +80,7 @@ class OpenAiWriter : public ResponseWriter {
  private:
   ResponseMeta m_;
   int ended_ = 0;  // choices closed so far
+  std::vector<int64_t> text_offsets_;  // per choice: characters of the tokens streamed so far
   int64_t completion_tokens_ = 0, cached_tokens_ = 0;
 };
 

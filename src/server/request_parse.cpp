@@ -281,6 +281,10 @@ CompletionRequest parse_completion_request(const nlohmann::ordered_json& body) {
     req.top_logprobs = static_cast<int>(*k);
   }
   if (boolean(body, "echo").value_or(false)) bad("echo", "Invalid 'echo': echo is not supported by this server.");
+  // Insertion (text after the completion) needs a fill-in-the-middle prompt format: refused as vLLM
+  // does ("suffix is not currently supported"), never silently ignored. null counts as absent.
+  if (field(body, "suffix"))
+    bad("suffix", "Invalid 'suffix': suffix is not currently supported by this server (send null or leave it out).");
   if (auto b = integer_in(body, "best_of", 1, kMaxTokensLimit); b && *b != 1)
     bad("best_of", "Invalid 'best_of': only best_of = 1 is supported by this server.");
   return req;

@@ -24,8 +24,8 @@ nlohmann::ordered_json parse_body(std::string_view body);
 CompletionRequest parse_chat_request(const nlohmann::ordered_json& body);
 
 /// POST /v1/completions body -> CompletionRequest (chat = false). `prompt` must be a string;
-/// `logprobs` is the legacy integer [0,5] (number of alternatives); `echo` and best_of > 1 are
-/// rejected; the other fields are as for chat. Throws ApiError(400) naming the field.
+/// `logprobs` is the legacy integer [0,5] (number of alternatives); `echo`, best_of > 1 and a
+/// non-null `suffix` (as vLLM) are rejected; the other fields are as for chat. Throws ApiError(400) naming the field.
 CompletionRequest parse_completion_request(const nlohmann::ordered_json& body);
 
 }  // namespace hearth::server

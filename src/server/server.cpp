@@ -273,7 +273,8 @@ struct Server::Impl {
     // Like /health, needs no API key (it is outside /v1/): scrapers rarely carry one.
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       const Engine::StateCharge c = engine.state_charge();
-      const CacheBudgetGauges g{loop.reserved_bytes(), loop.memory_budget(), c.per_token, c.fixed, c.round_to};
+      const CacheBudgetGauges g{loop.reserved_bytes(), loop.memory_budget(), c.per_token, c.fixed, c.round_to,
+                                c.window_per_token, c.window_tokens};
       res.set_content(metrics.render(loop.queued(), g), "text/plain; version=0.0.4; charset=utf-8");
     });
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {

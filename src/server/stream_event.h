@@ -64,7 +64,8 @@ class EventChannel {
 
 /// A request in flight: the parsed request, its output channel, and a cancel flag the HTTP side
 /// sets when a streaming client disconnects and EngineLoop::shutdown sets on the running job (the
-/// engine checks it per token; a generation cut this way ends with finish_reason "abort"). A job with a `task` is an
+/// engine checks it per token and between prompt chunks, through CompletionRequest::cancelled; a
+/// generation cut this way ends with finish_reason "abort"). A job with a `task` is an
 /// engine-thread chore instead (adapter mount/unmount): it runs in queue order, between
 /// generations, and reports kDone or kError.
 struct Job {

@@ -99,6 +99,33 @@ TEST(PromptCache, ASlidingWindowThatDroppedTheNeededTokensIsAMiss) {
   EXPECT_EQ(hit.caches[0]->offset(), 19);
 }
 
+// A hit trimmed far back holds no more than a fresh prefill of its tokens would (the server charges
+// a request by its own length, not by the longer one that grew the buffers), and keeps its tokens.
+TEST(PromptCache, AHitTrimmedFarBackIsShrunkToItsTokens) {
+  PromptCache pc(1 << 20);
+  pc.put("", iota_prompt(40), filled(40));  // step 8: buffers of 40 tokens, 16 bytes each per tensor
+  std::vector<int64_t> prompt = iota_prompt(10);
+  prompt.push_back(99);
+  PromptCacheHit hit = pc.take("", prompt);
+  ASSERT_EQ(hit.cached, 10);
+  auto* kv = static_cast<KVCache*>(hit.caches[0].get());
+  EXPECT_EQ(kv->capacity(), 16);
+  EXPECT_EQ(total_bytes(hit.caches), 2 * 2 * 16 * 16);  // 2 layers x keys and values x 16 tokens x 16 bytes
+  EXPECT_TRUE(at::equal(kv->keys_buffer().narrow(2, 0, 10).flatten(), at::arange(10).to(at::kFloat).repeat_interleave(4)));
+  // A sliding window whose buffer grew for one long chunk is shrunk alike.
+  Caches rot;
+  for (int l = 0; l < 2; ++l) {
+    rot.push_back(std::make_unique<RotatingKVCache>(4, 8));
+    at::Tensor x = at::arange(30).to(at::kFloat).view({1, 1, 30, 1}).expand({1, 1, 30, 4}).contiguous();
+    static_cast<RotatingKVCache*>(rot.back().get())->update(x, x);
+  }
+  pc.put("", iota_prompt(30), std::move(rot));
+  PromptCacheHit rhit = pc.take("", prompt);
+  ASSERT_EQ(rhit.cached, 10);
+  EXPECT_EQ(static_cast<RotatingKVCache*>(rhit.caches[0].get())->capacity(), 16);  // was 32
+  EXPECT_EQ(rhit.caches[0]->offset(), 10);
+}
+
 TEST(PromptCache, DropIfRemovesMatchingNamespacesAndRejectsInconsistentEntries) {
   PromptCache pc(1 << 20);
   pc.put("a", iota_prompt(3), filled(3));

@@ -99,5 +99,30 @@ TEST_F(ClientDisconnectTest, StreamingClientThatLeavesIsCountedToo) {
   EXPECT_EQ(metric("hearth_client_disconnects_total{stream=\"false\"}"), 0);
 }
 
+// Nothing is written to a queued streaming completion (completions have no first chunk), so no
+// write can fail: its socket is looked at instead, and it is dropped before it starts.
+TEST_F(ClientDisconnectTest, QueuedStreamingRequestWhoseClientLeftNeverStarts) {
+  start({}, FakeEngineOptions{"fake-model", 4096, 20});
+  // A runs for 50 tokens (1 s); B streams, waits behind it, and its client leaves.
+  std::optional<httplib::Result> ra;
+  std::thread a([&] { ra.emplace(post("/v1/chat/completions", chat_body("emit:" + std::string(150, 'a')))); });
+  for (int i = 0; i < 200 && !engine_->busy(); ++i) std::this_thread::sleep_for(5ms);
+  const int fd = send_post("/v1/completions", R"({"model": "fake-model", "stream": true, "prompt": "emit:)" +
+                                                std::string(300, 'b') + R"("})");
+  std::this_thread::sleep_for(100ms);
+  ::close(fd);
+  // Counted while A still runs (it used to wait for B's first write after A).
+  for (int i = 0; i < 200 && metric("hearth_client_disconnects_total{stream=\"true\"}") < 1; ++i)
+    std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(metric("hearth_client_disconnects_total{stream=\"true\"}"), 1);
+  a.join();
+  ASSERT_TRUE(ra && *ra);
+  EXPECT_EQ((*ra)->status, 200);
+  std::this_thread::sleep_for(200ms);  // B's turn: dropped before it starts
+  EXPECT_TRUE(wait_idle(1000ms));
+  EXPECT_EQ(engine_->generations(), 1);
+  EXPECT_EQ(engine_->tokens_emitted(), 50);
+}
+
 }  // namespace
 }  // namespace hearth::server

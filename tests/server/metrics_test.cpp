@@ -70,7 +70,7 @@ TEST(Metrics, BudgetGaugesAndClientDisconnects) {
   m.count_client_disconnect(false);
   m.count_client_disconnect(false);
   m.count_client_disconnect(true);
-  auto s = parse_exposition(m.render(0, CacheBudgetGauges{1000, 5000, 12, 34, 256}));
+  auto s = parse_exposition(m.render(0, CacheBudgetGauges{1000, 5000, 12, 34, 256, 56, 2055}));
   EXPECT_EQ(s["hearth_client_disconnects_total{stream=\"false\"}"], 2);
   EXPECT_EQ(s["hearth_client_disconnects_total{stream=\"true\"}"], 1);
   EXPECT_EQ(s["hearth_cache_reserved_bytes"], 1000);
@@ -78,6 +78,8 @@ TEST(Metrics, BudgetGaugesAndClientDisconnects) {
   EXPECT_EQ(s["hearth_request_charge_bytes_per_token"], 12);
   EXPECT_EQ(s["hearth_request_charge_fixed_bytes"], 34);
   EXPECT_EQ(s["hearth_request_charge_round_to_tokens"], 256);
+  EXPECT_EQ(s["hearth_request_charge_window_bytes_per_token"], 56);
+  EXPECT_EQ(s["hearth_request_charge_window_tokens"], 2055);
 }
 
 TEST_F(ServerTest, MetricsCountRequestsTokensAndLatencies) {

@@ -145,6 +145,23 @@ TEST(RequestParse, BadFieldsAreRejectedNamingTheField) {
   EXPECT_EQ(rejected_param(R"({"prompt": "a", "echo": true})", false), "echo");
 }
 
+// vLLM answers 400 "suffix is not currently supported"; silently dropping it would give the client
+// a completion that ignores the text it asked to be continued into.
+TEST(RequestParse, CompletionSuffixIsRefusedUnlessNull) {
+  for (const char* suffix : {R"("tail")", R"("")", "3", "[]"}) {
+    const std::string body = std::string(R"({"prompt": "a", "suffix": )") + suffix + "}";
+    try {
+      parse_completion_request(parse_body(body));
+      ADD_FAILURE() << "accepted: " << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status(), 400) << body;
+      EXPECT_EQ(e.param(), "suffix") << body;
+      EXPECT_NE(std::string(e.what()).find("suffix is not currently supported"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(parse_completion_request(parse_body(R"({"prompt": "a", "suffix": null})")).prompt, "a");
+}
+
 TEST(RequestParse, DeeplyNestedJsonIs400NamingTheField) {
   const std::string deep = std::string(15000, '[') + std::string(15000, ']');  // ~30 KB
   const std::string m = R"("messages": [{"role": "user", "content": "hi"}])";

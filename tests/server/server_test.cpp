@@ -231,6 +231,31 @@ TEST_F(ServerTest, LogprobsInOpenAiShapeStreamedAndNot) {
   EXPECT_EQ(streamed, content);
 }
 
+// Completions' text_offset is each token's character offset in the whole text (OpenAI, vLLM): the
+// same streamed (continued across chunks) and not. The fake engine emits 3 characters per token,
+// some of them multi-byte.
+TEST_F(ServerTest, CompletionTextOffsetsCountCharactersAndStreamedEqualsNonStreamed) {
+  start();
+  const std::string prompt = R"("prompt": "emit:héllo wörld ☃☃☃ ok!")";
+  auto r = post("/v1/completions", "{" + prompt + R"(, "logprobs": 0})");
+  ASSERT_EQ(r->status, 200) << r->body;
+  const J whole = J::parse(r->body)["choices"][0];
+  const J offsets = whole["logprobs"]["text_offset"];
+  ASSERT_EQ(offsets.size(), 7u);  // 19 characters, 3 per token
+  for (size_t i = 0; i < offsets.size(); ++i) EXPECT_EQ(offsets[i], 3 * i) << i;
+
+  auto evs = sse_events(post("/v1/completions", "{" + prompt + R"(, "logprobs": 0, "stream": true})")->body);
+  J streamed = J::array(), tokens = J::array();
+  for (auto& e : evs)
+    if (e["choices"][0]["logprobs"].is_object()) {
+      for (auto& x : e["choices"][0]["logprobs"]["text_offset"]) streamed.push_back(x);
+      for (auto& x : e["choices"][0]["logprobs"]["tokens"]) tokens.push_back(x);
+    }
+  EXPECT_EQ(streamed, offsets);
+  EXPECT_EQ(tokens, whole["logprobs"]["tokens"]);
+  for (size_t i = 1; i < streamed.size(); ++i) EXPECT_GT(streamed[i], streamed[i - 1]) << i;
+}
+
 const char* kTools = R"(, "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])";
 const char* kToolEmit = R"(emit:Let me check. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>)";
 
@@ -287,6 +312,7 @@ TEST_F(ServerTest, BadRequestsGet400InOpenAiShapeAndTheServerKeepsServing) {
   expect_error(post("/v1/chat/completions", "{" + m + R"(, "n": 0})"), 400, "n");
   expect_error(post("/v1/chat/completions", "{" + m + R"(, "adapter": "nope"})"), 400);  // engine's prepare()
   expect_error(post("/v1/completions", R"({"prompt": ["a"]})"), 400, "prompt");
+  expect_error(post("/v1/completions", R"({"prompt": "a", "suffix": " the end"})"), 400, "suffix");  // as vLLM
   auto r = post("/v1/chat/completions", chat_body("still alive"));
   ASSERT_EQ(r->status, 200);
   EXPECT_EQ(J::parse(r->body)["choices"][0]["message"]["content"], "still alive");
