@@ -2,9 +2,18 @@
 // casting float weights (--dtype), MLX-affine quantizing linear/embedding weights (-q) or
 // dequantizing an MLX-quantized model back to float (-d).
 // Follows mlx_lm.convert: cast first, then quantize; shards over 5 GB; metadata {"format": "mlx"}.
+// Before any work: the flags (--q-bits/--q-group-size only with -q), the output (a new folder: not
+// empty, not an existing path or dangling symlink) and the tensors against config.json (the
+// loader's shape checks, on tensors without data). The output is written as OUT.tmp.PID and renamed
+// into place; an error or SIGINT/SIGTERM removes it, and one left by a killed convert is removed
+// by the next convert to the same OUT.
 // Not a downloader and not a format converter from GGUF/.bin.
+#include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <iostream>
 
@@ -13,6 +22,8 @@
 #include "io/atomic_file.h"
 #include "io/hf_config.h"
 #include "io/weights.h"
+#include "models/registry.h"
+#include "nn/param_source.h"
 #include "nn/quant.h"
 
 namespace {
@@ -24,7 +35,69 @@ struct ConvertOptions {
   std::string model, out, dtype;
   bool quantize = false, dequantize = false;
   int bits = 4, group_size = 64;
+  bool bits_given = false, group_size_given = false;  // --q-bits / --q-group-size on the command line
 };
+
+// SIGINT/SIGTERM while converting: the signal number, read between tensors; the partial output
+// folder is then removed (run_convert).
+std::atomic<int> g_convert_signal{0};
+extern "C" void on_convert_signal(int sig) { g_convert_signal.store(sig); }
+
+// Thrown between tensors once a signal has arrived (not a hearth::Error: run_convert reports it).
+struct ConvertInterrupted {
+  int sig;
+};
+
+void convert_check_signal() {
+  if (const int sig = g_convert_signal.load()) throw ConvertInterrupted{sig};
+}
+
+// The loader's own checks of config.json against the tensors (shapes, dtypes, layer count), run
+// before converting on tensors that hold no data: every tensor a model family reads is checked
+// against the shape its config gives; tensors it does not know are not. A tensor it needs that is
+// missing is left to the loader (convert passes folders through as they are), as is a model_type
+// Hearth does not load.
+class ShapeCheckSource : public nn::ParamSource {
+ public:
+  struct Unchecked {};  // a tensor is missing that the family reads without a shape: stop checking
+  explicit ShapeCheckSource(const io::WeightStore& ws) : ws_(ws), inner_(ws) {}
+  bool contains(const std::string& name) const override { return ws_.contains(name); }
+  at::Tensor get(const std::string& name, const std::vector<int64_t>& expected) const override {
+    if (!ws_.contains(name)) {
+      if (expected.empty()) throw Unchecked{};
+      return at::empty(expected, at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
+    }
+    const at::Tensor t = inner_.get(name, expected);  // the loader's dtype and shape checks, naming the file
+    return at::empty(t.sizes(), t.options().device(at::kMeta));
+  }
+
+ private:
+  const io::WeightStore& ws_;
+  nn::WeightStoreSource inner_;
+};
+
+void check_against_config(const json& config, const fs::path& cfg_path, const io::WeightStore& ws,
+                          const std::optional<io::QuantizationConfig>& quant) {
+  auto type = config.find("model_type");
+  if (type == config.end() || !type->is_string()) return;
+  const auto known = models::supported_model_types();
+  if (std::find(known.begin(), known.end(), type->get<std::string>()) == known.end()) return;
+  try {
+    models::check_config(config, cfg_path.string());
+  } catch (const Error&) {
+    return;  // a config Hearth does not load (the loader says why); convert passes it through
+  }
+  ShapeCheckSource src(ws);
+  try {
+    models::build_model({config, cfg_path.string(), src, quant, {at::kMeta, at::kFloat}});
+  } catch (const ShapeCheckSource::Unchecked&) {
+  } catch (const c10::Error&) {
+    // an operation without data this libtorch cannot run: the check is skipped, never the convert
+  } catch (const Error& e) {
+    throw Error(cat(e.what(), " (convert checks the weights against ", cfg_path.string(),
+                    " as the loader will; the converted model would not load)"));
+  }
+}
 
 constexpr uint64_t kMaxShardBytes = 5ull << 30;  // mlx-lm: max_file_size_gb = 5
 
@@ -57,7 +130,6 @@ bool is_companion_file(const fs::path& p) {
 }
 
 void convert_into(const ConvertOptions& o, const fs::path& in, const fs::path& tmp) {
-  HEARTH_CHECK(!(o.quantize && o.dequantize), "convert: -q/--quantize and -d/--dequantize exclude each other");
   const fs::path cfg_path = in / "config.json";
   json config = io::read_json(cfg_path);
   HEARTH_CHECK(config.is_object(), cfg_path.string(), ": not a JSON object");
@@ -83,6 +155,7 @@ void convert_into(const ConvertOptions& o, const fs::path& in, const fs::path& t
   }
 
   const io::WeightStore ws = io::WeightStore::open(in);
+  check_against_config(config, cfg_path, ws, existing);
   // -d: a module is quantized when its .weight has .scales beside it (mlx-lm's layout); its
   // .scales/.biases are folded into the float .weight (mlx_lm.convert --dequantize).
   auto quantized_module = [&](const std::string& name, const char* suffix) -> std::optional<std::string> {
@@ -99,14 +172,17 @@ void convert_into(const ConvertOptions& o, const fs::path& in, const fs::path& t
       const io::TensorInfo& w = ws.info(name);
       const io::TensorInfo& sc = ws.info(*module + ".scales");
       std::optional<nn::QuantSpec> qs = existing->spec_for(*module);
-      HEARTH_CHECK(qs && w.shape.size() == 2, in.string(), ": ", name, " has scales but its config spec or shape ",
-                   "is not a quantized matrix");
+      HEARTH_CHECK(qs, in.string(), ": ", name, " has scales but config.json's quantization block does not "
+                   "quantize ", *module);
+      HEARTH_CHECK(w.shape.size() == 2, in.string(), ": ", name, " has scales but shape ", nn::shape_str(w.shape),
+                   ", not a matrix of packed codes [rows, packed columns]");
       const uint64_t cols = static_cast<uint64_t>(w.shape[1]) * 32 / static_cast<uint64_t>(qs->bits);
+      const std::vector<int64_t> want_sc = {w.shape[0], static_cast<int64_t>(cols / static_cast<uint64_t>(qs->group_size))};
       HEARTH_CHECK(sc.shape.size() == 2 && sc.shape[0] == w.shape[0] &&
                        static_cast<uint64_t>(sc.shape[1]) * static_cast<uint64_t>(qs->group_size) == cols,
-                   in.string(), ": ", *module, ".scales has shape [", sc.shape.empty() ? 0 : sc.shape[0], ", ",
-                   sc.shape.size() > 1 ? sc.shape[1] : 0, "], which does not match ", qs->bits, "-bit codes of group ",
-                   qs->group_size, " for ", w.shape[0], " rows");
+                   in.string(), ": ", *module, ".scales has shape ", nn::shape_str(sc.shape), ", expected ",
+                   nn::shape_str(want_sc), " for ", qs->bits, "-bit codes of group ", qs->group_size, " with shape ",
+                   nn::shape_str(w.shape));
       for (const char* part : {".scales", ".biases"}) {
         const io::DType dt = ws.info(*module + part).dtype;
         HEARTH_CHECK(dt == io::DType::F32 || dt == io::DType::F16 || dt == io::DType::BF16, in.string(), ": ", *module,
@@ -159,6 +235,7 @@ void convert_into(const ConvertOptions& o, const fs::path& in, const fs::path& t
     std::map<std::string, at::Tensor> tensors;
     std::map<std::string, io::DType> stored;
     for (const Planned* p : shards[s]) {
+      convert_check_signal();
       if (p->dequantized) {
         const std::string module = p->source.substr(0, p->source.size() - 7);
         nn::QuantizedWeight qw{ws.get(p->source), ws.get(module + ".scales"), ws.get(module + ".biases"),
@@ -186,6 +263,7 @@ void convert_into(const ConvertOptions& o, const fs::path& in, const fs::path& t
     }
     for (const auto& [name, _] : tensors) weight_map[name] = fname;
     n_tensors += tensors.size();
+    convert_check_signal();
     io::save_safetensors(tmp / fname, tensors, {{"format", "mlx"}}, stored);
   }
   if (n > 1) {
@@ -223,20 +301,92 @@ void convert_into(const ConvertOptions& o, const fs::path& in, const fs::path& t
   std::cout << ") into " << n << " file(s), " << total / 1e9 << " GB\n";
 }
 
+// `p` without trailing slashes ("out/" names the folder "out", whose parent is "."; "/" stays).
+fs::path without_trailing_slash(std::string p) {
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  return fs::path(p);
+}
+
+// Installs the SIGINT/SIGTERM flag handlers for its lifetime (one-shot: a second signal gets the
+// default action), restoring the previous ones after.
+struct ConvertSignalScope {
+  struct sigaction old_int {}, old_term {};
+  ConvertSignalScope() {
+    g_convert_signal.store(0);
+    struct sigaction sa {};
+    sa.sa_handler = on_convert_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+  }
+  ~ConvertSignalScope() {
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+  }
+  ConvertSignalScope(const ConvertSignalScope&) = delete;
+  ConvertSignalScope& operator=(const ConvertSignalScope&) = delete;
+};
+
+// Removes "<out>.tmp.<pid>" folders beside `out` that a convert killed outright (SIGKILL, a crash)
+// left behind: only that name, and only for processes that no longer run.
+void remove_stale_convert_temps(const fs::path& out) {
+  const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
+  const std::string prefix = out.filename().string() + ".tmp.";
+  std::error_code ec;
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.size() > 9 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(digits));
+    if (pid <= 0 || pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;  // running (or not ours)
+    if (e.is_directory(ec) && !e.is_symlink(ec)) stale.push_back(e.path());
+  }
+  for (const auto& p : stale)
+    if (io::remove_tree(p) >= 0)
+      std::cout << "removed " << p.string() << ", the partial output of a convert that was killed\n";
+}
+
 int run_convert(const ConvertOptions& o) {
-  const fs::path in(o.model), out(o.out);
+  HEARTH_CHECK(!o.out.empty(), "convert: --out is empty (name the new folder to write)");
+  HEARTH_CHECK(!o.model.empty(), "convert: --model is empty (name the model folder to read)");
+  // -d reads bits and group size from config.json; without -q they would do nothing.
+  for (const auto& [given, flag] : {std::pair{o.bits_given, "--q-bits"}, std::pair{o.group_size_given, "--q-group-size"}})
+    HEARTH_CHECK(!given || o.quantize, "convert: ", flag, " applies to -q/--quantize",
+                 o.dequantize ? "; -d/--dequantize reads each module's bits and group size from config.json's "
+                                "quantization block"
+                              : " (pass -q to quantize)");
+  HEARTH_CHECK(!(o.quantize && o.dequantize), "convert: -q/--quantize and -d/--dequantize exclude each other");
+  const fs::path in = without_trailing_slash(o.model), out = without_trailing_slash(o.out);
   std::error_code ec;
   HEARTH_CHECK_T(NotFound, fs::is_directory(in, ec), in.string(), ": model folder not found");
-  HEARTH_CHECK(!fs::exists(out, ec), out.string(), ": already exists (convert writes a new folder)");
+  // symlink_status: a link whose target is missing exists too (the rename would fail on it after the work).
+  const fs::file_status st = fs::symlink_status(out, ec);
+  HEARTH_CHECK(!fs::is_symlink(st) || fs::exists(out, ec), out.string(), ": is a symlink to ",
+               fs::read_symlink(out, ec).string(), ", which does not exist (convert writes a new folder; remove the "
+               "link or pass another --out)");
+  HEARTH_CHECK(!fs::exists(st), out.string(), ": already exists (convert writes a new folder)");
   const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
   HEARTH_CHECK_T(NotFound, fs::is_directory(parent, ec), parent.string(), ": output's parent folder not found");
+  remove_stale_convert_temps(out);
+  const ConvertSignalScope signals;
   const fs::path tmp = fs::path(out.string() + ".tmp." + std::to_string(::getpid()));
   fs::create_directory(tmp, ec);
   HEARTH_CHECK(!ec, tmp.string(), ": cannot create (", ec.message(), ")");
   try {
     convert_into(o, in, tmp);
+    convert_check_signal();
     fs::rename(tmp, out, ec);
     HEARTH_CHECK(!ec, out.string(), ": cannot move converted model into place (", ec.message(), ")");
+  } catch (const ConvertInterrupted& i) {
+    hearth::io::remove_tree(tmp);
+    std::cout.flush();
+    std::cerr << "hearth: convert interrupted (" << (i.sig == SIGINT ? "SIGINT" : "SIGTERM") << "): removed the partial "
+              << tmp.string() << "; nothing was written to " << out.string() << "\n";
+    return 128 + i.sig;
   } catch (...) {
     hearth::io::remove_tree(tmp);
     throw;
@@ -247,14 +397,19 @@ int run_convert(const ConvertOptions& o) {
 std::function<int()> setup_convert(CLI::App& app) {
   auto o = std::make_shared<ConvertOptions>();
   app.add_option("--model,-m", o->model, "Input model folder (Hugging Face layout)")->required();
-  app.add_option("--out,-o", o->out, "Output folder (must not exist)")->required();
+  app.add_option("--out,-o", o->out, "Output folder (must not exist; written as OUT.tmp.PID, then renamed)")->required();
   app.add_flag("-q,--quantize", o->quantize, "MLX-affine quantize linear and embedding weights");
   app.add_flag("-d,--dequantize", o->dequantize,
                "Dequantize an MLX-quantized model to float weights (in --dtype, default the scales' dtype)");
-  app.add_option("--q-bits", o->bits, "Bits per weight: 2,3,4,5,6,8")->capture_default_str();
-  app.add_option("--q-group-size", o->group_size, "Quantization group size: 32,64,128")->capture_default_str();
+  auto* bits = app.add_option("--q-bits", o->bits, "With -q: bits per weight: 2,3,4,5,6,8")->capture_default_str();
+  auto* group = app.add_option("--q-group-size", o->group_size, "With -q: quantization group size: 32,64,128")
+                    ->capture_default_str();
   app.add_option("--dtype", o->dtype, "Cast float weights first: bf16, f16 or f32 (default: config's torch_dtype)");
-  return [o] { return run_convert(*o); };
+  return [o, bits, group] {
+    o->bits_given = bits->count() > 0;
+    o->group_size_given = group->count() > 0;
+    return run_convert(*o);
+  };
 }
 
 }  // namespace

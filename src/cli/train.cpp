@@ -2,6 +2,7 @@
 // flag names; every flag, the output folder and the resumed checkpoint are checked before anything
 // loads; prints a progress line per report, SIGINT/SIGTERM write a last checkpoint and exit 0.
 // Not the training loop itself (train/trainer.h).
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include "models/registry.h"
 #include "nn/param_source.h"
 #include "tokenizer/tokenizer.h"
+#include "train/checkpoint.h"
 #include "train/mixed_precision.h"
 #include "train/trainer.h"
 
@@ -49,11 +51,46 @@ std::string trained_file_in(const std::filesystem::path& dir) {
   return "";
 }
 
+// The first other file of `dir` that a training run writes (adapter_config.json, metrics.jsonl, an
+// optimizer file), or "": a fresh run would replace or truncate it.
+std::string run_file_in(const std::filesystem::path& dir) {
+  std::error_code ec;
+  for (const char* f : {"adapter_config.json", "metrics.jsonl"})
+    if (std::filesystem::exists(dir / f, ec)) return f;
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (hearth::train::is_optimizer_file(name)) names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names.empty() ? "" : names.front();
+}
+
+// Whether `inner` is `outer` or lies under it, both resolved (symlinks, "..", trailing slashes)
+// as far as they exist.
+bool same_or_inside(const std::filesystem::path& inner, const std::filesystem::path& outer) {
+  std::error_code ec;
+  const auto a = std::filesystem::weakly_canonical(std::filesystem::absolute(inner, ec), ec);
+  const auto b = std::filesystem::weakly_canonical(std::filesystem::absolute(outer, ec), ec);
+  if (ec) return false;
+  auto i = a.begin(), j = b.begin();
+  for (; j != b.end(); ++i, ++j) {
+    if (j->empty() && std::next(j) == b.end()) break;  // a trailing "" element
+    if (i == a.end() || *i != *j) return false;
+  }
+  return true;
+}
+
 // Nothing a user had is lost: a run that does not continue the checkpoint in --adapter-path
-// (--resume naming that same folder) refuses a folder that holds a trained adapter unless
-// --overwrite says to replace it. Throws hearth::Error (one line naming the folder and the ways on).
+// (--resume naming that same folder) refuses a folder that holds a trained adapter, or any other
+// file a run writes there (metrics.jsonl, adapter_config.json, optimizer files), unless
+// --overwrite says to replace them; and no run writes into the --model folder. Throws
+// hearth::Error (one line naming the folder or file and the ways on).
 void check_output_folder(const TrainArgs& a) {
   const auto& c = a.cfg;
+  HEARTH_CHECK(!same_or_inside(c.adapter_path, a.model), "train: --adapter-path ", c.adapter_path.string(),
+               " is (or lies inside) the --model folder ", a.model,
+               ": the adapter and checkpoint files would be written among the model's; pass another folder");
   std::error_code ec;
   const bool continued = !c.resume.empty() && std::filesystem::equivalent(c.resume, c.adapter_path, ec);
   HEARTH_CHECK(!(continued && a.overwrite), "train: --overwrite and --resume ", c.resume.string(),
@@ -63,6 +100,9 @@ void check_output_folder(const TrainArgs& a) {
   HEARTH_CHECK(found.empty(), "train: --adapter-path ", c.adapter_path.string(), " already holds a trained adapter (",
                found, "); pass --resume ", c.adapter_path.string(),
                " to continue it, a new --adapter-path, or --overwrite to replace it");
+  const std::string other = run_file_in(c.adapter_path);
+  HEARTH_CHECK(other.empty(), "train: --adapter-path ", c.adapter_path.string(), " already holds ", other,
+               " of another training run; pass a new --adapter-path, or --overwrite to replace it");
 }
 
 void print_report(const hearth::train::Report& r, int64_t iters) {
@@ -126,8 +166,9 @@ std::function<int()> setup_train(CLI::App& app) {
   app.add_option("--model", a->model, "Base model folder")->required();
   app.add_option("--data", a->data, "Folder with train.jsonl (and optionally valid.jsonl)")->required();
   app.add_option("--adapter-path", a->adapter_path,
-                 "Output folder (adapter, checkpoint, metrics.jsonl); one that already holds an adapter or checkpoint "
-                 "is refused unless --resume names it or --overwrite is given");
+                 "Output folder (adapter, checkpoint, metrics.jsonl); one that already holds an adapter, checkpoint "
+                 "or any file a run writes is refused unless --resume names it or --overwrite is given; never inside "
+                 "the --model folder");
   app.add_option("--method", c.method,
                  "sft | dpo | orpo (default sft). dpo/orpo train on rows {\"prompt\", \"chosen\", \"rejected\"}; "
                  "DPO's reference is the base (LoRA: the adapter switched off; full: the base's log-probs taken "
@@ -159,10 +200,14 @@ std::function<int()> setup_train(CLI::App& app) {
   app.add_option("--resume", a->resume,
                  "Continue from the checkpoint in this folder up to --iters (also the output folder unless "
                  "--adapter-path says otherwise). A checkpoint already at --iters: prints that there is nothing to "
-                 "train and exits 0, writing nothing; past --iters: an error");
+                 "train and exits 0, writing nothing; past --iters: an error. The checkpoint must have been trained "
+                 "with the same --fine-tune-type, --method, --seed, --batch-size, --grad-accumulation-steps, "
+                 "--num-layers and LoRA rank, scale and keys");
   app.add_flag("--overwrite", a->overwrite,
-               "Start afresh in an --adapter-path that holds an adapter or checkpoint: its checkpoint is dropped when "
-               "training starts, its adapter files are replaced (each atomically) at the first save");
+               "Start afresh in an --adapter-path that holds an adapter, checkpoint or metrics: its checkpoint is "
+               "dropped and metrics.jsonl emptied when training starts, its adapter files are replaced (each "
+               "atomically) at the first save. Refused with --resume of the same folder (continue or start afresh: "
+               "pass one), whatever step its checkpoint is at");
   app.add_option("--seed", c.seed, "Seed for data order and LoRA init (default 0)");
   app.add_flag("--mask-prompt", a->mask_prompt, "Loss on completions only (always on for chat/completion rows)");
   app.add_flag("--grad-checkpoint", a->grad_checkpoint, "Recompute activations per layer (= --segment-size 1)");
@@ -209,7 +254,9 @@ std::function<int()> setup_train(CLI::App& app) {
     const auto env = hearth::train::dist_env_from();  // torchrun's variables: this process is one rank
     hearth::cli::check_dist_options(a->dist);
     hearth::train::check_data_parallel(c.batch_size, c.method, env ? env->world_size : a->dist.nproc_per_node);
-    // The checkpoint, the output folder and the data, still before anything loads.
+    // The output folder, the checkpoint and the data, still before anything loads. The folder
+    // first: --overwrite with --resume of the same folder is refused even when nothing is left.
+    check_output_folder(*a);
     if (const int64_t at = hearth::train::start_step(c); at == c.iters) {
       if (!env || env->rank == 0)
         std::printf("nothing to train: the checkpoint in %s is already at step %lld = --iters (pass a larger --iters "
@@ -217,7 +264,6 @@ std::function<int()> setup_train(CLI::App& app) {
                     c.resume.string().c_str(), static_cast<long long>(at));
       return 0;
     }
-    check_output_folder(*a);
     std::error_code ec;
     HEARTH_CHECK(std::filesystem::is_regular_file(c.data_dir / "train.jsonl", ec), "train: --data ", a->data,
                  ": no train.jsonl in it (the training rows, one JSON object per line)");

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "core/error.h"
@@ -20,6 +21,7 @@
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "nn/mlp_chunk.h"
+#include "train/checkpoint.h"
 #include "train/dataset.h"
 #include "train/distributed.h"
 #include "train/loss.h"
@@ -153,22 +155,6 @@ void save_weights(const TrainConfig& cfg, const std::vector<TrainableParam>& par
   io::write_file_atomic(cfg.adapter_path / "adapter_config.json", ac.dump(2) + "\n");
 }
 
-// The optimizer file of the checkpoint at `step`: a new name per step, so writing it never
-// touches the file the current checkpoint.json names.
-std::string optimizer_file(int64_t step) { return "optimizer." + std::to_string(step) + ".safetensors"; }
-
-// Whether `name` is an optimizer file a checkpoint may name ("optimizer.safetensors" from before
-// per-step names, or "optimizer.<step>.safetensors").
-bool is_optimizer_file(const std::string& name) {
-  static const std::string kPre = "optimizer.", kSuf = ".safetensors";
-  if (name == "optimizer.safetensors") return true;
-  if (name.size() <= kPre.size() + kSuf.size() || name.rfind(kPre, 0) != 0 ||
-      name.compare(name.size() - kSuf.size(), kSuf.size(), kSuf) != 0)
-    return false;
-  const std::string mid = name.substr(kPre.size(), name.size() - kPre.size() - kSuf.size());
-  return std::all_of(mid.begin(), mid.end(), [](char c) { return c >= '0' && c <= '9'; });
-}
-
 // Writes a checkpoint so that a crash at any point leaves the last complete one loadable: the
 // optimizer file under a new name beside the old, then checkpoint.json (atomic rename; it names
 // its optimizer file, so it is the switch), then the files no checkpoint names any more.
@@ -184,16 +170,8 @@ void save_checkpoint(const TrainConfig& cfg, int64_t step, const Batcher& batche
   const std::string opt_name = optimizer_file(step);
   io::save_safetensors(cfg.adapter_path / opt_name, st, {{"step", std::to_string(step)}});
   hook("optimizer");
-  nlohmann::json ck = {{"step", step},
-                       {"epoch", batcher.epoch()},
-                       {"batch_index", batcher.index()},
-                       {"seed", cfg.seed},
-                       {"fine_tune_type", cfg.fine_tune_type},
-                       {"method", cfg.method},
-                       {"batch_size", cfg.batch_size},
-                       {"grad_accumulation_steps", cfg.grad_accumulation_steps},
-                       {"optimizer", opt_name}};
-  io::write_file_atomic(cfg.adapter_path / "checkpoint.json", ck.dump(2) + "\n");
+  io::write_file_atomic(cfg.adapter_path / "checkpoint.json",
+                        checkpoint_json(cfg, step, batcher.epoch(), batcher.index(), opt_name));
   hook("manifest");
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(cfg.adapter_path, ec)) {
@@ -201,85 +179,6 @@ void save_checkpoint(const TrainConfig& cfg, int64_t step, const Batcher& batche
     if (name != opt_name && is_optimizer_file(name)) std::filesystem::remove(e.path(), ec);
   }
   hook("cleanup");
-}
-
-// checkpoint.json, read with a one-line error naming the file and the field for anything missing
-// or of the wrong JSON type.
-struct CheckpointRecord {
-  int64_t step = 0, epoch = 0, batch_index = 0, batch_size = 0, grad_accumulation_steps = 0;
-  uint64_t seed = 0;
-  std::string fine_tune_type, optimizer;
-  std::string method = "sft";  // absent in checkpoints from before preference training
-};
-
-std::string describe(const nlohmann::json& v) {
-  if (v.is_string()) return "a string";
-  if (v.is_object()) return "an object";
-  if (v.is_array()) return "an array";
-  std::string d = v.dump();
-  return d.size() > 40 ? d.substr(0, 40) + "..." : d;
-}
-
-const nlohmann::json& need_field(const nlohmann::json& ck, const char* key, const std::string& origin) {
-  auto it = ck.find(key);
-  HEARTH_CHECK(it != ck.end(), origin, ": missing \"", key, "\"");
-  return *it;
-}
-
-uint64_t count_field(const nlohmann::json& ck, const char* key, const std::string& origin) {
-  const nlohmann::json& v = need_field(ck, key, origin);
-  HEARTH_CHECK(v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0), origin, ": \"", key,
-               "\" must be a non-negative integer, got ", describe(v));
-  return v.get<uint64_t>();
-}
-
-int64_t index_field(const nlohmann::json& ck, const char* key, const std::string& origin) {
-  const uint64_t v = count_field(ck, key, origin);
-  HEARTH_CHECK(v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), origin, ": \"", key, "\" is too large: ", v);
-  return static_cast<int64_t>(v);
-}
-
-std::string string_field(const nlohmann::json& ck, const char* key, const std::string& origin) {
-  const nlohmann::json& v = need_field(ck, key, origin);
-  HEARTH_CHECK(v.is_string(), origin, ": \"", key, "\" must be a string, got ", describe(v));
-  return v.get<std::string>();
-}
-
-CheckpointRecord read_checkpoint(const std::filesystem::path& dir) {
-  const std::string origin = (dir / "checkpoint.json").string();
-  const nlohmann::json ck = io::read_json(dir / "checkpoint.json");
-  HEARTH_CHECK(ck.is_object(), origin, ": must be a JSON object, got ", describe(ck));
-  CheckpointRecord r;
-  r.step = index_field(ck, "step", origin);
-  r.epoch = index_field(ck, "epoch", origin);
-  r.batch_index = index_field(ck, "batch_index", origin);
-  r.batch_size = index_field(ck, "batch_size", origin);
-  r.grad_accumulation_steps = index_field(ck, "grad_accumulation_steps", origin);
-  r.seed = count_field(ck, "seed", origin);
-  r.fine_tune_type = string_field(ck, "fine_tune_type", origin);
-  if (ck.contains("method")) r.method = string_field(ck, "method", origin);
-  // checkpoints from before per-step optimizer files name none: theirs is optimizer.safetensors
-  r.optimizer = ck.contains("optimizer") ? string_field(ck, "optimizer", origin) : "optimizer.safetensors";
-  HEARTH_CHECK(is_optimizer_file(r.optimizer), origin, ": \"optimizer\" must name an optimizer file in the folder "
-               "(optimizer.<step>.safetensors), got '", r.optimizer.substr(0, 80), "'");
-  return r;
-}
-
-// Throws unless the run `cfg` may continue the checkpoint `ck` of `dir`: same fine-tune type,
-// method, seed, batch size and gradient accumulation (one line naming the file and the flag).
-void check_checkpoint_matches(const CheckpointRecord& ck, const TrainConfig& cfg, const std::filesystem::path& dir) {
-  const std::string origin = (dir / "checkpoint.json").string();
-  HEARTH_CHECK(ck.fine_tune_type == cfg.fine_tune_type, origin, ": the checkpoint is a ", ck.fine_tune_type,
-               " fine-tune, this run is ", cfg.fine_tune_type);
-  HEARTH_CHECK(ck.method == cfg.method, origin, ": the checkpoint was trained with --method ", ck.method,
-               ", this run is --method ", cfg.method);
-  HEARTH_CHECK(ck.seed == cfg.seed, origin, ": --seed ", cfg.seed, " differs from the checkpoint's ", ck.seed,
-               " (resume with the checkpoint's value)");
-  HEARTH_CHECK(ck.batch_size == cfg.batch_size, origin, ": --batch-size ", cfg.batch_size,
-               " differs from the checkpoint's ", ck.batch_size, " (resume with the checkpoint's value)");
-  HEARTH_CHECK(ck.grad_accumulation_steps == cfg.grad_accumulation_steps, origin, ": --grad-accumulation-steps ",
-               cfg.grad_accumulation_steps, " differs from the checkpoint's ", ck.grad_accumulation_steps,
-               " (resume with the checkpoint's value)");
 }
 
 // Restores parameters, optimizer state and data position; returns the checkpoint's step.
@@ -297,13 +196,21 @@ int64_t load_checkpoint(const TrainConfig& cfg, Batcher& batcher, NamedAdamW& op
   for (const auto& info : f->tensors()) st[info.name] = f->tensor(info.name);
   {
     c10::NoGradGuard no_grad;
+    // The same set both ways (checkpoints from before checkpoint.json recorded --num-layers and
+    // the LoRA settings rely on this): a checkpoint weight this run does not train would be lost.
+    const char* hint = " (resume with the --num-layers / --lora-keys / --lora-rank of the run that wrote it)";
+    std::set<std::string> mine;
     for (const auto& p : params) {
+      mine.insert("param." + p.name);
       auto t = st.find("param." + p.name);
-      HEARTH_CHECK(t != st.end(), f->path().string(), ": no saved value for parameter ", p.name);
+      HEARTH_CHECK(t != st.end(), f->path().string(), ": no saved value for parameter ", p.name, hint);
       HEARTH_CHECK(t->second.sizes() == p.tensor.sizes(), f->path().string(), ": parameter ", p.name, " has shape ",
-                   t->second.sizes(), ", the model's ", p.tensor.sizes());
+                   t->second.sizes(), ", the model's ", p.tensor.sizes(), hint);
       p.tensor.copy_(t->second);
     }
+    for (const auto& [name, t] : st)
+      HEARTH_CHECK(name.rfind("param.", 0) != 0 || mine.count(name), f->path().string(), ": holds parameter ",
+                   name.substr(6), ", which this run does not train", hint);
   }
   opt.load_state_tensors(st, step, f->path().string());
   batcher.seek(ck.epoch, ck.batch_index);

@@ -134,8 +134,9 @@ void check_config(const TrainConfig& cfg);
 /// <cfg.resume>/checkpoint.json (only that file is read). A result equal to cfg.iters means
 /// nothing is left to train: run_training then returns at once (steps_done = that step) and writes
 /// nothing. Throws hearth::Error when checkpoint.json is absent or malformed (naming the file and
-/// field), when cfg cannot continue it (another fine-tune type, method, seed, batch size or
-/// gradient accumulation), or when its step is past cfg.iters (a run cannot go back; naming both).
+/// field), when cfg cannot continue it (another fine-tune type, method, seed, batch size,
+/// gradient accumulation, --num-layers or LoRA rank / scale / keys: checkpoint.h), or when its step
+/// is past cfg.iters (a run cannot go back; naming both).
 int64_t start_step(const TrainConfig& cfg);
 
 /// Runs the loop. `model` and `tok` are loaded by the caller (on the device and dtype wanted).
