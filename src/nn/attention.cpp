@@ -63,7 +63,7 @@ at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Ten
   if (p.backend != AttentionBackend::kAuto || p.mask.defined() || !f32cpu(q) || !f32cpu(k) || !f32cpu(v)) return {};
   if (c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) return {};
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), Hkv = k.size(1), S = k.size(2);
-  if (T < 2 || S == 0 || D == 0 || !cpu::fast_gemm_enabled()) return {};
+  if (T < 1 || S == 0 || D == 0 || !cpu::fast_gemm_enabled()) return {};
   const int64_t n_rep = H / Hkv;
   at::Tensor out = at::empty({B, T, H, D}, q.options());
   float* op = out.data_ptr<float>();

@@ -104,7 +104,15 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w) {
   const float* xp = x2.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  for_column_blocks(N, 64, [&](int64_t n0, int64_t n1) { sgemm_nt(M, n1 - n0, K, xp, K, wp + n0 * K, K, yp + n0, N); });
+  // At most kChunk columns per call: oneDNN packs the whole of w's block for a call, a waste for
+  // few rows (M = 4 over a 32000-row head: 3.9 ms in chunks vs 10.6 ms whole); neutral for many.
+  constexpr int64_t kChunk = 256;
+  for_column_blocks(N, 64, [&](int64_t n0, int64_t n1) {
+    for (int64_t c = n0; c < n1; c += kChunk) {
+      const int64_t e = std::min(n1, c + kChunk);
+      sgemm_nt(M, e - c, K, xp, K, wp + c * K, K, yp + c, N);
+    }
+  });
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = N;
   return y.view(shape);

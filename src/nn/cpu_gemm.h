@@ -54,13 +54,14 @@ void sgemm_nn(int64_t M, int64_t N, int64_t K, const float* x, int64_t ldx, cons
 /// fn runs inside the parallel region: what it calls must not start its own threads (sgemm_nt does not).
 void for_column_blocks(int64_t N, int64_t min_block, const std::function<void(int64_t, int64_t)>& fn);
 
-/// x [..., K] · w[N, K]ᵀ → [..., N] through sgemm_nt over column blocks when it applies: both on the
-/// CPU in fp32, w contiguous, nothing for autograd to record, fast_gemm_enabled() and at least
-/// `kMinRows` rows of x. Returns an undefined tensor when it does not apply (the caller then runs
+/// x [..., K] · w[N, K]ᵀ → [..., N] through sgemm_nt over column blocks (calls of at most 256
+/// columns) when it applies: both on the CPU in fp32, w contiguous, nothing for autograd to record,
+/// fast_gemm_enabled() and at least `kMinRows` rows of x. Returns an undefined tensor when it does not apply (the caller then runs
 /// at::linear). Sums in another order than BLAS: equal to at::linear within fp32 rounding.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w);
 
-/// Fewest rows of x for which linear() takes over (decode-sized products stay with at::linear).
-constexpr int64_t kMinRows = 16;
+/// Fewest rows of x for which linear() takes over: every size (a decode step's M = 1 included:
+/// OpenBLAS's product of one row runs at a fifth of the speed, docs/benchmarks.md).
+constexpr int64_t kMinRows = 1;
 
 }  // namespace hearth::nn::cpu
