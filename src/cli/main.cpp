@@ -9,6 +9,7 @@
 #include "cli/starter.h"
 #include "cli/verb.h"
 #include "core/error.h"
+#include "core/host_malloc.h"
 
 namespace hearth::cli {
 std::vector<Verb>& verbs() {
@@ -19,6 +20,7 @@ std::vector<Verb>& verbs() {
 
 int main(int argc, char** argv) {
   using namespace hearth;
+  tune_host_malloc();  // before the first activation is allocated (core/host_malloc.h)
   CLI::App app{"Hearth: run, serve and fine-tune language models locally"};
   app.require_subcommand(0, 1);
   app.set_version_flag("--version", std::string("hearth 0.1.0"));

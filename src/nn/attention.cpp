@@ -1,10 +1,15 @@
 // Causal GQA attention: eager (plain libtorch) and SDPA paths; masks by absolute positions.
 #include "nn/attention.h"
 
+#include <ATen/Parallel.h>
+#include <c10/core/GradMode.h>
+
 #include <limits>
+#include <vector>
 
 #include "core/error.h"
 #include "core/torch_compat.h"
+#include "nn/cpu_gemm.h"
 
 namespace hearth::nn {
 
@@ -45,6 +50,64 @@ at::Tensor attention_mask(int64_t T, int64_t S, const AttentionParams& p, at::Sc
   return at::where(allowed, zero, at::full({}, min, zero.options()));
 }
 
+namespace {
+// The CPU fp32 prefill path: one (batch row, head) pair per task on ATen's threads; per pair the
+// scores q kᵀ · scale by a single-threaded sgemm (nn/cpu_gemm.h), hidden keys set to -inf, softmax
+// (ATen's vectorized kernel, inline in the parallel region), then P v by sgemm straight into the
+// output laid out [B, T, H, D] (returned as its [B, H, T, D] view, so the caller's transpose back
+// is free). GQA heads read their kv head in place (no repeat_kv copy). Undefined tensor when it
+// does not apply: not CPU fp32, an explicit mask, T < 2 (decode steps), autograd, inner dims not
+// contiguous or the fast GEMM off.
+at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionParams& p) {
+  const auto f32cpu = [](const at::Tensor& t) { return t.is_cpu() && t.scalar_type() == at::kFloat && t.stride(3) == 1; };
+  if (p.backend != AttentionBackend::kAuto || p.mask.defined() || !f32cpu(q) || !f32cpu(k) || !f32cpu(v)) return {};
+  if (c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) return {};
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), Hkv = k.size(1), S = k.size(2);
+  if (T < 1 || S == 0 || D == 0 || !cpu::fast_gemm_enabled()) return {};
+  const int64_t n_rep = H / Hkv;
+  at::Tensor out = at::empty({B, T, H, D}, q.options());
+  float* op = out.data_ptr<float>();
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  const bool masked = needs_mask(T, S, p);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  at::parallel_for(0, B * H, 1, [&](int64_t i0, int64_t i1) {
+    thread_local std::vector<float> buf;
+    buf.resize(static_cast<size_t>(2 * T * S));
+    float* sc = buf.data();
+    float* pr = sc + T * S;
+    at::Tensor scores = at::from_blob(sc, {T, S}, at::TensorOptions().dtype(at::kFloat));
+    at::Tensor probs = at::from_blob(pr, {T, S}, at::TensorOptions().dtype(at::kFloat));
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t b = i / H, h = i % H, hk = h / n_rep;
+      const float* qh = qp + b * q.stride(0) + h * q.stride(1);
+      const float* kh = kp + b * k.stride(0) + hk * k.stride(1);
+      const float* vh = vp + b * v.stride(0) + hk * v.stride(1);
+      cpu::sgemm_nt(T, S, D, qh, q.stride(2), kh, k.stride(2), sc, S, static_cast<float>(p.scale));
+      if (masked) {
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t qpos = p.q_pos0 + t;
+          float* row = sc + t * S;
+          int64_t visible = 0;
+          for (int64_t j = 0; j < S; ++j) {
+            const int64_t kpos = p.k_pos0 + j;
+            const bool ok = kpos <= qpos && (!p.sliding_window || kpos > qpos - *p.sliding_window);
+            if (ok) ++visible;
+            else row[j] = neg_inf;
+          }
+          // No visible key: the additive-mask path gives equal weights to all keys; so does this.
+          if (visible == 0) std::fill(row, row + S, 0.0f);
+        }
+      }
+      at::_softmax_out(probs, scores, 1, false);
+      cpu::sgemm_nn(T, D, S, pr, S, vh, v.stride(2), op + b * T * H * D + h * D, H * D);
+    }
+  });
+  return out.permute({0, 2, 1, 3});
+}
+}  // namespace
+
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionParams& p) {
   HEARTH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes() && q.size(0) == k.size(0) &&
                    q.size(3) == k.size(3) && k.size(1) > 0 && q.size(1) % k.size(1) == 0,
@@ -54,6 +117,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   bool use_sdpa = p.backend == AttentionBackend::kSdpa || (p.backend == AttentionBackend::kAuto && compat::kHasSdpa);
   HEARTH_CHECK(!use_sdpa || compat::kHasSdpa, "attention: SDPA requested but libtorch ", compat::torch_version(),
                " lacks it");
+  if (at::Tensor fast = attention_cpu(q, k, v, p); fast.defined()) return fast;
   at::Tensor keys = repeat_kv(k, n_rep);
   at::Tensor values = repeat_kv(v, n_rep);
   if (use_sdpa) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "nn/cpu_gemm.h"
 
 namespace hearth::nn {
 
@@ -110,6 +111,8 @@ at::Tensor Linear::forward(const at::Tensor& x) const {
   if (qweight_) {
     y = quantized_matmul(x, *qweight_);
     if (bias_) y = y + *bias_;
+  } else if (at::Tensor fast = cpu::linear(x, weight_); fast.defined()) {
+    y = bias_ ? fast + *bias_ : fast;  // CPU fp32, prefill-sized (nn/cpu_gemm.h)
   } else {
     y = bias_ ? at::linear(x, weight_, *bias_) : at::linear(x, weight_);
   }

@@ -16,6 +16,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "nn/cpu_gemm.h"
 #include "nn/quant_simd.h"
 
 #ifdef HEARTH_WITH_CUDA_KERNELS
@@ -479,6 +480,46 @@ void qmm_tiled(const at::Tensor& x2, const QuantizedWeight& qw, const float* sca
   }
 }
 
+// Prefill-sized M with the fast CPU GEMM (nn/cpu_gemm.h): each thread takes one block of output
+// rows, dequantizes a tile of them to fp32 (SIMD where it can) and multiplies x by it with a
+// single-threaded sgemm straight into its columns of y. One thread pool, no whole-matrix copy.
+void qmm_dequant_gemm(const at::Tensor& x2, const QuantizedWeight& qw, float* y) {
+  const int64_t M = x2.size(0), out = qw.out_features(), in = qw.in_features(), gs = qw.spec.group_size;
+  const int64_t ng = in / gs, words = qw.wq.size(1);
+  const float* x = x2.data_ptr<float>();
+  const at::Tensor scales = qw.scales.contiguous(), biases = qw.biases.contiguous();
+  const bool simd_ok = simd::active_isa() != simd::Isa::kNone && (qw.spec.bits == 4 || qw.spec.bits == 8);
+  at::Tensor s32, b32;  // the portable decode's fp32 scales/biases
+  if (!simd_ok) {
+    s32 = scales.to(at::kFloat).contiguous();
+    b32 = biases.to(at::kFloat).contiguous();
+  }
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(qw.wq.data_ptr<int32_t>());
+  const int64_t tr = std::min<int64_t>(tile_rows(in), 128);
+  cpu::for_column_blocks(out, 32, [&](int64_t n0, int64_t n1) {
+    thread_local std::vector<float> tile;
+    tile.resize(static_cast<size_t>(tr * in));
+    float* t = tile.data();
+    for (int64_t r0 = n0; r0 < n1; r0 += tr) {
+      const int64_t rows = std::min(tr, n1 - r0);
+      if (simd_ok) {
+        simd::dequantize_rows_simd(qw, scales, biases, r0, rows, t);
+      } else {
+        const float* sp = s32.data_ptr<float>();
+        const float* bp = b32.data_ptr<float>();
+        for (int64_t i = 0; i < rows; ++i) {
+          const int64_t r = r0 + i;
+          float* dst = t + i * in;
+          decode_codes_any(qw.spec.bits, w + r * words, dst, in);
+          for (int64_t g = 0; g < ng; ++g)
+            for (int64_t j = 0; j < gs; ++j) dst[g * gs + j] = sp[r * ng + g] * dst[g * gs + j] + bp[r * ng + g];
+        }
+      }
+      cpu::sgemm_nt(M, rows, in, x, in, t, in, y + r0, out);
+    }
+  });
+}
+
 #ifdef HEARTH_WITH_CUDA_KERNELS
 // The fused CUDA GEMV (kernels/quantized_matmul.cu) when it applies: x on a CUDA device with the
 // weight, x float/half/bf16, M = x.numel()/in in [1, 8], bits 4 or 8. Scales/biases in another
@@ -572,6 +613,10 @@ at::Tensor quantized_matmul(const at::Tensor& x, const QuantizedWeight& qw) {
     const at::Tensor xk = qw.spec.bits == 4 ? split_groups_even_odd(x2, qw.spec.group_size) : x2;
     if (qmv_fast_any(xk.data_ptr<float>(), M, q, qw.scales.contiguous(), qw.biases.contiguous(), y.data_ptr<float>()))
       return y.view(out_shape).to(x.scalar_type());
+  }
+  if (M > 8 && cpu::fast_gemm_enabled()) {
+    qmm_dequant_gemm(x2, q, y.data_ptr<float>());
+    return y.view(out_shape).to(x.scalar_type());
   }
   const at::Tensor s = qw.scales.to(at::kFloat).contiguous();
   const at::Tensor b = qw.biases.to(at::kFloat).contiguous();

@@ -62,7 +62,9 @@ at::Tensor pack_codes(const at::Tensor& codes, int bits);
 /// (weight decoded in registers once per block of rows of x; row m of the result is bit-identical
 /// to the product of x's row m alone); without those instruction sets M <= 8 at bits 4/8 decodes
 /// codes fused with the dot; other small M decode one row at a time; larger M dequantize a tile of
-/// rows at a time + BLAS (never the whole matrix). CUDA builds, x on a CUDA device: M <= 8 at bits 4/8 with x in
+/// rows at a time + GEMM (never the whole matrix): with nn/cpu_gemm.h's fast GEMM each thread
+/// dequantizes its own block of rows (SIMD for bits 4/8) and multiplies with a single-threaded
+/// sgemm; without it (HEARTH_CPU_GEMM=aten, a ReferenceKernelsScope) tiles + BLAS. CUDA builds, x on a CUDA device: M <= 8 at bits 4/8 with x in
 /// f32/f16/bf16 runs the fused GEMV of kernels/quantized_matmul.h; anything else dequantizes the
 /// whole matrix + matmul (quantized_matmul_ref). Throws on shape mismatch or a failed kernel launch.
 at::Tensor quantized_matmul(const at::Tensor& x, const QuantizedWeight& qw);

@@ -244,6 +244,66 @@ const Kernels* kernels_for(Isa isa, int bits, int gs) {
 #undef HEARTH_QSIMD_CASE
   return nullptr;
 }
+
+// --- Dequantizing rows (the prefill path: decoded rows + fp32 GEMM) ------------------------------
+// Row i of dst = fma(q, s, b) per group in natural column order. 4 bits: byte j holds code 2j in its
+// low nibble and 2j+1 in its high one; the nibbles are interleaved back in bytes before widening.
+template <int Bits>
+HEARTH_T512 void dequant_rows512(const uint8_t* w, int64_t row_bytes, const float* s, const float* b, int64_t n,
+                                 int64_t in, int64_t gs, float* dst) {
+  const int64_t ng = in / gs;
+  const __m128i lo4 = _mm_set1_epi8(15);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* wr = w + i * row_bytes;
+    float* d = dst + i * in;
+    for (int64_t g = 0; g < ng; ++g) {
+      const __m512 sg = _mm512_set1_ps(s[i * ng + g]), bg = _mm512_set1_ps(b[i * ng + g]);
+      if constexpr (Bits == 8) {
+        for (int64_t c = g * gs; c < (g + 1) * gs; c += 16) {
+          const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + c));
+          _mm512_storeu_ps(d + c, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), sg, bg));
+        }
+      } else {
+        for (int64_t c = g * gs; c < (g + 1) * gs; c += 32) {
+          const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + c / 2));
+          const __m128i lo = _mm_and_si128(q, lo4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), lo4);
+          const __m128i c0 = _mm_unpacklo_epi8(lo, hi), c1 = _mm_unpackhi_epi8(lo, hi);
+          _mm512_storeu_ps(d + c, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(c0)), sg, bg));
+          _mm512_storeu_ps(d + c + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(c1)), sg, bg));
+        }
+      }
+    }
+  }
+}
+
+template <int Bits>
+HEARTH_T256 void dequant_rows256(const uint8_t* w, int64_t row_bytes, const float* s, const float* b, int64_t n,
+                                 int64_t in, int64_t gs, float* dst) {
+  const int64_t ng = in / gs;
+  const __m128i lo4 = _mm_set1_epi8(15);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* wr = w + i * row_bytes;
+    float* d = dst + i * in;
+    for (int64_t g = 0; g < ng; ++g) {
+      const __m256 sg = _mm256_set1_ps(s[i * ng + g]), bg = _mm256_set1_ps(b[i * ng + g]);
+      if constexpr (Bits == 8) {
+        for (int64_t c = g * gs; c < (g + 1) * gs; c += 8) {
+          const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wr + c));
+          _mm256_storeu_ps(d + c, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), sg, bg));
+        }
+      } else {
+        for (int64_t c = g * gs; c < (g + 1) * gs; c += 16) {
+          const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(wr + c / 2));
+          const __m128i lo = _mm_and_si128(q, lo4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), lo4);
+          const __m128i codes = _mm_unpacklo_epi8(lo, hi);
+          _mm256_storeu_ps(d + c, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes)), sg, bg));
+          _mm256_storeu_ps(d + c + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(codes, 8))),
+                                                      sg, bg));
+        }
+      }
+    }
+  }
+}
 #endif  // HEARTH_QSIMD_X86
 
 }  // namespace
@@ -297,6 +357,31 @@ bool quantized_matmul_simd(const float* x, int64_t M, const QuantizedWeight& qw,
   return true;
 #else
   (void)x, (void)M, (void)qw, (void)scales, (void)biases, (void)y;
+  return false;
+#endif
+}
+
+bool dequantize_rows_simd(const QuantizedWeight& qw, const at::Tensor& scales, const at::Tensor& biases, int64_t r0,
+                          int64_t n, float* dst) {
+#ifdef HEARTH_QSIMD_X86
+  const Isa isa = active_isa();
+  const int bits = qw.spec.bits;
+  if (isa == Isa::kNone || (bits != 4 && bits != 8)) return false;
+  const int64_t in = qw.in_features(), gs = qw.spec.group_size, ng = in / gs, row_bytes = in * bits / 8;
+  thread_local std::vector<float> sb;
+  sb.resize(static_cast<size_t>(2 * n * ng));
+  rows_to_f32(scales, r0, n, ng, sb.data());
+  rows_to_f32(biases, r0, n, ng, sb.data() + n * ng);
+  const uint8_t* w = reinterpret_cast<const uint8_t*>(qw.wq.data_ptr<int32_t>()) + r0 * row_bytes;
+  const float* s = sb.data();
+  const float* b = sb.data() + n * ng;
+  if (isa == Isa::kAvx512)
+    (bits == 8 ? dequant_rows512<8> : dequant_rows512<4>)(w, row_bytes, s, b, n, in, gs, dst);
+  else
+    (bits == 8 ? dequant_rows256<8> : dequant_rows256<4>)(w, row_bytes, s, b, n, in, gs, dst);
+  return true;
+#else
+  (void)qw, (void)scales, (void)biases, (void)r0, (void)n, (void)dst;
   return false;
 #endif
 }

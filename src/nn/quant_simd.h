@@ -33,4 +33,12 @@ Isa set_isa_cap(Isa cap);
 bool quantized_matmul_simd(const float* x, int64_t M, const QuantizedWeight& qw, const at::Tensor& scales,
                            const at::Tensor& biases, float* y);
 
+/// Dequantizes weight rows [r0, r0 + n) of `qw` (bits 4/8) into fp32 dst [n, in], row-major in
+/// natural column order: w = fma(q, scale, bias) per group (one rounding; dequantize() computes
+/// q·s + b with two). qw.wq, scales and biases [out, in/gs] contiguous, scales/biases in
+/// fp32/bf16/f16. Returns false, writing nothing, when active_isa() is kNone or bits ∉ {4, 8}.
+/// Single-threaded (the caller spreads row blocks over threads). Shapes are the caller's to check.
+bool dequantize_rows_simd(const QuantizedWeight& qw, const at::Tensor& scales, const at::Tensor& biases, int64_t r0,
+                          int64_t n, float* dst);
+
 }  // namespace hearth::nn::simd

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "nn/cpu_gemm.h"
 #include "nn/mlp_chunk.h"
 #include "train/boundary_store.h"
 #include "train/loss.h"
@@ -154,6 +155,8 @@ BackwardResult backward_with_head(const LayerStack& model, const at::Tensor& inp
                                   const BackwardOptions& opts) {
   HEARTH_CHECK(input_ids.dim() == 2, "backward: input_ids must be [B, T], got ", input_ids.sizes());
   HEARTH_CHECK(opts.mlp_chunk >= 0, "backward: mlp_chunk must be >= 0 (0 = off), got ", opts.mlp_chunk);
+  // The forward without a graph must round as its recomputation with one does (nn/cpu_gemm.h).
+  nn::cpu::ReferenceKernelsScope reference_kernels;
   std::optional<nn::MlpChunkScope> mlp_chunk;
   if (opts.mlp_chunk > 0) mlp_chunk.emplace(opts.mlp_chunk);
   BackwardResult res;
