@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/torch_compat.h"
 #include "generate/batch.h"
+#include "generate/sampler.h"
 #include "generate/static_decode_util.h"
 #include "nn/linear.h"
 
@@ -369,7 +370,7 @@ void DecodeSlots::forward(Bucket& bk) {
   at::Tensor lg = model_.forward(ids_.narrow(0, 0, b), models::Positions::uniform(0, b), &bk.caches);  // [b, 1, V]
   at::Tensor out = logits_.narrow(0, 0, b);
   out.copy_(lg.select(1, 0));
-  next_.narrow(0, 0, b).copy_(out.argmax(-1));
+  next_.narrow(0, 0, b).copy_(argmax_last(out));
 }
 
 void DecodeSlots::run_step(Bucket& bk, const std::vector<Sequence*>& rows) {

@@ -13,6 +13,7 @@
 #include "core/cuda_graph.h"
 #include "core/error.h"
 #include "generate/batch.h"
+#include "generate/sampler.h"
 #include "generate/static_decode_util.h"
 #include "nn/linear.h"
 
@@ -73,7 +74,7 @@ bool Sequence::run_static(models::Model& model) {
         next = at::empty({1, 1}, lopt);
       }
       logits.copy_(lg);
-      next.copy_(lg.argmax().view({1, 1}));
+      next.copy_(argmax_last(lg).view({1, 1}));
     };
     fn();  // eager: allocates the outputs, builds the RoPE tables, and proves the family's static path
     if (first_round && !st->family_ran_static) return false;

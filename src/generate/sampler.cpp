@@ -207,4 +207,23 @@ int64_t Sampler::draw(const at::Tensor& logits) {
   return last_positive;  // rounding left u beyond the total
 }
 
+at::Tensor argmax_blocked(const at::Tensor& logits, int64_t c) {
+  const int64_t V = logits.dim() > 0 ? logits.size(-1) : 0;
+  HEARTH_CHECK(c >= 1 && V % c == 0 && V > 0, "argmax_blocked: block ", c, " does not divide the last dim ", V);
+  std::vector<int64_t> sizes = logits.sizes().vec();
+  sizes.back() = V / c;
+  sizes.push_back(c);
+  auto [vals, idx] = at::max(logits.reshape(sizes), -1);  // [..., V/c] block maxima, first index in each
+  at::Tensor blk = vals.argmax(-1, /*keepdim=*/true);     // [..., 1] the first block with the maximum
+  return (blk * c + idx.gather(-1, blk)).squeeze(-1);
+}
+
+at::Tensor argmax_last(const at::Tensor& logits) {
+  const int64_t V = logits.dim() > 0 ? logits.size(-1) : 0;
+  if (logits.is_cuda())
+    for (int64_t c : {1024, 512, 256, 128, 64})
+      if (V % c == 0 && V / c >= 2) return argmax_blocked(logits, c);
+  return logits.argmax(-1);
+}
+
 }  // namespace hearth::generate

@@ -13,7 +13,10 @@ namespace {
 
 constexpr int kNormThreads = 256;
 
-template <typename T>
+// Rows of up to kNormThreads·kPerThread elements keep their values (and the weight, loaded before
+// the reduction so its latency overlaps it) in registers: one pass over global memory. Longer rows
+// (kPerThread = 0) re-read them after the reduction. Same arithmetic either way.
+template <typename T, int kPerThread>
 __global__ void __launch_bounds__(kNormThreads)
     rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ residual, T* __restrict__ sum,
                     const T* __restrict__ w, T* __restrict__ y, int64_t C, float eps, float inv_c) {
@@ -21,15 +24,38 @@ __global__ void __launch_bounds__(kNormThreads)
   const T* xr = x + row * C;
   const T* rr = residual ? residual + row * C : nullptr;
   T* sr = residual ? sum + row * C : nullptr;
+  T* yr = y + row * C;
   float ss = 0.f;
-  for (int64_t i = threadIdx.x; i < C; i += kNormThreads) {
-    float h = to_f32(xr[i]);
-    if (rr) {
-      const T s = from_f32<T>(h + to_f32(rr[i]));  // torch's add: fp32 opmath, one rounding
-      sr[i] = s;
-      h = to_f32(s);
+  constexpr int kRegs = kPerThread > 0 ? kPerThread : 1;
+  float hv[kRegs], wv[kRegs];
+  if constexpr (kPerThread > 0) {
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(k) * kNormThreads;
+      hv[k] = i < C ? to_f32(xr[i]) : 0.f;
+      wv[k] = i < C ? to_f32(w[i]) : 0.f;
+      if (rr && i < C) hv[k] += to_f32(rr[i]);
     }
-    ss += h * h;
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(k) * kNormThreads;
+      if (rr && i < C) {
+        const T s = from_f32<T>(hv[k]);  // torch's add: fp32 opmath, one rounding
+        sr[i] = s;
+        hv[k] = to_f32(s);
+      }
+      ss += hv[k] * hv[k];
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < C; i += kNormThreads) {
+      float h = to_f32(xr[i]);
+      if (rr) {
+        const T s = from_f32<T>(h + to_f32(rr[i]));
+        sr[i] = s;
+        h = to_f32(s);
+      }
+      ss += h * h;
+    }
   }
   __shared__ float part[kNormThreads / 32];
   for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
@@ -38,10 +64,17 @@ __global__ void __launch_bounds__(kNormThreads)
   float total = 0.f;
   for (int k = 0; k < kNormThreads / 32; ++k) total += part[k];
   const float r = rsqrtf(total * inv_c + eps);
-  const T* src = rr ? sr : xr;  // this thread wrote its own elements of sr above
-  T* yr = y + row * C;
-  for (int64_t i = threadIdx.x; i < C; i += kNormThreads)
-    yr[i] = from_f32<T>(to_f32(w[i]) * round_to<T>(to_f32(src[i]) * r));
+  if constexpr (kPerThread > 0) {
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(k) * kNormThreads;
+      if (i < C) yr[i] = from_f32<T>(wv[k] * round_to<T>(hv[k] * r));
+    }
+  } else {
+    const T* src = rr ? sr : xr;  // this thread wrote its own elements of sr above
+    for (int64_t i = threadIdx.x; i < C; i += kNormThreads)
+      yr[i] = from_f32<T>(to_f32(w[i]) * round_to<T>(to_f32(src[i]) * r));
+  }
 }
 
 template <typename T>
@@ -57,9 +90,14 @@ __global__ void silu_mul_kernel(const T* __restrict__ g, const T* __restrict__ u
 template <typename T>
 const char* launch_norm(const RmsNormArgs& a) {
   auto s = static_cast<cudaStream_t>(a.stream);
-  rms_norm_kernel<T><<<static_cast<unsigned>(a.N), kNormThreads, 0, s>>>(
-      static_cast<const T*>(a.x), static_cast<const T*>(a.residual), static_cast<T*>(a.sum),
-      static_cast<const T*>(a.weight), static_cast<T*>(a.y), a.C, a.eps, 1.f / static_cast<float>(a.C));
+  auto go = [&](auto kernel) {
+    kernel<<<static_cast<unsigned>(a.N), kNormThreads, 0, s>>>(
+        static_cast<const T*>(a.x), static_cast<const T*>(a.residual), static_cast<T*>(a.sum),
+        static_cast<const T*>(a.weight), static_cast<T*>(a.y), a.C, a.eps, 1.f / static_cast<float>(a.C));
+  };
+  if (a.C <= kNormThreads * 4) go(rms_norm_kernel<T, 4>);
+  else if (a.C <= kNormThreads * 16) go(rms_norm_kernel<T, 16>);
+  else go(rms_norm_kernel<T, 0>);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }

@@ -1,4 +1,5 @@
-// Launcher of the fused CUDA GEMV for MLX affine quantized weights (small M: decode), in plain C++
+// Launcher of the fused CUDA GEMV for MLX affine quantized weights (small M: decode; the kernel is
+// kernels/gemv.cu's affine case), in plain C++
 // (raw pointers, no ATen) so the .cu compiles standalone with nvcc. Not the dispatch (nn/quant.cpp
 // picks this kernel or the dequantize + matmul reference) and not a CPU path.
 #pragma once

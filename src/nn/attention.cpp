@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/torch_compat.h"
 #include "nn/cpu_gemm.h"
+#include "nn/fused_ops.h"
 
 namespace hearth::nn {
 
@@ -106,6 +107,39 @@ at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Ten
   });
   return out.permute({0, 2, 1, 3});
 }
+// Decode-sized GQA on CUDA with the fused path on (nn/fused_ops.h) and nothing to differentiate:
+// the n_rep query heads of each kv head attend as n_rep·T rows of one head ([B, Hkv, n_rep·T, D],
+// the mask's rows repeated to match), so K and V are read in place instead of through repeat_kv's
+// copies of the whole cache. Same softmax(q kᵀ·scale + mask) v per row; the kernels' summation
+// order may differ from the ungrouped call (within rounding). Undefined tensor when it does not
+// apply (MHA, T·n_rep > 64, a causal square block, a per-head mask, CPU, grad, switched off).
+at::Tensor attention_grouped(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionParams& p,
+                             bool use_sdpa) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), Hkv = k.size(1), S = k.size(2);
+  const int64_t n_rep = H / Hkv;
+  if (n_rep == 1 || T * n_rep > 64 || S == 0 || !q.is_cuda() || !fused_decode_enabled()) return {};
+  if (c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) return {};
+  at::Tensor mask = p.mask.defined() ? p.mask.to(q.scalar_type()) : attention_mask(T, S, p, q.scalar_type(), q.device());
+  if (mask.defined()) {
+    if ((mask.dim() != 2 && mask.dim() != 4) || mask.size(-2) != T || (mask.dim() == 4 && mask.size(1) != 1)) return {};
+    std::vector<int64_t> rep = mask.sizes().vec(), flat = mask.sizes().vec();
+    rep.insert(rep.end() - 2, n_rep);
+    flat[flat.size() - 2] = n_rep * T;
+    mask = mask.unsqueeze(-3).expand(rep).reshape(flat);
+  }
+  at::Tensor qg = q.reshape({B, Hkv, n_rep * T, D});
+  at::Tensor out;
+  if (use_sdpa) {
+    c10::optional<at::Tensor> m;
+    if (mask.defined()) m = mask;
+    out = compat::sdpa(qg, k, v, m, /*is_causal=*/false, p.scale);
+  } else {
+    at::Tensor weights = at::matmul(qg, k.transpose(2, 3)) * p.scale;
+    if (mask.defined()) weights = weights + mask;
+    out = at::matmul(at::softmax(weights, -1, at::kFloat).to(q.scalar_type()), v);
+  }
+  return out.reshape({B, H, T, D});
+}
 }  // namespace
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionParams& p) {
@@ -118,6 +152,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   HEARTH_CHECK(!use_sdpa || compat::kHasSdpa, "attention: SDPA requested but libtorch ", compat::torch_version(),
                " lacks it");
   if (at::Tensor fast = attention_cpu(q, k, v, p); fast.defined()) return fast;
+  if (at::Tensor grouped = attention_grouped(q, k, v, p, use_sdpa); grouped.defined()) return grouped;
   at::Tensor keys = repeat_kv(k, n_rep);
   at::Tensor values = repeat_kv(v, n_rep);
   if (use_sdpa) {

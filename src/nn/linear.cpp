@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "nn/cpu_gemm.h"
+#include "nn/decode_gemv.h"
 
 namespace hearth::nn {
 
@@ -108,9 +109,15 @@ Linear Linear::load(const ParamSource& src, const std::string& path, int64_t in,
 
 at::Tensor Linear::forward(const at::Tensor& x) const {
   at::Tensor y;
+  // CUDA, decode-sized (nn/decode_gemv.h). Not with a bias: addmm adds it before its one rounding,
+  // and adding it to the rounded product drifted the greedy tokens of the bias parity model.
+  std::vector<at::Tensor> gemv;
+  if (!qweight_ && !bias_) gemv = decode_gemv(x, {GemvOperand{weight_, nullptr}});
   if (qweight_) {
     y = quantized_matmul(x, *qweight_);
     if (bias_) y = y + *bias_;
+  } else if (!gemv.empty()) {
+    y = gemv[0];
   } else if (at::Tensor fast = cpu::linear(x, weight_); fast.defined()) {
     y = bias_ ? fast + *bias_ : fast;  // CPU fp32, prefill-sized (nn/cpu_gemm.h)
   } else {
@@ -130,6 +137,25 @@ at::Tensor Linear::forward(const at::Tensor& x) const {
     y = y + delta(*ad, x);
   }
   return y;
+}
+
+std::vector<at::Tensor> Linear::forward_many(const at::Tensor& x, std::initializer_list<const Linear*> ls) {
+  std::vector<GemvOperand> ops;
+  bool plain = ls.size() <= 3;
+  for (const Linear* l : ls) {
+    if (!plain || l->bias_ || !l->adapters_.empty()) {
+      plain = false;
+      break;
+    }
+    ops.push_back(l->qweight_ ? GemvOperand{{}, &*l->qweight_} : GemvOperand{l->weight_, nullptr});
+  }
+  if (plain && ls.size() > 1) {
+    if (std::vector<at::Tensor> ys = decode_gemv(x, ops); !ys.empty()) return ys;
+  }
+  std::vector<at::Tensor> ys;
+  ys.reserve(ls.size());
+  for (const Linear* l : ls) ys.push_back(l->forward(x));
+  return ys;
 }
 
 at::Tensor Linear::add_row_adapters(const at::Tensor& x, at::Tensor y,

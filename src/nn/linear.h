@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <utility>
@@ -107,6 +108,11 @@ class Linear {
   /// cast to y's. Inside a RowAdapters scope each row gets its own selection's adapters instead.
   /// A Linear without adapters does no adapter work at all.
   at::Tensor forward(const at::Tensor& x) const;
+
+  /// {ls[0]->forward(x), ls[1]->forward(x), ...} for Linears that read the same x (q/k/v,
+  /// gate/up): one GEMV launch for all on a decode-sized CUDA x when none has a bias or adapters
+  /// and their weights share one format (nn/decode_gemv.h), else each forward in turn.
+  static std::vector<at::Tensor> forward_many(const at::Tensor& x, std::initializer_list<const Linear*> ls);
 
   bool quantized() const { return qweight_.has_value(); }
   int64_t in_features() const;

@@ -7,7 +7,8 @@
 namespace hearth::nn {
 
 at::Tensor GatedMLP::forward_whole(const at::Tensor& x) const {
-  return down_proj.forward(silu_mul(gate_proj.forward(x), up_proj.forward(x)));
+  const std::vector<at::Tensor> gu = Linear::forward_many(x, {&gate_proj, &up_proj});
+  return down_proj.forward(silu_mul(gu[0], gu[1]));
 }
 
 at::Tensor GatedMLP::forward(const at::Tensor& x) const {

@@ -247,3 +247,26 @@ TEST(Sampler, RepetitionPenaltyExtremesStayFiniteAndKeepTheTopToken) {
       EXPECT_EQ(s.sample(l, {0, 1, 2}), want) << "penalty " << penalty << " temp " << temp;
     }
 }
+
+TEST(Sampler, ArgmaxBlockedIsArgmaxWithTiesAndNaN) {
+  at::manual_seed(41);
+  // Coarse values (many ties across and inside blocks): the first maximum wins, as in argmax.
+  for (int trial = 0; trial < 20; ++trial) {
+    const at::Tensor lg = at::randint(0, 6, {3, 1024}).to(at::kFloat);
+    for (int64_t c : {1, 2, 64, 256, 1024}) {
+      EXPECT_TRUE(at::equal(argmax_blocked(lg, c), lg.argmax(-1))) << "c " << c;
+      EXPECT_TRUE(at::equal(argmax_blocked(lg[1], c), lg[1].argmax(-1))) << "1-D, c " << c;
+    }
+  }
+  // Ties placed across two blocks: the earlier block's index.
+  at::Tensor t = at::zeros({512});
+  t[300] = 5;
+  t[100] = 5;
+  EXPECT_EQ(argmax_blocked(t, 128).item<int64_t>(), 100);
+  EXPECT_EQ(argmax_last(t).item<int64_t>(), 100);
+  // A NaN counts as the maximum in argmax; so it does here.
+  t[400] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(argmax_blocked(t, 128).item<int64_t>(), t.argmax(-1).item<int64_t>());
+  EXPECT_THROW(argmax_blocked(t, 300), hearth::Error);
+  EXPECT_THROW(argmax_blocked(t, 0), hearth::Error);
+}

@@ -53,8 +53,14 @@ std::pair<at::Tensor, at::Tensor> Gemma4Attention::key_value(const at::Tensor& x
                                                              const at::Tensor& sin) const {
   HEARTH_CHECK(has_kv, "Gemma4Attention: a KV-sharing layer was run without its donor's K/V");
   const int64_t B = x.size(0), T = x.size(1);
-  at::Tensor k_raw = k_proj.forward(x).view({B, T, -1, head_dim});
-  at::Tensor v_raw = has_v_proj ? v_proj.forward(x).view({B, T, -1, head_dim}) : k_raw;
+  at::Tensor k_raw, v_raw;
+  if (has_v_proj) {
+    const std::vector<at::Tensor> kv = nn::Linear::forward_many(x, {&k_proj, &v_proj});
+    k_raw = kv[0].view({B, T, -1, head_dim});
+    v_raw = kv[1].view({B, T, -1, head_dim});
+  } else {
+    k_raw = v_raw = k_proj.forward(x).view({B, T, -1, head_dim});
+  }
   at::Tensor k = nn::apply_rotary(k_norm.forward(k_raw).transpose(1, 2), cos, sin);  // [B, Hkv, T, D]
   at::Tensor v = v_norm.forward(v_raw).transpose(1, 2);
   return {k, v};
@@ -104,7 +110,8 @@ at::Tensor Gemma4Attention::forward(const at::Tensor& x, const at::Tensor& cos, 
 
 at::Tensor Gemma4MLP::forward(const at::Tensor& x) const {
   auto whole = [this](const at::Tensor& h) {
-    return down_proj.forward(at::gelu(gate_proj.forward(h), "tanh") * up_proj.forward(h));
+    const std::vector<at::Tensor> gu = nn::Linear::forward_many(h, {&gate_proj, &up_proj});
+    return down_proj.forward(at::gelu(gu[0], "tanh") * gu[1]);
   };
   if (nn::MlpChunkScope::current() <= 0) return whole(x);
   return nn::position_wise_chunked(x, whole, {&gate_proj, &up_proj, &down_proj});  // long training inputs

@@ -30,9 +30,10 @@ bool fused_static_write(const at::Tensor& q, const at::Tensor& k, const at::Tens
 
 at::Tensor LlamaAttention::forward(const at::Tensor& x, const std::vector<AttentionRows>& groups) const {
   const int64_t B = x.size(0), T = x.size(1);
-  at::Tensor q = q_proj.forward(x).view({B, T, -1, head_dim});
-  at::Tensor k = k_proj.forward(x).view({B, T, -1, head_dim});
-  at::Tensor v = v_proj.forward(x).view({B, T, -1, head_dim}).transpose(1, 2);
+  const std::vector<at::Tensor> qkv = nn::Linear::forward_many(x, {&q_proj, &k_proj, &v_proj});
+  at::Tensor q = qkv[0].view({B, T, -1, head_dim});
+  at::Tensor k = qkv[1].view({B, T, -1, head_dim});
+  at::Tensor v = qkv[2].view({B, T, -1, head_dim}).transpose(1, 2);
   if (q_norm) q = q_norm->forward(q);
   if (k_norm) k = k_norm->forward(k);
   q = q.transpose(1, 2);  // [B, H, T, D]

@@ -34,12 +34,13 @@ at::Tensor Attention::forward(const at::Tensor& x, const at::Tensor& cos, const 
                               cache::KVCacheBase* cache, const at::Tensor& mask) const {
   const int64_t B = x.size(0), T = x.size(1), D = head_dim;
   // q_proj → [B, T, H, 2D], split per head into queries [.., :D] and the output gate [.., D:].
-  at::Tensor qg = q_proj.forward(x).view({B, T, -1, 2 * D});
+  const std::vector<at::Tensor> qkv = nn::Linear::forward_many(x, {&q_proj, &k_proj, &v_proj});
+  at::Tensor qg = qkv[0].view({B, T, -1, 2 * D});
   at::Tensor q = qg.narrow(-1, 0, D);
   at::Tensor gate = qg.narrow(-1, D, D).reshape({B, T, -1});  // [B, T, H·D]
   q = q_norm.forward(q).transpose(1, 2);                                       // [B, H, T, D]
-  at::Tensor k = k_norm.forward(k_proj.forward(x).view({B, T, -1, D})).transpose(1, 2);  // [B, Hkv, T, D]
-  at::Tensor v = v_proj.forward(x).view({B, T, -1, D}).transpose(1, 2);
+  at::Tensor k = k_norm.forward(qkv[1].view({B, T, -1, D})).transpose(1, 2);  // [B, Hkv, T, D]
+  at::Tensor v = qkv[2].view({B, T, -1, D}).transpose(1, 2);
   q = nn::apply_rotary(q, cos, sin);
   k = nn::apply_rotary(k, cos, sin);
   cache::KVView kv{k, v, offset};
@@ -63,9 +64,10 @@ at::Tensor GatedDeltaNet::forward(const at::Tensor& x, cache::RecurrentCache* ca
 
   at::Tensor mixed_qkv, z, b, a;  // [B, T, convDim], [B, T, Hv, Dv], [B, T, Hv], [B, T, Hv]
   if (!fused) {
-    mixed_qkv = in_proj_qkv.forward(x);
-    z = in_proj_z.forward(x).reshape({B, T, -1, Dv});
-    b = in_proj_b.forward(x);
+    std::vector<at::Tensor> p = nn::Linear::forward_many(x, {&in_proj_qkv, &in_proj_z, &in_proj_b});
+    mixed_qkv = p[0];
+    z = p[1].reshape({B, T, -1, Dv});
+    b = p[2];
     a = in_proj_a.forward(x);
   } else {
     // qwen3_next: per key head [q (Dk), k (Dk), v (r·Dv), z (r·Dv)] and [b (r), a (r)], r = Hv/Hk.

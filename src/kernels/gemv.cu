@@ -1,0 +1,266 @@
+// Decode GEMV for dense and MLX affine 4/8-bit weights (kernels/gemv.h): y = x · Wᵀ for M ≤ 8 rows
+// of x, up to three weights sharing x in one launch. No ATen: it compiles standalone (`nvcc -c`).
+//
+// Shape of the work (decode reads every weight byte once, so the aim is bytes in flight and few
+// waves of blocks): each row belongs to `tpr` lanes of one warp (4..32, chosen so a lane has about
+// kUnroll 16-byte chunks of the row); a lane loads kUnroll chunks of its row before using any, then
+// dots them with every row of x (re-read per chunk from L1/L2: x is a few KB). The row's partial
+// sums meet by xor shuffles inside its lane group — no shared memory, no block barrier — in an order
+// fixed by `in` alone, so a row's result depends on the row only (not on M, the segment or the grid).
+// Affine layout (mlx/backend/cpu/quantized.cpp, nn/quant.h): code k of a row occupies bits
+// [k*bits, (k+1)*bits) of the row's little-endian uint32 stream; w = scale·q + bias per group.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "dtype.cuh"
+#include "gemv.h"
+
+namespace hearth::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 8;
+
+// Codes (values) in one 16-byte chunk of a row: dense 16/sizeof(T), affine 128/bits.
+template <typename TX, int Kind>
+__host__ __device__ constexpr int codes_per_chunk() {
+  return Kind == 0 ? 16 / static_cast<int>(sizeof(TX)) : 128 / Kind;
+}
+
+// A code c < 2^23 placed in the mantissa of 2^23 is the float 2^23 + c exactly; subtracting 2^23
+// gives c. Cheaper than an int-to-float conversion (a logic op and an add, both full rate).
+__device__ __forceinline__ float code_to_f32(uint32_t mantissa_with_exponent) {
+  return __uint_as_float(mantissa_with_exponent) - 8388608.0f;
+}
+
+// Σ_j w_j · xf_j over one 16-byte chunk: dense values of TX, or affine codes of Kind bits.
+template <typename TX, int Kind>
+__device__ __forceinline__ float chunk_dot(const uint4& w, const float* xf) {
+  float d0 = 0.f, d1 = 0.f;
+  if constexpr (Kind == 0) {
+    constexpr int n = 16 / static_cast<int>(sizeof(TX));
+    const TX* e = reinterpret_cast<const TX*>(&w);
+#pragma unroll
+    for (int k = 0; k < n; k += 2) {
+      d0 = fmaf(to_f32(e[k]), xf[k], d0);
+      d1 = fmaf(to_f32(e[k + 1]), xf[k + 1], d1);
+    }
+  } else {
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (Kind == 8) {
+#pragma unroll
+        for (int k = 0; k < 4; k += 2) {
+          // byte k of the word into the low byte of 0x4B000000 (selector nibbles: k, 4, 5, 7).
+          d0 = fmaf(code_to_f32(__byte_perm(words[i], 0x4B000000u, 0x7540u | k)), xf[i * 4 + k], d0);
+          d1 = fmaf(code_to_f32(__byte_perm(words[i], 0x4B000000u, 0x7540u | (k + 1))), xf[i * 4 + k + 1], d1);
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < 8; k += 2) {
+          d0 = fmaf(code_to_f32(0x4B000000u | ((words[i] >> (4 * k)) & 15u)), xf[i * 8 + k], d0);
+          d1 = fmaf(code_to_f32(0x4B000000u | ((words[i] >> (4 * k + 4)) & 15u)), xf[i * 8 + k + 1], d1);
+        }
+      }
+    }
+  }
+  return d0 + d1;
+}
+
+// Loads N consecutive elements of x (16-byte aligned) to fp32 with 16-byte loads.
+template <typename TX, int N>
+__device__ __forceinline__ void load_x(const TX* __restrict__ p, float* xf) {
+  constexpr int kPer = 16 / static_cast<int>(sizeof(TX));
+#pragma unroll
+  for (int i = 0; i < N / kPer; ++i) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i);
+    const TX* e = reinterpret_cast<const TX*>(&v);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) xf[i * kPer + k] = to_f32(e[k]);
+  }
+}
+
+// The segments of one launch, selected per block by comparing blockIdx.x with block_end (unused
+// segments end at UINT32_MAX so nothing selects them).
+struct Segs {
+  const void* w[3];
+  const void* s[3];
+  const void* b[3];
+  void* y[3];
+  int64_t out[3];
+  unsigned block_end[3];
+};
+
+template <typename T>
+__device__ __forceinline__ T pick(int i, T a, T b, T c) {
+  return i == 0 ? a : i == 1 ? b : c;
+}
+
+template <typename TX, typename TS, int Kind, int MaxM>
+__global__ void __launch_bounds__(kThreads)
+    gemv_kernel(const TX* __restrict__ x, const Segs segs, int M, int in, int group_shift, int tpr_log2) {
+  constexpr int kCodes = codes_per_chunk<TX, Kind>();
+  const unsigned bid = blockIdx.x;
+  const int si = (bid >= segs.block_end[0]) + (bid >= segs.block_end[1]);
+  const unsigned first = pick(si, 0u, segs.block_end[0], segs.block_end[1]);
+  const uint4* __restrict__ wv = static_cast<const uint4*>(pick(si, segs.w[0], segs.w[1], segs.w[2]));
+  const TS* __restrict__ sv = static_cast<const TS*>(pick(si, segs.s[0], segs.s[1], segs.s[2]));
+  const TS* __restrict__ bv = static_cast<const TS*>(pick(si, segs.b[0], segs.b[1], segs.b[2]));
+  TX* __restrict__ y = static_cast<TX*>(pick(si, segs.y[0], segs.y[1], segs.y[2]));
+  const int64_t out = pick(si, segs.out[0], segs.out[1], segs.out[2]);
+
+  const int tpr = 1 << tpr_log2;  // lanes per row: 4..32, inside one warp
+  const int t = static_cast<int>(threadIdx.x) & (tpr - 1);
+  const int64_t row = static_cast<int64_t>(bid - first) * (kThreads >> tpr_log2) + (static_cast<int>(threadIdx.x) >> tpr_log2);
+  const bool live = row < out;
+  const int chunks = in / kCodes;  // 16-byte chunks per row, dense or affine
+  const uint4* __restrict__ wrow = wv + (live ? row : 0) * chunks;
+  const int64_t srow = (live ? row : 0) * (in >> group_shift);
+
+  float acc[MaxM];
+#pragma unroll
+  for (int m = 0; m < MaxM; ++m) acc[m] = 0.f;
+
+  for (int c0 = t; c0 < chunks; c0 += tpr * kUnroll) {
+    uint4 w[kUnroll];
+    float sc[kUnroll], bi[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = c0 + u * tpr;
+      const bool ok = live && c < chunks;
+      w[u] = ok ? __ldg(wrow + c) : make_uint4(0u, 0u, 0u, 0u);
+      if constexpr (Kind != 0) {
+        const int64_t gidx = srow + ((c * kCodes) >> group_shift);
+        sc[u] = ok ? to_f32(sv[gidx]) : 0.f;
+        bi[u] = ok ? to_f32(bv[gidx]) : 0.f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = c0 + u * tpr;
+      if (c >= chunks) break;
+#pragma unroll
+      for (int m = 0; m < MaxM; ++m) {
+        if (m < M) {
+          float xf[kCodes];
+          load_x<TX, kCodes>(x + static_cast<int64_t>(m) * in + static_cast<int64_t>(c) * kCodes, xf);
+          if constexpr (Kind == 0) {
+            acc[m] += chunk_dot<TX, 0>(w[u], xf);
+          } else {
+            float xs = 0.f;
+#pragma unroll
+            for (int j = 0; j < kCodes; ++j) xs += xf[j];
+            acc[m] += sc[u] * chunk_dot<TX, Kind>(w[u], xf) + bi[u] * xs;
+          }
+        }
+      }
+    }
+  }
+
+  // Reduce over the row's tpr lanes (xor offsets below tpr stay inside the aligned lane group).
+#pragma unroll
+  for (int m = 0; m < MaxM; ++m) {
+    float v = acc[m];
+    for (int o = tpr >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (t == 0 && live && m < M) y[static_cast<int64_t>(m) * out + row] = from_f32<TX>(v);
+  }
+}
+
+int log2_exact(int64_t v) {
+  int s = 0;
+  while ((int64_t{1} << s) < v) ++s;
+  return (int64_t{1} << s) == v ? s : -1;
+}
+
+int chunk_codes(const GemvArgs& a) {
+  if (a.format != WeightFormat::kDense) return 128 / static_cast<int>(a.format);
+  return a.x_dtype == QDtype::kFloat32 ? 4 : 8;
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+template <typename TX, typename TS, int Kind, int MaxM>
+const char* launch_m(const GemvArgs& a, const Segs& segs, unsigned blocks, int tpr_log2) {
+  const int group_shift = Kind == 0 ? 0 : log2_exact(a.group_size);
+  gemv_kernel<TX, TS, Kind, MaxM><<<blocks, kThreads, 0, static_cast<cudaStream_t>(a.stream)>>>(
+      static_cast<const TX*>(a.x), segs, static_cast<int>(a.M), static_cast<int>(a.in), group_shift, tpr_log2);
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
+}
+
+// Picks the lanes per row (the power of two in 4..32 that gives each lane about kUnroll chunks),
+// fills the segment table (rows of each segment in whole blocks), launches.
+template <typename TX, typename TS, int Kind>
+const char* launch(const GemvArgs& a) {
+  const int64_t chunks = a.in / codes_per_chunk<TX, Kind>();
+  int tpr_log2 = 2;
+  while (tpr_log2 < 5 && (int64_t{2} << tpr_log2) * kUnroll <= chunks) ++tpr_log2;
+  const int64_t rows_per_block = kThreads >> tpr_log2;
+  Segs segs{};
+  int64_t end = 0;
+  for (int s = 0; s < 3; ++s) {
+    if (s < a.n_seg) {
+      const GemvSegment& g = a.seg[s];
+      segs.w[s] = g.w;
+      segs.s[s] = g.scales;
+      segs.b[s] = g.biases;
+      segs.y[s] = g.y;
+      segs.out[s] = g.out;
+      end += (g.out + rows_per_block - 1) / rows_per_block;
+      if (end > 0x7fffffff) return "gemv: too many output rows for one grid";
+      segs.block_end[s] = static_cast<unsigned>(end);
+    } else {
+      segs.block_end[s] = 0xffffffffu;
+    }
+  }
+  const unsigned blocks = static_cast<unsigned>(end);
+  const int M = static_cast<int>(a.M);
+  if (M <= 1) return launch_m<TX, TS, Kind, 1>(a, segs, blocks, tpr_log2);
+  if (M <= 2) return launch_m<TX, TS, Kind, 2>(a, segs, blocks, tpr_log2);
+  if (M <= 4) return launch_m<TX, TS, Kind, 4>(a, segs, blocks, tpr_log2);
+  return launch_m<TX, TS, Kind, 8>(a, segs, blocks, tpr_log2);
+}
+
+template <typename TX>
+const char* launch_format(const GemvArgs& a) {
+  switch (a.format) {
+    case WeightFormat::kDense: return launch<TX, TX, 0>(a);
+    case WeightFormat::kAffine4:
+      return a.s_dtype == QDtype::kFloat32 ? launch<TX, float, 4>(a) : launch<TX, TX, 4>(a);
+    case WeightFormat::kAffine8:
+      return a.s_dtype == QDtype::kFloat32 ? launch<TX, float, 8>(a) : launch<TX, TX, 8>(a);
+  }
+  return "gemv: unknown weight format";
+}
+
+}  // namespace
+
+bool gemv_supported(const GemvArgs& a) {
+  if (a.M < 1 || a.M > 8 || a.n_seg < 1 || a.n_seg > 3 || a.in <= 0 || a.in > 0x7fffffff) return false;
+  for (int s = 0; s < a.n_seg; ++s)
+    if (a.seg[s].out < 1) return false;
+  if (a.in % chunk_codes(a) != 0) return false;
+  if (a.format == WeightFormat::kDense) return true;
+  if (a.format != WeightFormat::kAffine4 && a.format != WeightFormat::kAffine8) return false;
+  return (a.group_size == 32 || a.group_size == 64 || a.group_size == 128) && a.in % a.group_size == 0 &&
+         (a.s_dtype == a.x_dtype || a.s_dtype == QDtype::kFloat32);
+}
+
+const char* gemv(const GemvArgs& a) {
+  if (!gemv_supported(a)) return "gemv: unsupported M/in/format/group_size/dtypes";
+  if (!aligned16(a.x)) return "gemv: x must be 16-byte aligned";
+  for (int s = 0; s < a.n_seg; ++s)
+    if (!aligned16(a.seg[s].w)) return "gemv: weights must be 16-byte aligned";
+  switch (a.x_dtype) {
+    case QDtype::kFloat32: return launch_format<float>(a);
+    case QDtype::kFloat16: return launch_format<__half>(a);
+    case QDtype::kBFloat16: return launch_format<__nv_bfloat16>(a);
+  }
+  return "gemv: unknown x dtype";
+}
+
+}  // namespace hearth::kernels

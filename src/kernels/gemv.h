@@ -1,0 +1,50 @@
+// Launcher of Hearth's decode GEMV (kernels/gemv.cu): y = x · Wᵀ for a few rows of x (M ≤ 8) and
+// dense (fp32/fp16/bf16) or MLX affine 4/8-bit weights, for up to three weights that share x in one
+// launch (q/k/v, gate/up). Plain C++ (raw pointers, no ATen) so the .cu compiles standalone with
+// nvcc. Not the dispatch (nn/linear.cpp, nn/quant.cpp decide when it applies) and not a GEMM.
+#pragma once
+#include <cstdint>
+
+#include "quantized_matmul.h"
+
+namespace hearth::kernels {
+
+/// How a weight is stored: dense rows in the x dtype, or MLX affine codes (nn/quant.h layout).
+enum class WeightFormat : int { kDense = 0, kAffine4 = 4, kAffine8 = 8 };
+
+/// One weight of a grouped GEMV and its output. Device pointers, contiguous, 16-byte aligned.
+struct GemvSegment {
+  const void* w = nullptr;       // dense: [out, in] in x_dtype; affine: [out, in*bits/32] uint32 codes
+  const void* scales = nullptr;  // affine only: [out, in/group_size] in s_dtype
+  const void* biases = nullptr;  // affine only: [out, in/group_size] in s_dtype
+  void* y = nullptr;             // [M, out] in x_dtype
+  int64_t out = 0;
+};
+
+/// One launch: every segment reads the same x [M, in] and uses the same format.
+struct GemvArgs {
+  const void* x = nullptr;  // [M, in] in x_dtype, contiguous, 16-byte aligned
+  QDtype x_dtype = QDtype::kFloat32;
+  int64_t M = 0, in = 0;
+  WeightFormat format = WeightFormat::kDense;
+  int group_size = 64;                 // affine only: 32, 64 or 128
+  QDtype s_dtype = QDtype::kFloat32;   // affine only: x_dtype or kFloat32
+  GemvSegment seg[3];
+  int n_seg = 1;                       // 1..3
+  void* stream = nullptr;              // cudaStream_t; nullptr = the legacy default stream
+};
+
+/// True when gemv handles this shape: 1 <= M <= 8, 1 <= n_seg <= 3, every out >= 1, in a positive
+/// multiple of one 16-byte chunk of the format (8 bf16/f16 or 4 fp32 values, 32 4-bit or 16 8-bit
+/// codes) and, for affine weights, of group_size (32/64/128) with s_dtype x_dtype or fp32.
+bool gemv_supported(const GemvArgs& a);
+
+/// y_s = x · W_sᵀ for each segment s, accumulated in fp32 and rounded once to x_dtype; affine
+/// weights decode as W[o, k] = scale[o, k/gs] · q[o, k] + bias[o, k/gs] (mlx's affine dequantize).
+/// A row's result depends only on that row (not on M, the other segments or the launch shape), so
+/// grouped and separate calls and any batch size give the same bits. Asynchronous on `stream`.
+/// Returns nullptr on success, else a one-line reason (unsupported case, misaligned pointer, or the
+/// CUDA launch error string).
+const char* gemv(const GemvArgs& a);
+
+}  // namespace hearth::kernels

@@ -1,0 +1,102 @@
+// Dispatch of the decode GEMV (kernels/gemv.cu): checks, operand layout, the launch.
+#include "nn/decode_gemv.h"
+
+#include <c10/core/GradMode.h>
+
+#include "nn/fused_ops.h"
+
+#ifdef HEARTH_WITH_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "core/error.h"
+#include "kernels/gemv.h"
+#endif
+
+namespace hearth::nn {
+
+#ifdef HEARTH_WITH_CUDA_KERNELS
+namespace {
+kernels::QDtype qdtype(at::ScalarType st) {
+  return st == at::kBFloat16 ? kernels::QDtype::kBFloat16 : st == at::kHalf ? kernels::QDtype::kFloat16
+                                                                             : kernels::QDtype::kFloat32;
+}
+
+bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+bool needs_grad(const at::Tensor& t) { return t.defined() && t.requires_grad(); }
+}  // namespace
+
+std::vector<at::Tensor> decode_gemv(const at::Tensor& x, const std::vector<GemvOperand>& ws) {
+  if (!fused_decode_enabled() || ws.empty() || ws.size() > 3 || !x.is_cuda() || x.dim() < 1) return {};
+  const at::ScalarType xt = x.scalar_type();
+  if (xt != at::kFloat && xt != at::kHalf && xt != at::kBFloat16) return {};
+  const int64_t in = x.size(-1);
+  if (in <= 0 || x.numel() % in != 0) return {};
+  const int64_t M = x.numel() / in;
+  const bool grad = c10::GradMode::is_enabled();
+  if (grad && needs_grad(x)) return {};
+
+  kernels::GemvArgs a;
+  a.x_dtype = qdtype(xt);
+  a.M = M;
+  a.in = in;
+  a.n_seg = static_cast<int>(ws.size());
+  const QuantizedWeight* q0 = ws[0].quant;
+  at::ScalarType sdt = at::kFloat;
+  if (q0) {
+    if (q0->spec.bits != 4 && q0->spec.bits != 8) return {};
+    a.format = q0->spec.bits == 8 ? kernels::WeightFormat::kAffine8 : kernels::WeightFormat::kAffine4;
+    a.group_size = static_cast<int>(q0->spec.group_size);
+    sdt = q0->scales.scalar_type();
+    if (sdt != xt && sdt != at::kFloat) return {};
+    a.s_dtype = qdtype(sdt);
+  }
+  std::vector<at::Tensor> outs;
+  outs.reserve(ws.size());
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const GemvOperand& w = ws[i];
+    if ((w.quant != nullptr) != (q0 != nullptr)) return {};
+    kernels::GemvSegment& s = a.seg[i];
+    if (q0) {
+      const QuantizedWeight& q = *w.quant;
+      if (q.spec.bits != q0->spec.bits || q.spec.group_size != q0->spec.group_size || q.in_features() != in ||
+          q.scales.scalar_type() != sdt || q.biases.scalar_type() != sdt || !q.wq.is_contiguous() ||
+          !q.scales.is_contiguous() || !q.biases.is_contiguous() || q.wq.device() != x.device() ||
+          q.scales.device() != x.device() || q.biases.device() != x.device() || !aligned16(q.wq))
+        return {};
+      s.w = q.wq.data_ptr();
+      s.scales = q.scales.data_ptr();
+      s.biases = q.biases.data_ptr();
+      s.out = q.out_features();
+    } else {
+      const at::Tensor& d = w.dense;
+      if (!d.defined() || d.dim() != 2 || d.size(1) != in || d.scalar_type() != xt || d.device() != x.device() ||
+          !d.is_contiguous() || !aligned16(d) || (grad && d.requires_grad()))
+        return {};
+      s.w = d.data_ptr();
+      s.out = d.size(0);
+    }
+  }
+  if (!kernels::gemv_supported(a)) return {};
+  at::Tensor x2 = x.reshape({M, in}).contiguous();
+  if (!aligned16(x2)) x2 = x2.clone();
+  a.x = x2.data_ptr();
+  std::vector<int64_t> shape = x.sizes().vec();
+  for (int i = 0; i < a.n_seg; ++i) {
+    at::Tensor y = at::empty({M, a.seg[i].out}, x.options());
+    a.seg[i].y = y.data_ptr();
+    shape.back() = a.seg[i].out;
+    outs.push_back(y.view(shape));
+  }
+  const c10::cuda::CUDAGuard guard(x.device());
+  a.stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  const char* err = kernels::gemv(a);
+  HEARTH_CHECK(err == nullptr, "decode_gemv: CUDA kernel failed: ", err);
+  return outs;
+}
+#else
+std::vector<at::Tensor> decode_gemv(const at::Tensor&, const std::vector<GemvOperand>&) { return {}; }
+#endif
+
+}  // namespace hearth::nn

@@ -1,0 +1,28 @@
+// The decode GEMV dispatch (kernels/gemv.cu): y_i = x · W_iᵀ for a few rows of x and up to three
+// weights sharing x (q/k/v, gate/up) in one launch, dense or MLX affine. Not the Linear module
+// (Linear::forward / Linear::forward_many call this and fall back to their own ops) and no backward.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "nn/quant.h"
+
+namespace hearth::nn {
+
+/// One weight of decode_gemv: a dense [out, in] tensor, or (when `quant` is set) an MLX affine one.
+struct GemvOperand {
+  at::Tensor dense;
+  const QuantizedWeight* quant = nullptr;
+};
+
+/// {x · W_0ᵀ, x · W_1ᵀ, ...} ([..., out_i] each, x's dtype) through one launch of Hearth's GEMV
+/// kernel, accumulated in fp32 (a different summation order from cuBLAS: results within one
+/// rounding of the dtype). Applies when the fused decode path is on (nn/fused_ops.h), Hearth's CUDA
+/// kernels are built, x [..., in] is CUDA fp32/fp16/bf16 with x.numel()/in ≤ 8 rows, nothing needs
+/// a gradient, 1 ≤ |ws| ≤ 3, and the weights are all dense in x's dtype or all affine with one
+/// bits/group_size/scale dtype, on x's device. Returns an empty vector when it does not apply (the
+/// caller then runs its own ops); throws hearth::Error when the launch fails.
+std::vector<at::Tensor> decode_gemv(const at::Tensor& x, const std::vector<GemvOperand>& ws);
+
+}  // namespace hearth::nn

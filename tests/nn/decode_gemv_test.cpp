@@ -1,0 +1,173 @@
+// Tests for the decode GEMV (kernels/gemv.cu through nn/decode_gemv.h and Linear::forward_many)
+// and the grouped-GQA decode attention (nn/attention.cpp): against fp64 / unfused references on
+// the same device, and bit-equality where the design promises it (grouped = separate launches, a
+// row's result independent of M). The CUDA cases are skipped on this CPU build; run on the GPU.
+#include <gtest/gtest.h>
+
+#include "core/torch_compat.h"
+#include "nn/attention.h"
+#include "nn/decode_gemv.h"
+#include "nn/fused_ops.h"
+#include "nn/linear.h"
+#include "nn/quant.h"
+
+namespace {
+
+struct DgFusedSwitch {
+  explicit DgFusedSwitch(bool on) : was(hearth::nn::set_fused_decode(on)) {}
+  ~DgFusedSwitch() { hearth::nn::set_fused_decode(was); }
+  bool was;
+};
+
+// max |y - ref| / max |ref|.
+double dg_rel_err(const at::Tensor& y, const at::Tensor& ref) {
+  const double scale = ref.abs().max().item<double>();
+  return (y.to(at::kDouble) - ref.to(at::kDouble)).abs().max().item<double>() / std::max(scale, 1e-30);
+}
+
+// fp32 sums in another order; bf16/f16 add one rounding of the output.
+double dg_tol(at::ScalarType t) { return t == at::kFloat ? 1e-5 : t == at::kHalf ? 2e-3 : 1e-2; }
+
+bool dg_have_kernels() {
+#ifdef HEARTH_WITH_CUDA_KERNELS
+  return hearth::compat::cuda_available();
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+TEST(DecodeGemv, NotAppliedOnCpuOrWhenSwitchedOff) {
+  const at::Tensor x = at::randn({1, 64});
+  const at::Tensor w = at::randn({32, 64});
+  EXPECT_TRUE(hearth::nn::decode_gemv(x, {hearth::nn::GemvOperand{w, nullptr}}).empty());
+  // forward_many falls back to each forward: the same tensors as Linear::forward.
+  const hearth::nn::Linear a(w), b(at::randn({16, 64}));
+  const std::vector<at::Tensor> ys = hearth::nn::Linear::forward_many(x, {&a, &b});
+  ASSERT_EQ(ys.size(), 2u);
+  EXPECT_TRUE(at::equal(ys[0], a.forward(x)));
+  EXPECT_TRUE(at::equal(ys[1], b.forward(x)));
+  EXPECT_EQ(ys[1].sizes().vec(), (std::vector<int64_t>{1, 16}));
+}
+
+TEST(DecodeGemv, DenseMatchesFp64ReferenceAndIsRowIndependent) {
+  if (!dg_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
+  DgFusedSwitch on(true);
+  at::manual_seed(31);
+  const at::Device cuda(at::kCUDA, 0);
+  for (auto dt : {at::kBFloat16, at::kHalf, at::kFloat})
+    for (auto [out, in] : {std::pair<int64_t, int64_t>{37, 64}, {1000, 1024}, {5, 8}, {2048, 8192}, {3000, 2048}})
+      for (int64_t M : {1, 2, 3, 8}) {
+        if (dt == at::kFloat && in % 4 != 0) continue;
+        const at::Tensor w = (at::randn({out, in}) * 0.05).to(dt).to(cuda);
+        const at::Tensor x = at::randn({M, in}).to(dt).to(cuda);
+        const std::vector<at::Tensor> y = hearth::nn::decode_gemv(x, {hearth::nn::GemvOperand{w, nullptr}});
+        ASSERT_EQ(y.size(), 1u) << "dtype " << dt << " [" << out << ", " << in << "] M " << M;
+        ASSERT_EQ(y[0].scalar_type(), dt);
+        ASSERT_EQ(y[0].sizes().vec(), (std::vector<int64_t>{M, out}));
+        const at::Tensor ref = at::matmul(x.to(at::kDouble), w.to(at::kDouble).t());
+        EXPECT_LE(dg_rel_err(y[0], ref), dg_tol(dt)) << "dtype " << dt << " [" << out << ", " << in << "] M " << M;
+        // Row m of an M-row call is the one-row call on row m, bit for bit.
+        for (int64_t m = 0; m < M; ++m) {
+          const at::Tensor one = hearth::nn::decode_gemv(x.narrow(0, m, 1).clone(), {hearth::nn::GemvOperand{w, nullptr}})[0];
+          EXPECT_TRUE(at::equal(one[0], y[0][m])) << "row " << m << " of M " << M;
+        }
+      }
+  // Nine rows, a weight that needs a gradient, or another dtype: not this kernel.
+  const at::Tensor w = at::randn({64, 64}).to(cuda);
+  EXPECT_TRUE(hearth::nn::decode_gemv(at::randn({9, 64}).to(cuda), {hearth::nn::GemvOperand{w, nullptr}}).empty());
+  EXPECT_TRUE(hearth::nn::decode_gemv(at::randn({1, 64}).to(cuda).to(at::kHalf), {hearth::nn::GemvOperand{w, nullptr}}).empty());
+  const at::Tensor wg = at::randn({64, 64}, at::TensorOptions().device(cuda)).requires_grad_(true);
+  EXPECT_TRUE(hearth::nn::decode_gemv(at::randn({1, 64}).to(cuda), {hearth::nn::GemvOperand{wg, nullptr}}).empty());
+}
+
+TEST(DecodeGemv, GroupedIsSeparateBitForBitDenseAndAffine) {
+  if (!dg_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
+  DgFusedSwitch on(true);
+  at::manual_seed(32);
+  const at::Device cuda(at::kCUDA, 0);
+  const int64_t in = 512;
+  for (int64_t M : {1, 4}) {
+    const at::Tensor x = at::randn({M, 1, in}).to(at::kBFloat16).to(cuda);
+    // Dense: q/k/v-like widths, through Linear::forward_many (one launch) vs Linear::forward.
+    const hearth::nn::Linear q(at::randn({512, in}).to(at::kBFloat16).to(cuda)),
+        k(at::randn({128, in}).to(at::kBFloat16).to(cuda)), v(at::randn({128, in}).to(at::kBFloat16).to(cuda));
+    const std::vector<at::Tensor> ys = hearth::nn::Linear::forward_many(x, {&q, &k, &v});
+    ASSERT_EQ(ys.size(), 3u);
+    EXPECT_TRUE(at::equal(ys[0], q.forward(x)));
+    EXPECT_TRUE(at::equal(ys[1], k.forward(x)));
+    EXPECT_TRUE(at::equal(ys[2], v.forward(x)));
+    EXPECT_EQ(ys[2].sizes().vec(), (std::vector<int64_t>{M, 1, 128}));
+    // Affine 4-bit and 8-bit: grouped vs quantized_matmul (the single-weight kernel), and close
+    // to the fp32 dequantize + matmul reference.
+    for (int bits : {4, 8}) {
+      auto qw = [&](int64_t out) {
+        hearth::nn::QuantizedWeight w = hearth::nn::quantize(at::randn({out, in}), hearth::nn::QuantSpec{bits, 64});
+        return hearth::nn::QuantizedWeight{w.wq.to(cuda), w.scales.to(at::kBFloat16).to(cuda),
+                                           w.biases.to(at::kBFloat16).to(cuda), w.spec};
+      };
+      const hearth::nn::Linear g(qw(1024)), u(qw(1024)), d(qw(96));
+      const std::vector<at::Tensor> gs = hearth::nn::Linear::forward_many(x, {&g, &u, &d});
+      EXPECT_TRUE(at::equal(gs[0], g.forward(x))) << bits;
+      EXPECT_TRUE(at::equal(gs[1], u.forward(x))) << bits;
+      EXPECT_TRUE(at::equal(gs[2], d.forward(x))) << bits;
+      const at::Tensor ref = hearth::nn::quantized_matmul_ref(x.to(at::kFloat), *u.qweight());
+      EXPECT_LE(dg_rel_err(gs[1], ref), dg_tol(at::kBFloat16)) << bits;
+    }
+  }
+}
+
+TEST(DecodeGemv, ForwardManyFallsBackWithBiasOrAdapters) {
+  if (!dg_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
+  DgFusedSwitch on(true);
+  at::manual_seed(33);
+  const at::Device cuda(at::kCUDA, 0);
+  const at::Tensor x = at::randn({1, 1, 64}).to(cuda);
+  const hearth::nn::Linear a(at::randn({32, 64}).to(cuda), at::randn({32}).to(cuda));
+  hearth::nn::Linear b(at::randn({32, 64}).to(cuda));
+  hearth::nn::LoraAdapter ad;
+  ad.a = at::randn({4, 64}).to(cuda);
+  ad.b = at::randn({32, 4}).to(cuda);
+  ad.scale = 2.0;
+  b.add_adapter("x", ad);
+  const hearth::nn::ActiveAdapters active({"x"});
+  const std::vector<at::Tensor> ys = hearth::nn::Linear::forward_many(x, {&a, &b});
+  EXPECT_TRUE(at::equal(ys[0], a.forward(x)));
+  EXPECT_TRUE(at::equal(ys[1], b.forward(x)));
+  // The adapter's delta is in: not the base weight alone.
+  EXPECT_GT((ys[1] - at::matmul(x, b.weight().t())).abs().max().item<double>(), 1e-3);
+}
+
+TEST(DecodeGemv, GroupedGqaDecodeAttentionMatchesRepeatKv) {
+  if (!hearth::compat::cuda_available()) GTEST_SKIP() << "needs CUDA (GPU machine)";
+  at::manual_seed(34);
+  const at::Device cuda(at::kCUDA, 0);
+  for (auto dt : {at::kFloat, at::kBFloat16})
+    for (bool explicit_mask : {false, true})
+      for (int64_t T : {1, 3}) {
+        const int64_t B = 2, H = 8, Hkv = 2, D = 64, S = 40;
+        const at::Tensor q = at::randn({B, T, H, D}).to(dt).to(cuda).transpose(1, 2);
+        const at::Tensor k = at::randn({B, Hkv, S, D}).to(dt).to(cuda);
+        const at::Tensor v = at::randn({B, Hkv, S, D}).to(dt).to(cuda);
+        hearth::nn::AttentionParams p;
+        p.scale = 0.125;
+        p.q_pos0 = S - T - 5;  // the last 5 keys are in the future: masked
+        p.k_pos0 = 0;
+        if (explicit_mask) {
+          p.mask = hearth::nn::attention_mask(T, S, p, dt, cuda).unsqueeze(0).unsqueeze(0).expand({B, 1, T, S}).contiguous();
+        }
+        at::Tensor ref, got;
+        {
+          DgFusedSwitch off(false);
+          ref = hearth::nn::attention(q, k, v, p);
+        }
+        {
+          DgFusedSwitch on(true);
+          got = hearth::nn::attention(q, k, v, p);
+        }
+        ASSERT_EQ(got.sizes(), ref.sizes());
+        EXPECT_LE(dg_rel_err(got, ref), dt == at::kFloat ? 1e-5 : 1e-2)
+            << "dtype " << dt << " mask " << explicit_mask << " T " << T;
+      }
+}
