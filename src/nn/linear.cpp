@@ -123,6 +123,10 @@ at::Tensor Linear::forward(const at::Tensor& x) const {
   } else {
     y = bias_ ? at::linear(x, weight_, *bias_) : at::linear(x, weight_);
   }
+  return add_adapters(x, std::move(y));
+}
+
+at::Tensor Linear::add_adapters(const at::Tensor& x, at::Tensor y) const {
   if (adapters_.empty()) return y;
   auto delta = [&](const LoraAdapter& ad, const at::Tensor& in) {
     at::Tensor xin = lora_dropout(in, ad.dropout);
@@ -140,21 +144,29 @@ at::Tensor Linear::forward(const at::Tensor& x) const {
 }
 
 std::vector<at::Tensor> Linear::forward_many(const at::Tensor& x, std::initializer_list<const Linear*> ls) {
+  // The base products in one launch when every weight qualifies (no bias, one format); each
+  // Linear's adapters are then added to its own product exactly as forward() adds them.
   std::vector<GemvOperand> ops;
-  bool plain = ls.size() <= 3;
+  bool grouped = ls.size() > 1 && ls.size() <= 3;
   for (const Linear* l : ls) {
-    if (!plain || l->bias_ || !l->adapters_.empty()) {
-      plain = false;
+    if (!grouped || l->bias_) {
+      grouped = false;
       break;
     }
     ops.push_back(l->qweight_ ? GemvOperand{{}, &*l->qweight_} : GemvOperand{l->weight_, nullptr});
   }
-  if (plain && ls.size() > 1) {
-    if (std::vector<at::Tensor> ys = decode_gemv(x, ops); !ys.empty()) return ys;
-  }
   std::vector<at::Tensor> ys;
-  ys.reserve(ls.size());
-  for (const Linear* l : ls) ys.push_back(l->forward(x));
+  if (grouped) ys = decode_gemv(x, ops);
+  if (ys.empty()) {
+    ys.reserve(ls.size());
+    for (const Linear* l : ls) ys.push_back(l->forward(x));
+    return ys;
+  }
+  size_t i = 0;
+  for (const Linear* l : ls) {
+    ys[i] = l->add_adapters(x, std::move(ys[i]));
+    ++i;
+  }
   return ys;
 }
 

@@ -110,8 +110,9 @@ class Linear {
   at::Tensor forward(const at::Tensor& x) const;
 
   /// {ls[0]->forward(x), ls[1]->forward(x), ...} for Linears that read the same x (q/k/v,
-  /// gate/up): one GEMV launch for all on a decode-sized CUDA x when none has a bias or adapters
-  /// and their weights share one format (nn/decode_gemv.h), else each forward in turn.
+  /// gate/up): one GEMV launch for all base products on a decode-sized CUDA x when none has a
+  /// bias and their weights share one format (nn/decode_gemv.h), each Linear's active adapters
+  /// then added to its own product as forward() adds them; else each forward in turn.
   static std::vector<at::Tensor> forward_many(const at::Tensor& x, std::initializer_list<const Linear*> ls);
 
   bool quantized() const { return qweight_.has_value(); }
@@ -142,6 +143,9 @@ class Linear {
   int64_t nbytes() const;
 
  private:
+  // y plus the adapters active on this thread (or each row's, inside a RowAdapters scope): the
+  // adapter half of forward(), also applied by forward_many to grouped base products.
+  at::Tensor add_adapters(const at::Tensor& x, at::Tensor y) const;
   // The RowAdapters path of forward(): y plus each row's adapters' deltas (delta(adapter, x_rows)).
   at::Tensor add_row_adapters(const at::Tensor& x, at::Tensor y,
                               const std::function<at::Tensor(const LoraAdapter&, const at::Tensor&)>& delta) const;

@@ -118,7 +118,7 @@ TEST(DecodeGemv, GroupedIsSeparateBitForBitDenseAndAffine) {
   }
 }
 
-TEST(DecodeGemv, ForwardManyFallsBackWithBiasOrAdapters) {
+TEST(DecodeGemv, ForwardManyAddsAdaptersAndFallsBackWithBias) {
   if (!dg_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
   DgFusedSwitch on(true);
   at::manual_seed(33);
@@ -137,6 +137,13 @@ TEST(DecodeGemv, ForwardManyFallsBackWithBiasOrAdapters) {
   EXPECT_TRUE(at::equal(ys[1], b.forward(x)));
   // The adapter's delta is in: not the base weight alone.
   EXPECT_GT((ys[1] - at::matmul(x, b.weight().t())).abs().max().item<double>(), 1e-3);
+  // Without the bias the base products share one launch and b's adapter is still added: the same
+  // bits as each forward (a row's GEMV result does not depend on the grouping).
+  const hearth::nn::Linear c(at::randn({48, 64}).to(cuda));
+  const std::vector<at::Tensor> zs = hearth::nn::Linear::forward_many(x, {&c, &b});
+  EXPECT_TRUE(at::equal(zs[0], c.forward(x)));
+  EXPECT_TRUE(at::equal(zs[1], b.forward(x)));
+  EXPECT_TRUE(at::equal(zs[1], ys[1]));
 }
 
 TEST(DecodeGemv, GroupedGqaDecodeAttentionMatchesRepeatKv) {
