@@ -7,7 +7,7 @@
 #include <regex>
 #include <set>
 
-#include "adapters/atomic_dir.h"
+#include "io/atomic_dir.h"
 #include "adapters/pattern_key.h"
 #include "core/error.h"
 #include "core/printable.h"
@@ -381,7 +381,7 @@ Adapter load_adapter(const fs::path& dir_in, const LoadAdapterOptions& options) 
 
 void save_adapter(const fs::path& dir, const Adapter& adapter, Format format) {
   HEARTH_CHECK(!adapter.modules.empty(), "save_adapter '", adapter.id, "': the adapter has no modules");
-  detail::write_dir_atomic(dir, /*replace=*/true, [&](const fs::path& tmp) {
+  io::write_dir_atomic(dir, /*replace=*/true, [&](const fs::path& tmp) {
     if (format == Format::Mlx) save_mlx(tmp, adapter);
     else save_peft(tmp, adapter);
   });

@@ -5,7 +5,7 @@
 
 #include <set>
 
-#include "adapters/atomic_dir.h"
+#include "io/atomic_dir.h"
 #include "adapters/full.h"
 #include "core/error.h"
 #include "io/atomic_file.h"
@@ -70,14 +70,18 @@ void dequantize_rest(const io::WeightStore& store, const std::optional<io::Quant
 // is copied (config.json as `config`), atomically under a temp name.
 void write_model_folder(const fs::path& model_dir, const io::WeightStore& store, const json& config,
                         const std::map<std::string, at::Tensor>& replaced, const std::set<std::string>& dropped,
-                        const fs::path& out_dir) {
-  detail::write_dir_atomic(out_dir, /*replace=*/false, [&](const fs::path& tmp) {
+                        const fs::path& out_dir, const FuseOptions& opts) {
+  auto check = [&] {
+    if (opts.between_tensors) opts.between_tensors();
+  };
+  io::write_dir_atomic(out_dir, /*replace=*/false, [&](const fs::path& tmp) {
     json weight_map = json::object();
     int64_t total = 0;
     for (const auto& file : store.files()) {
       std::map<std::string, at::Tensor> tensors;
       std::map<std::string, io::DType> labels;
       for (const auto& info : file->tensors()) {
+        check();
         if (dropped.count(info.name)) continue;
         auto it = replaced.find(info.name);
         at::Tensor t = it != replaced.end() ? it->second : file->tensor(info.name);
@@ -86,6 +90,7 @@ void write_model_folder(const fs::path& model_dir, const io::WeightStore& store,
         weight_map[info.name] = file->path().filename().string();
         total += t.numel() * t.element_size();
       }
+      check();
       io::save_safetensors(tmp / file->path().filename(), tensors, file->metadata(), labels);
     }
     if (fs::exists(model_dir / kIndex)) {
@@ -100,6 +105,7 @@ void write_model_folder(const fs::path& model_dir, const io::WeightStore& store,
       if (e.path().filename() == "config.json") io::write_file_atomic(tmp / "config.json", config.dump(2) + "\n");
       else fs::copy_file(e.path(), tmp / e.path().filename());
     }
+    check();
   });
 }
 
@@ -119,6 +125,7 @@ void fuse_model(const fs::path& model_dir, const Adapter& adapter, const fs::pat
   std::map<std::string, at::Tensor> replaced;
   std::set<std::string> dropped;
   for (const auto& [module, m] : adapter.modules) {
+    if (opts.between_tensors) opts.between_tensors();
     const std::string who = cat("adapter '", adapter.id, "': ", module);
     const bool quantized = store.contains(module + ".scales");
     if (!store.contains(module + ".weight")) {
@@ -157,7 +164,7 @@ void fuse_model(const fs::path& model_dir, const Adapter& adapter, const fs::pat
     }
   }
   if (opts.dequantize) dequantize_rest(store, quant, where, config, replaced, dropped);
-  write_model_folder(model_dir, store, config, replaced, dropped, out_dir);
+  write_model_folder(model_dir, store, config, replaced, dropped, out_dir, opts);
 }
 
 void fuse_full_model(const fs::path& model_dir, const fs::path& finetune_dir, const fs::path& out_dir,
@@ -170,7 +177,7 @@ void fuse_full_model(const fs::path& model_dir, const fs::path& finetune_dir, co
   WeightEdits e = full_finetune_edits(store, quant, load_full_finetune(finetune_dir), opts.dequantize,
                                       "full fine-tune " + finetune_dir.string());
   if (opts.dequantize) dequantize_rest(store, quant, model_dir.string(), config, e.replaced, e.dropped);
-  write_model_folder(model_dir, store, config, e.replaced, e.dropped, out_dir);
+  write_model_folder(model_dir, store, config, e.replaced, e.dropped, out_dir, opts);
 }
 
 }  // namespace hearth::adapters

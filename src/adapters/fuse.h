@@ -4,6 +4,7 @@
 // (mount.h).
 #pragma once
 #include <filesystem>
+#include <functional>
 
 #include "adapters/adapter.h"
 
@@ -14,6 +15,10 @@ struct FuseOptions {
   /// drop the quantization block from config.json (mlx-lm's --de-quantize writes float16; we keep
   /// the checkpoint's dtype).
   bool dequantize = false;
+  /// Called before each adapter module is merged, before each tensor is written and before the
+  /// folder is renamed into place (empty: never). Whatever it throws stops the fuse: the temp
+  /// folder is removed and the exception propagates (the CLI's SIGINT check, cli/output_folder.h).
+  std::function<void()> between_tensors;
 };
 
 /// Reads `model_dir` (config.json + safetensors shards), merges `adapter` into the weights it

@@ -56,6 +56,8 @@ class KVCache : public KVCacheBase {
   std::string kind() const override { return "kv"; }
   std::unique_ptr<LayerCache> clone() const override;
   int64_t capacity() const { return keys_.defined() ? keys_.size(2) : 0; }
+  /// The growth step: update() grows the buffers to offset() + T rounded up to a multiple of it.
+  int64_t step() const { return step_; }
   /// Reallocates the buffers to offset() tokens rounded up to the growth step (at least one step)
   /// when they are larger (a copy), e.g. after a trim far back; the tokens are unchanged.
   void shrink_to_fit();

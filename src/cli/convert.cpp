@@ -6,19 +6,16 @@
 // empty, not an existing path or dangling symlink) and the tensors against config.json (the
 // loader's shape checks, on tensors without data). The output is written as OUT.tmp.PID and renamed
 // into place; an error or SIGINT/SIGTERM removes it, and one left by a killed convert is removed
-// by the next convert to the same OUT.
+// by the next convert to the same OUT (cli/output_folder.h, shared with fuse).
 // Not a downloader and not a format converter from GGUF/.bin.
-#include <signal.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
 #include <cstring>
 #include <iostream>
 
+#include "cli/output_folder.h"
 #include "cli/verb.h"
 #include "core/error.h"
+#include "io/atomic_dir.h"
 #include "io/atomic_file.h"
 #include "io/hf_config.h"
 #include "io/weights.h"
@@ -37,20 +34,6 @@ struct ConvertOptions {
   int bits = 4, group_size = 64;
   bool bits_given = false, group_size_given = false;  // --q-bits / --q-group-size on the command line
 };
-
-// SIGINT/SIGTERM while converting: the signal number, read between tensors; the partial output
-// folder is then removed (run_convert).
-std::atomic<int> g_convert_signal{0};
-extern "C" void on_convert_signal(int sig) { g_convert_signal.store(sig); }
-
-// Thrown between tensors once a signal has arrived (not a hearth::Error: run_convert reports it).
-struct ConvertInterrupted {
-  int sig;
-};
-
-void convert_check_signal() {
-  if (const int sig = g_convert_signal.load()) throw ConvertInterrupted{sig};
-}
 
 // The loader's own checks of config.json against the tensors (shapes, dtypes, layer count), run
 // before converting on tensors that hold no data: every tensor a model family reads is checked
@@ -235,7 +218,7 @@ void convert_into(const ConvertOptions& o, const fs::path& in, const fs::path& t
     std::map<std::string, at::Tensor> tensors;
     std::map<std::string, io::DType> stored;
     for (const Planned* p : shards[s]) {
-      convert_check_signal();
+      cli::check_output_signal();
       if (p->dequantized) {
         const std::string module = p->source.substr(0, p->source.size() - 7);
         nn::QuantizedWeight qw{ws.get(p->source), ws.get(module + ".scales"), ws.get(module + ".biases"),
@@ -263,7 +246,7 @@ void convert_into(const ConvertOptions& o, const fs::path& in, const fs::path& t
     }
     for (const auto& [name, _] : tensors) weight_map[name] = fname;
     n_tensors += tensors.size();
-    convert_check_signal();
+    cli::check_output_signal();
     io::save_safetensors(tmp / fname, tensors, {{"format", "mlx"}}, stored);
   }
   if (n > 1) {
@@ -301,55 +284,6 @@ void convert_into(const ConvertOptions& o, const fs::path& in, const fs::path& t
   std::cout << ") into " << n << " file(s), " << total / 1e9 << " GB\n";
 }
 
-// `p` without trailing slashes ("out/" names the folder "out", whose parent is "."; "/" stays).
-fs::path without_trailing_slash(std::string p) {
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  return fs::path(p);
-}
-
-// Installs the SIGINT/SIGTERM flag handlers for its lifetime (one-shot: a second signal gets the
-// default action), restoring the previous ones after.
-struct ConvertSignalScope {
-  struct sigaction old_int {}, old_term {};
-  ConvertSignalScope() {
-    g_convert_signal.store(0);
-    struct sigaction sa {};
-    sa.sa_handler = on_convert_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESETHAND;
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-  }
-  ~ConvertSignalScope() {
-    sigaction(SIGINT, &old_int, nullptr);
-    sigaction(SIGTERM, &old_term, nullptr);
-  }
-  ConvertSignalScope(const ConvertSignalScope&) = delete;
-  ConvertSignalScope& operator=(const ConvertSignalScope&) = delete;
-};
-
-// Removes "<out>.tmp.<pid>" folders beside `out` that a convert killed outright (SIGKILL, a crash)
-// left behind: only that name, and only for processes that no longer run.
-void remove_stale_convert_temps(const fs::path& out) {
-  const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
-  const std::string prefix = out.filename().string() + ".tmp.";
-  std::error_code ec;
-  std::vector<fs::path> stale;
-  for (const auto& e : fs::directory_iterator(parent, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
-    const std::string digits = name.substr(prefix.size());
-    if (digits.size() > 9 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      continue;
-    const pid_t pid = static_cast<pid_t>(std::stol(digits));
-    if (pid <= 0 || pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;  // running (or not ours)
-    if (e.is_directory(ec) && !e.is_symlink(ec)) stale.push_back(e.path());
-  }
-  for (const auto& p : stale)
-    if (io::remove_tree(p) >= 0)
-      std::cout << "removed " << p.string() << ", the partial output of a convert that was killed\n";
-}
-
 int run_convert(const ConvertOptions& o) {
   HEARTH_CHECK(!o.out.empty(), "convert: --out is empty (name the new folder to write)");
   HEARTH_CHECK(!o.model.empty(), "convert: --model is empty (name the model folder to read)");
@@ -360,38 +294,16 @@ int run_convert(const ConvertOptions& o) {
                                 "quantization block"
                               : " (pass -q to quantize)");
   HEARTH_CHECK(!(o.quantize && o.dequantize), "convert: -q/--quantize and -d/--dequantize exclude each other");
-  const fs::path in = without_trailing_slash(o.model), out = without_trailing_slash(o.out);
+  const fs::path in = cli::without_trailing_slash(o.model), out = cli::without_trailing_slash(o.out);
   std::error_code ec;
   HEARTH_CHECK_T(NotFound, fs::is_directory(in, ec), in.string(), ": model folder not found");
-  // symlink_status: a link whose target is missing exists too (the rename would fail on it after the work).
-  const fs::file_status st = fs::symlink_status(out, ec);
-  HEARTH_CHECK(!fs::is_symlink(st) || fs::exists(out, ec), out.string(), ": is a symlink to ",
-               fs::read_symlink(out, ec).string(), ", which does not exist (convert writes a new folder; remove the "
-               "link or pass another --out)");
-  HEARTH_CHECK(!fs::exists(st), out.string(), ": already exists (convert writes a new folder)");
-  const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
-  HEARTH_CHECK_T(NotFound, fs::is_directory(parent, ec), parent.string(), ": output's parent folder not found");
-  remove_stale_convert_temps(out);
-  const ConvertSignalScope signals;
-  const fs::path tmp = fs::path(out.string() + ".tmp." + std::to_string(::getpid()));
-  fs::create_directory(tmp, ec);
-  HEARTH_CHECK(!ec, tmp.string(), ": cannot create (", ec.message(), ")");
-  try {
-    convert_into(o, in, tmp);
-    convert_check_signal();
-    fs::rename(tmp, out, ec);
-    HEARTH_CHECK(!ec, out.string(), ": cannot move converted model into place (", ec.message(), ")");
-  } catch (const ConvertInterrupted& i) {
-    hearth::io::remove_tree(tmp);
-    std::cout.flush();
-    std::cerr << "hearth: convert interrupted (" << (i.sig == SIGINT ? "SIGINT" : "SIGTERM") << "): removed the partial "
-              << tmp.string() << "; nothing was written to " << out.string() << "\n";
-    return 128 + i.sig;
-  } catch (...) {
-    hearth::io::remove_tree(tmp);
-    throw;
-  }
-  return 0;
+  cli::check_new_output_folder("convert", out);
+  return cli::write_new_folder("convert", out, [&] {
+    io::write_dir_atomic(out, /*replace=*/false, [&](const fs::path& tmp) {
+      convert_into(o, in, tmp);
+      cli::check_output_signal();
+    });
+  });
 }
 
 std::function<int()> setup_convert(CLI::App& app) {

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "cli/launch.h"
+#include "cli/output_folder.h"
 #include "cli/verb.h"
 #include "core/error.h"
 #include "core/torch_compat.h"
@@ -66,21 +67,6 @@ std::string run_file_in(const std::filesystem::path& dir) {
   return names.empty() ? "" : names.front();
 }
 
-// Whether `inner` is `outer` or lies under it, both resolved (symlinks, "..", trailing slashes)
-// as far as they exist.
-bool same_or_inside(const std::filesystem::path& inner, const std::filesystem::path& outer) {
-  std::error_code ec;
-  const auto a = std::filesystem::weakly_canonical(std::filesystem::absolute(inner, ec), ec);
-  const auto b = std::filesystem::weakly_canonical(std::filesystem::absolute(outer, ec), ec);
-  if (ec) return false;
-  auto i = a.begin(), j = b.begin();
-  for (; j != b.end(); ++i, ++j) {
-    if (j->empty() && std::next(j) == b.end()) break;  // a trailing "" element
-    if (i == a.end() || *i != *j) return false;
-  }
-  return true;
-}
-
 // Nothing a user had is lost: a run that does not continue the checkpoint in --adapter-path
 // (--resume naming that same folder) refuses a folder that holds a trained adapter, or any other
 // file a run writes there (metrics.jsonl, adapter_config.json, optimizer files), unless
@@ -88,7 +74,7 @@ bool same_or_inside(const std::filesystem::path& inner, const std::filesystem::p
 // hearth::Error (one line naming the folder or file and the ways on).
 void check_output_folder(const TrainArgs& a) {
   const auto& c = a.cfg;
-  HEARTH_CHECK(!same_or_inside(c.adapter_path, a.model), "train: --adapter-path ", c.adapter_path.string(),
+  HEARTH_CHECK(!hearth::cli::same_or_inside(c.adapter_path, a.model), "train: --adapter-path ", c.adapter_path.string(),
                " is (or lies inside) the --model folder ", a.model,
                ": the adapter and checkpoint files would be written among the model's; pass another folder");
   std::error_code ec;

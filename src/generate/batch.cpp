@@ -6,6 +6,7 @@
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "core/error.h"
 #include "core/torch_compat.h"
@@ -19,8 +20,28 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-// A planned prompt chunk: the sequence and how many of its next prompt tokens.
-using Chunk = std::pair<Sequence*, int64_t>;
+// A planned prompt chunk: the sequence, how many of its next prompt tokens, and `room`: how many
+// positions a padded forward may write into its caches (see pad_room); 0 while only planned.
+struct Chunk {
+  Sequence* seq;
+  int64_t len;
+  int64_t room = 0;
+};
+
+// Positions a padded forward may append to `caches` without any KVCache's buffer growing past what
+// the sequence's own `end` tokens (prompt + max_tokens: what it reaches alone, what the server's
+// memory budget charges it, Engine::state_bytes) rounded up to the growth step would make it, or
+// past its present capacity when that is larger. The trim after a padded forward gives no buffer
+// back, so padding past this would hold memory nobody was charged for.
+int64_t pad_room(const cache::Caches& caches, int64_t end) {
+  int64_t room = std::numeric_limits<int64_t>::max();
+  for (const auto& c : caches)
+    if (const auto* kv = dynamic_cast<const cache::KVCache*>(c.get())) {
+      const int64_t most = std::max(kv->capacity(), (end + kv->step() - 1) / kv->step() * kv->step());
+      room = std::min(room, most - kv->offset());
+    }
+  return room;
+}
 
 // Whether every layer cache is a plain KVCache, whose trim is exact (a padded prefill trims its
 // padding back; a sliding window or a recurrent state could not).
@@ -42,24 +63,23 @@ bool batch_prefill(const models::Model& model) {
   return model.placement().device.is_cuda();
 }
 
-// The forwards of one round: `padded` rows together whatever their lengths, `same` rows only with
-// rows of the same length; longest first, a forward closed when its rows × longest chunk would pass
-// max(cap, longest chunk) token positions.
+// The forwards of one round: `padded` rows together whatever their lengths (but a row padded to
+// the group's longest chunk T only when T fits its room), `same` rows only with rows of the same
+// length; longest first, each row into the first group it fits, a group full when its rows ×
+// longest chunk would pass max(cap, longest chunk) token positions.
 std::vector<std::vector<Chunk>> forward_groups(std::vector<Chunk> padded, std::vector<Chunk> same, int64_t cap) {
   std::vector<std::vector<Chunk>> groups;
   auto pack = [&](std::vector<Chunk>& chunks, bool pad) {
-    std::stable_sort(chunks.begin(), chunks.end(), [](const Chunk& a, const Chunk& b) { return a.second > b.second; });
+    std::stable_sort(chunks.begin(), chunks.end(), [](const Chunk& a, const Chunk& b) { return a.len > b.len; });
     const size_t first = groups.size();
     for (const Chunk& c : chunks) {
-      if (groups.size() > first) {
-        std::vector<Chunk>& g = groups.back();
-        const int64_t T = g.front().second;
-        if ((pad || c.second == T) && static_cast<int64_t>(g.size() + 1) * T <= std::max(cap, T)) {
-          g.push_back(c);
-          continue;
-        }
-      }
-      groups.push_back({c});
+      auto fits = [&](const std::vector<Chunk>& g) {
+        const int64_t T = g.front().len;
+        return (c.len == T || (pad && T <= c.room)) && static_cast<int64_t>(g.size() + 1) * T <= std::max(cap, T);
+      };
+      auto g = std::find_if(groups.begin() + static_cast<std::ptrdiff_t>(first), groups.end(), fits);
+      if (g != groups.end()) g->push_back(c);
+      else groups.push_back({c});
     }
   };
   pack(padded, true);
@@ -337,7 +357,7 @@ void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t pref
       const int64_t len = s->chunk_at(at);
       if (spent > 0 && spent + len > prefill_budget) break;
       if (static_cast<int64_t>(rounds.size()) <= k) rounds.emplace_back();
-      rounds[k].emplace_back(s, len);
+      rounds[k].push_back({s, len});
       spent += len;
       at += len;
     }
@@ -346,26 +366,32 @@ void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t pref
   for (const auto& round : rounds) {
     // Rows whose caches trim exactly may be padded; the others share a forward only at equal lengths.
     std::vector<Chunk> padded, same;
-    for (const auto& [s, len] : round) {
+    for (const Chunk& c : round) {
+      Sequence* s = c.seq;
       if (s->end_if_cancelled(model)) continue;  // done, or cancelled since its last chunk
       if (!together) {
-        s->prefill_alone(model, len);
+        s->prefill_alone(model, c.len);
         if (s->done()) s->finish_stats(model);
         continue;
       }
-      (trims_exactly(s->caches_) ? padded : same).emplace_back(s, len);
+      if (!trims_exactly(s->caches_)) {
+        same.push_back(c);
+        continue;
+      }
+      const int64_t end = static_cast<int64_t>(s->prompt_.size()) + std::max<int64_t>(s->opts_.max_tokens, 0);
+      padded.push_back({s, c.len, pad_room(s->caches_, end)});
     }
     for (const std::vector<Chunk>& group : forward_groups(padded, same, prefill_budget)) {
       if (group.size() == 1) {
-        group[0].first->prefill_alone(model, group[0].second);
-        if (group[0].first->done()) group[0].first->finish_stats(model);
+        group[0].seq->prefill_alone(model, group[0].len);
+        if (group[0].seq->done()) group[0].seq->finish_stats(model);
         continue;
       }
       std::vector<Sequence*> rows;
       std::vector<int64_t> lens;
-      for (const auto& [s, len] : group) {
-        rows.push_back(s);
-        lens.push_back(len);
+      for (const Chunk& c : group) {
+        rows.push_back(c.seq);
+        lens.push_back(c.len);
       }
       Sequence::prefill_together(model, rows, lens);
     }

@@ -156,7 +156,11 @@ class Sequence {
 /// caches right after, so a cache only ever holds its own prompt's tokens, and the logits are
 /// computed only at the last real token of rows whose prompt completes. Padding is only possible
 /// for rows whose every layer cache is a plain cache::KVCache (exact trim); rows with sliding-window
-/// or recurrent caches share a forward only with rows of the same chunk length. One padded forward
+/// or recurrent caches share a forward only with rows of the same chunk length. Nor is a row padded
+/// past what its KVCache buffers would reach alone (its prompt + max_tokens rounded up to the
+/// caches' growth step, the server's memory charge Engine::state_bytes, or their present capacity
+/// when larger: a trim gives no buffer back); such a row joins a forward of shorter chunks, or its
+/// own. One padded forward
 /// holds at most max(prefill_budget, its longest chunk) token positions (rows longest first; more
 /// forwards when they do not fit). Otherwise each chunk is a forward of its own (the CPU's default:
 /// compute-bound, that streams each first token as soon as its own forward ends:

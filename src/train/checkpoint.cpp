@@ -157,8 +157,18 @@ void check_checkpoint_matches(const CheckpointRecord& ck, const TrainConfig& cfg
   if (ck.lora_keys) {
     const std::vector<std::string> mine = ckpt_keys_in_effect(cfg);
     const std::set<std::string> a(mine.begin(), mine.end()), b(ck.lora_keys->begin(), ck.lora_keys->end());
-    HEARTH_CHECK(a == b, origin, ": --lora-keys ", ckpt_join(mine), " differs from the checkpoint's ",
-                 ckpt_join(*ck.lora_keys), " (resume with the checkpoint's value)");
+    if (a != b) {
+      // Name the keys that differ, each side's in its own order (long default lists hide them).
+      std::vector<std::string> only_ck, only_run;
+      for (const auto& k : *ck.lora_keys)
+        if (!a.count(k) && std::find(only_ck.begin(), only_ck.end(), k) == only_ck.end()) only_ck.push_back(k);
+      for (const auto& k : mine)
+        if (!b.count(k) && std::find(only_run.begin(), only_run.end(), k) == only_run.end()) only_run.push_back(k);
+      throw Error(cat(origin, ": --lora-keys ", ckpt_join(mine), " differs from the checkpoint's ", ckpt_join(*ck.lora_keys),
+                      only_ck.empty() ? "" : "; only the checkpoint trains " + ckpt_join(only_ck),
+                      only_run.empty() ? "" : "; only this run targets " + ckpt_join(only_run),
+                      " (resume with the checkpoint's value)"));
+    }
   }
 }
 

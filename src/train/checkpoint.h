@@ -41,7 +41,7 @@ CheckpointRecord read_checkpoint(const std::filesystem::path& dir);
 /// same fine-tune type and method, seed, batch size, gradient accumulation, and (when the
 /// checkpoint records them) --num-layers, --lora-rank, --lora-scale and --lora-keys (compared as
 /// sets, an empty cfg.lora_keys meaning the defaults). One line naming checkpoint.json, the flag
-/// and both values.
+/// and both values (for --lora-keys also the keys only one side has).
 void check_checkpoint_matches(const CheckpointRecord& ck, const TrainConfig& cfg, const std::filesystem::path& dir);
 
 /// The optimizer file of the checkpoint at `step`: "optimizer.<step>.safetensors" (a new name per

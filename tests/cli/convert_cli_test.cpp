@@ -2,7 +2,8 @@
 // against config.json before converting (the loader's checks; every golden model still converts),
 // a scales tensor of the wrong rank is reported with its real shape, an empty or dangling-symlink
 // --out and --q-bits/--q-group-size without -q are refused before any work, trailing slashes name
-// the folder, and SIGINT (or a kill) leaves no OUT.tmp.PID behind.
+// the folder, and SIGINT (or a kill) leaves no OUT.tmp.PID behind. Then `hearth fuse`'s output
+// folder by the same rules (cli/output_folder.h), and never (inside) the model or adapter folder.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -12,6 +13,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include "cli_run_util.h"
@@ -60,6 +62,55 @@ std::vector<std::string> conv_entries(const fs::path& dir) {
   for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
   std::sort(out.begin(), out.end());
   return out;
+}
+
+// Runs `hearth <args>` (which writes d/out), sends SIGINT once its d/out.tmp.PID exists, and
+// checks that it exits 130 saying it removed that folder, leaving neither it nor d/out.
+void conv_expect_sigint_cleans_up(const std::string& verb, const std::string& args, const TempDir& d) {
+  const std::string log = (d / "log.txt").string();
+  const pid_t pid = hearth::testing::start_process(std::string(HEARTH_BINARY) + " " + verb + " " + args, log);
+  ASSERT_GT(pid, 0);
+  const fs::path tmp = d / ("out.tmp." + std::to_string(pid));
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!fs::exists(tmp) && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(fs::exists(tmp)) << hearth::testing::read_text(log);
+  ::kill(pid, SIGINT);
+  const int status = hearth::testing::wait_process(pid, 60);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 130) << hearth::testing::read_text(log);
+  EXPECT_NE(hearth::testing::read_text(log).find("hearth: " + verb + " interrupted (SIGINT): removed the partial " +
+                                                  tmp.string() + "; nothing was written to " + (d / "out").string()),
+            std::string::npos)
+      << hearth::testing::read_text(log);
+  EXPECT_FALSE(fs::exists(tmp));
+  EXPECT_FALSE(fs::exists(d / "out"));
+}
+
+// A run killed outright leaves its folder: the next run writing d/small (`run`) removes it, only
+// that name and only for processes that no longer run, and says so.
+void conv_expect_stale_temp_removed(const std::string& verb,
+                                    const std::function<hearth::testing::CliRunResult(const fs::path&)>& run,
+                                    const TempDir& d) {
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  const fs::path stale = d / ("small.tmp." + std::to_string(dead));
+  const fs::path live = d / ("small.tmp." + std::to_string(::getpid()));
+  const fs::path other = d / ("other.tmp." + std::to_string(dead));
+  for (const fs::path& p : {stale, live, other}) {
+    fs::create_directories(p);
+    hearth::io::write_file_atomic(p / "model.safetensors", "x");
+  }
+  const auto r = run(d / "small");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("removed " + stale.string() + ", the partial output of a " + verb + " that was killed"),
+            std::string::npos)
+      << r.out;
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_TRUE(fs::exists(other));
+  EXPECT_TRUE(fs::exists(d / "small" / "model.safetensors"));
 }
 
 }  // namespace
@@ -180,44 +231,83 @@ TEST(ConvertCli, SigintRemovesThePartialOutput) {
     hearth::io::save_safetensors(d / "big" / "model.safetensors", t, {{"format", "pt"}});
     hearth::io::write_file_atomic(d / "big" / "config.json", R"({"model_type": "not_a_hearth_family"})");
   }
-  const std::string log = (d / "log.txt").string();
-  const pid_t pid = hearth::testing::start_process(
-      std::string(HEARTH_BINARY) + " convert -q --model " + conv_q(d / "big") + " -o " + conv_q(d / "out"), log);
-  ASSERT_GT(pid, 0);
-  const fs::path tmp = d / ("out.tmp." + std::to_string(pid));
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!fs::exists(tmp) && std::chrono::steady_clock::now() < end)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  ASSERT_TRUE(fs::exists(tmp)) << hearth::testing::read_text(log);
-  ::kill(pid, SIGINT);
-  const int status = hearth::testing::wait_process(pid, 60);
-  ASSERT_TRUE(WIFEXITED(status)) << status;
-  EXPECT_EQ(WEXITSTATUS(status), 130) << hearth::testing::read_text(log);
-  EXPECT_NE(hearth::testing::read_text(log).find("hearth: convert interrupted (SIGINT): removed the partial " +
-                                                  tmp.string() + "; nothing was written to " + (d / "out").string()),
-            std::string::npos)
-      << hearth::testing::read_text(log);
-  EXPECT_FALSE(fs::exists(tmp));
-  EXPECT_FALSE(fs::exists(d / "out"));
+  conv_expect_sigint_cleans_up("convert", "-q --model " + conv_q(d / "big") + " -o " + conv_q(d / "out"), d);
+  conv_expect_stale_temp_removed(
+      "convert", [&](const fs::path& out) { return conv_run("--model " + conv_q(conv_golden("llama_mha")) + " -o " + conv_q(out), d); },
+      d);
+}
 
-  // A convert killed outright leaves its folder: the next convert to that OUT removes it (only
-  // that name, only for processes that no longer run).
-  const pid_t dead = ::fork();
-  if (dead == 0) ::_exit(0);
-  ::waitpid(dead, nullptr, 0);
-  const fs::path stale = d / ("small.tmp." + std::to_string(dead));
-  const fs::path live = d / ("small.tmp." + std::to_string(::getpid()));
-  const fs::path other = d / ("other.tmp." + std::to_string(dead));
-  for (const fs::path& p : {stale, live, other}) {
-    fs::create_directories(p);
-    hearth::io::write_file_atomic(p / "model.safetensors", "x");
-  }
-  const auto r = conv_run("--model " + conv_q(conv_golden("llama_mha")) + " -o " + conv_q(d / "small"), d);
+// `hearth fuse` writes its output folder by convert's rules (cli/output_folder.h).
+namespace {
+
+hearth::testing::CliRunResult fuse_run(const std::string& args, const TempDir& d) {
+  return hearth::testing::run_hearth_cli("fuse " + args, d);
+}
+
+fs::path fuse_lora() { return fs::path(HEARTH_SOURCE_DIR) / "tests/golden/lora/llama_mha"; }
+
+}  // namespace
+
+TEST(FuseOutputCli, BadOutIsRefusedBeforeAnyWork) {
+  TempDir d;
+  fs::copy(conv_golden("llama_mha"), d / "m");
+  const std::string m = conv_q(d / "m"), lora = " --adapter-path " + conv_q(fuse_lora());
+  const std::vector<std::string> model_files = conv_entries(d / "m");
+  hearth::testing::expect_one_line_cli_error(fuse_run("--model " + m + lora + " -o ''", d),
+                                             "fuse: --out is empty (name the new folder to write)");
+  hearth::testing::expect_one_line_cli_error(fuse_run("--model ''" + lora + " -o " + conv_q(d / "x"), d),
+                                             "fuse: --model is empty (name the model folder to read)");
+  hearth::testing::expect_one_line_cli_error(fuse_run("--model " + m + " --adapter-path '' -o " + conv_q(d / "x"), d),
+                                             "fuse: --adapter-path is empty");
+  hearth::testing::expect_one_line_cli_error(fuse_run("--model " + conv_q(d / "none") + lora + " -o " + conv_q(d / "x"), d),
+                                             (d / "none").string() + ": model folder not found");
+  fs::create_symlink(d / "missing", d / "link");
+  hearth::testing::expect_one_line_cli_error(fuse_run("--model " + m + lora + " -o " + conv_q(d / "link"), d),
+                                             (d / "link").string() + ": is a symlink to " + (d / "missing").string() +
+                                                 ", which does not exist (fuse writes a new folder");
+  EXPECT_TRUE(fs::is_symlink(d / "link"));
+  // The model folder itself, or a folder inside it (named any way), is never the output.
+  for (const std::string& out : {(d / "m").string() + "/", (d / "m" / "fused").string(), (d / "m" / "." / "a" / "b").string()})
+    hearth::testing::expect_one_line_cli_error(fuse_run("--model " + m + "/" + lora + " -o " + conv_q(out), d),
+                                               "is (or lies inside) the --model folder " + (d / "m").string() +
+                                                   ": the fused model would be written among the base model's files");
+  fs::copy(fuse_lora(), d / "lora");
+  hearth::testing::expect_one_line_cli_error(
+      fuse_run("--model " + m + " --adapter-path " + conv_q(d / "lora") + " -o " + conv_q(d / "lora" / "fused"), d),
+      "fuse: --out " + (d / "lora" / "fused").string() + " is (or lies inside) the --adapter-path folder");
+  fs::create_directories(d / "empty");
+  hearth::testing::expect_one_line_cli_error(fuse_run("--model " + m + lora + " -o " + conv_q((d / "empty").string() + "/"), d),
+                                             (d / "empty").string() + ": already exists (fuse writes a new folder)");
+  hearth::testing::expect_one_line_cli_error(fuse_run("--model " + m + lora + " -o " + conv_q(d / "no" / "such" / "out"), d),
+                                             (d / "no" / "such").string() + ": output's parent folder not found");
+  EXPECT_EQ(conv_entries(d.path()), (std::vector<std::string>{"cli_stderr.txt", "empty", "link", "lora", "m"}));
+  EXPECT_EQ(conv_entries(d / "m"), model_files);
+  EXPECT_EQ(conv_entries(d / "lora"), conv_entries(fuse_lora()));
+  EXPECT_TRUE(fs::is_empty(d / "empty"));
+}
+
+TEST(FuseOutputCli, TrailingSlashesNameTheFolders) {
+  TempDir d;
+  fs::copy(conv_golden("llama_mha"), d / "m");
+  const auto r = fuse_run("--model " + conv_q((d / "m").string() + "/") + " --adapter-path " +
+                              conv_q(fuse_lora().string() + "/") + " -o " + conv_q((d / "out").string() + "//"),
+                          d);
   ASSERT_EQ(r.rc, 0) << r.err;
-  EXPECT_NE(r.out.find("removed " + stale.string() + ", the partial output of a convert that was killed"),
-            std::string::npos)
-      << r.out;
-  EXPECT_FALSE(fs::exists(stale));
-  EXPECT_TRUE(fs::exists(live));
-  EXPECT_TRUE(fs::exists(other));
+  EXPECT_NE(r.err.find("into " + (d / "out").string() + "\n"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::exists(d / "out" / "model.safetensors"));
+  EXPECT_EQ(conv_entries(d.path()), (std::vector<std::string>{"cli_stderr.txt", "m", "out"}));
+}
+
+// SIGINT in the middle of a fuse (a base of a few hundred MB) removes the partial OUT.tmp.PID and
+// exits 130; a temp folder a killed run left is removed by the next fuse to that OUT.
+TEST(FuseOutputCli, SigintRemovesThePartialOutput) {
+  TempDir d;
+  conv_copy_model(conv_golden("llama_mha"), d / "big", [](std::map<std::string, at::Tensor>& t, nlohmann::json&) {
+    for (int i = 0; i < 24; ++i) t["extra" + std::to_string(i) + ".weight"] = at::rand({2048, 2048});
+  });
+  const std::string lora = " --adapter-path " + conv_q(fuse_lora());
+  conv_expect_sigint_cleans_up("fuse", "--model " + conv_q(d / "big") + lora + " -o " + conv_q(d / "out"), d);
+  conv_expect_stale_temp_removed(
+      "fuse", [&](const fs::path& out) { return fuse_run("--model " + conv_q(conv_golden("llama_mha")) + lora + " -o " + conv_q(out), d); },
+      d);
 }

@@ -138,12 +138,18 @@ TEST(TrainOutputCli, ResumeWithOtherLoraKeysIsRefusedBeforeTheModelLoads) {
   const fs::path data = tout_data(d), out = d / "out";
   const auto first = tout_run(tout_train(data, out) + "--iters 1 --lora-keys self_attn.q_proj,self_attn.v_proj", d);
   ASSERT_EQ(first.rc, 0) << first.out << first.err;
-  hearth::testing::expect_one_line_cli_error(
-      tout_run(tout_train(data, out, d / "no_model") + "--iters 2 --resume " + tout_q(out) +
-                   " --lora-keys self_attn.q_proj",
-               d),
-      (out / "checkpoint.json").string() + ": --lora-keys self_attn.q_proj differs from the checkpoint's "
-                                           "self_attn.q_proj,self_attn.v_proj (resume with the checkpoint's value)");
+  // The keys only one side has are named.
+  const std::string ck = (out / "checkpoint.json").string() + ": --lora-keys ";
+  for (const auto& [keys, want] : std::vector<std::pair<std::string, std::string>>{
+           {"self_attn.q_proj", ck + "self_attn.q_proj differs from the checkpoint's self_attn.q_proj,self_attn.v_proj; "
+                                     "only the checkpoint trains self_attn.v_proj (resume with the checkpoint's value)"},
+           {"self_attn.k_proj,self_attn.v_proj",
+            ck + "self_attn.k_proj,self_attn.v_proj differs from the checkpoint's self_attn.q_proj,self_attn.v_proj; only "
+                 "the checkpoint trains self_attn.q_proj; only this run targets self_attn.k_proj (resume with the "
+                 "checkpoint's value)"}})
+    hearth::testing::expect_one_line_cli_error(
+        tout_run(tout_train(data, out, d / "no_model") + "--iters 2 --resume " + tout_q(out) + " --lora-keys " + keys, d),
+        want);
   hearth::testing::expect_one_line_cli_error(
       tout_run(tout_train(data, out, d / "no_model") + "--iters 2 --resume " + tout_q(out) +
                    " --lora-keys self_attn.q_proj,self_attn.v_proj --num-layers 1",

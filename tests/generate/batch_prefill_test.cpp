@@ -332,6 +332,62 @@ TEST_F(BatchPrefill, ChoicesSharingAPrefillThatRanInAPaddedForwardEqualEachAlone
   EXPECT_EQ(model->forwards[2], (std::vector<int64_t>{5, 1}));
 }
 
+TEST_F(BatchPrefill, ARowIsNotPaddedPastTheBuffersItReachesAlone) {
+  // Chunks of 300, 5 and 20 tokens, generating 4, 3 and 300. The 5-token row alone never holds more
+  // than 8 tokens (a 256-token buffer: the caches' growth step, the server's charge for it); padded
+  // to 300 its buffers would grow to 512 and the trim would keep them. So it prefills in a forward
+  // of its own, while the 20-token row (up to 320 tokens: 512 anyway) shares the 300-token forward.
+  auto model = prefill_shapes_llama({{"max_position_embeddings", 1024}}, 26);
+  const std::vector<std::pair<int64_t, int64_t>> shapes{{300, 4}, {5, 3}, {20, 300}};  // prompt, max_tokens
+  auto sequences = [&](std::vector<PrefillRun>& runs) {
+    std::vector<std::unique_ptr<Sequence>> seqs;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      GenerateOptions o = prefill_options(shapes[i].second);
+      o.prefill_step_size = 512;
+      seqs.push_back(std::make_unique<Sequence>(prefill_prompt(shapes[i].first, static_cast<int64_t>(i)), o,
+                                                cache::Caches{}, std::vector<std::string>{},
+                                                [&runs, i](int64_t, const at::Tensor& lp) {
+                                                  runs[i].logprobs.push_back(lp.clone());
+                                                  return true;
+                                                }));
+    }
+    return seqs;
+  };
+  auto capacities = [](Sequence& s) {
+    std::vector<int64_t> caps;
+    for (const auto& c : s.caches()) caps.push_back(dynamic_cast<const cache::KVCache&>(*c).capacity());
+    return caps;
+  };
+  std::vector<PrefillRun> want(shapes.size()), got(shapes.size());
+  auto alone = sequences(want);
+  for (auto& s : alone)
+    while (!s->done()) step(*model, {s.get()}, 1024);
+  auto seqs = sequences(got);
+  model->forwards.clear();
+  step(*model, {seqs[0].get(), seqs[1].get(), seqs[2].get()}, 1024);
+  ASSERT_EQ(model->forwards.size(), 3u);
+  EXPECT_EQ(model->forwards[0], (std::vector<int64_t>{2, 300}));  // the 300- and 20-token rows
+  EXPECT_EQ(model->forwards[1], (std::vector<int64_t>{1, 5}));
+  EXPECT_EQ(model->forwards[2], (std::vector<int64_t>{3, 1}));  // the first decode step: all three
+  EXPECT_EQ(capacities(*seqs[0]), (std::vector<int64_t>{512, 512}));
+  EXPECT_EQ(capacities(*seqs[1]), (std::vector<int64_t>{256, 256}));
+  EXPECT_EQ(capacities(*seqs[2]), (std::vector<int64_t>{512, 512}));
+  while (!seqs[0]->done() || !seqs[1]->done() || !seqs[2]->done()) {
+    std::vector<Sequence*> live;
+    for (auto& s : seqs)
+      if (!s->done()) live.push_back(s.get());
+    step(*model, live, 1024);
+  }
+  EXPECT_EQ(capacities(*seqs[1]), (std::vector<int64_t>{256, 256}));
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    got[i].tokens = seqs[i]->result().tokens;
+    got[i].caches = std::move(seqs[i]->caches());
+    want[i].tokens = alone[i]->result().tokens;
+    want[i].caches = std::move(alone[i]->caches());
+  }
+  expect_prefill_same(got, want, 1e-4);
+}
+
 TEST_F(BatchPrefill, HybridRowsOfQwen3_5AtEqualLengthsEqualEachAlone) {
   // Recurrent states cannot trim either: equal-length chunks share a forward, others prefill alone.
   auto model = models::load_model(std::filesystem::path(HEARTH_SOURCE_DIR) / "tests/golden/models/qwen3_5/q35_tied_hv2",

@@ -1,6 +1,11 @@
 // The request's `model` on every generation route, as vLLM: absent or the served id is served,
 // a mounted adapter id selects that adapter, anything else is a 404 model_not_found (in
-// Anthropic's shape on /v1/messages).
+// Anthropic's shape on /v1/messages). The served id of a model folder is the folder's name however
+// --model spells it (trailing slashes, ".", "./x/").
+#include <unistd.h>
+
+#include "../adapters/lora_test_util.h"
+#include "server/model_engine.h"
 #include "server_test_util.h"
 
 namespace hearth::server {
@@ -36,6 +41,33 @@ TEST_F(ServerTest, UnknownModelIsA404OnEveryGenerationRoute) {
   EXPECT_EQ(post("/v1/messages", R"({"model": "fake-model", "max_tokens": 5, )" + messages + "}")->status, 200);
 }
 
+// `engine` behind a Server on an ephemeral loopback port while this lives.
+class ServedForModelTest {
+ public:
+  explicit ServedForModelTest(Engine& engine) : server_(engine, options()), port_(server_.bind()) {
+    thread_ = std::thread([this] { server_.serve(); });
+  }
+  ~ServedForModelTest() {
+    server_.stop();
+    thread_.join();
+  }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(30, 0);
+    return c;
+  }
+
+ private:
+  static ServerOptions options() {
+    ServerOptions o;
+    o.port = 0;
+    return o;
+  }
+  Server server_;
+  int port_;
+  std::thread thread_;
+};
+
 // A FakeEngine with one mounted adapter "sql" that records the adapter each prompt was built for.
 class AdapterFake : public FakeEngine {
  public:
@@ -55,13 +87,8 @@ class AdapterFake : public FakeEngine {
 
 TEST(ServerModel, AnAdapterIdAsModelSelectsThatAdapter) {
   AdapterFake engine;
-  ServerOptions o;
-  o.port = 0;
-  Server server(engine, o);
-  const int port = server.bind();
-  std::thread t([&] { server.serve(); });
-  httplib::Client c("127.0.0.1", port);
-  c.set_read_timeout(10, 0);
+  ServedForModelTest served(engine);
+  httplib::Client c = served.client();
   auto chat = [&](const std::string& fields) {
     return c.Post("/v1/chat/completions", "{" + fields + R"(, "messages": [{"role": "user", "content": "hi"}]})",
                   "application/json");
@@ -77,8 +104,50 @@ TEST(ServerModel, AnAdapterIdAsModelSelectsThatAdapter) {
   EXPECT_EQ(chat(R"("model": "fake-model")")->status, 200);
   EXPECT_EQ(engine.seen, "<unset>");
   EXPECT_EQ(chat(R"("model": "sql2")")->status, 404);
-  server.stop();
-  t.join();
+}
+
+TEST(ServerModelId, TheServedIdIsTheFolderNameHoweverThePathIsSpelled) {
+  namespace fs = std::filesystem;
+  hearth::testing::TempDir d;
+  const fs::path dir = d.path() / "tiny-model";
+  fs::copy(hearth::testing::golden_model("llama_mha"), dir, fs::copy_options::recursive);
+  auto options = [](const std::string& spelled) {
+    ModelEngineOptions o;
+    o.model_dir = spelled;
+    o.device = "cpu";
+    o.dtype = "float32";
+    return o;
+  };
+  auto id_of = [&](const std::string& spelled) { return ModelEngine(options(spelled)).model_id(); };
+  const std::string rel = fs::relative(dir, fs::current_path()).string();
+  for (const std::string& spelled :
+       {dir.string(), dir.string() + "/", dir.string() + "//", dir.string() + "/.", rel + "/", "./" + rel + "/"})
+    EXPECT_EQ(id_of(spelled), "tiny-model") << spelled;
+  const fs::path cwd = fs::current_path();
+  ASSERT_EQ(::chdir(dir.c_str()), 0);
+  std::string dot, dot_slash;
+  try {
+    dot = id_of(".");
+    dot_slash = id_of("./");
+  } catch (...) {
+    (void)::chdir(cwd.c_str());
+    throw;
+  }
+  ASSERT_EQ(::chdir(cwd.c_str()), 0);
+  EXPECT_EQ(dot, "tiny-model");
+  EXPECT_EQ(dot_slash, "tiny-model");
+
+  // Through the server: /v1/models lists the folder's name, and a request naming it is served.
+  ModelEngine engine(options(dir.string() + "/"));
+  ServedForModelTest served(engine);
+  httplib::Client c = served.client();
+  auto models = c.Get("/v1/models");
+  auto done = c.Post("/v1/completions", R"({"model": "tiny-model", "prompt": "hi", "max_tokens": 2})", "application/json");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(J::parse(models->body)["data"][0]["id"], "tiny-model") << models->body;
+  ASSERT_TRUE(done);
+  EXPECT_EQ(done->status, 200) << done->body;
+  EXPECT_EQ(J::parse(done->body)["model"], "tiny-model") << done->body;
 }
 
 }  // namespace

@@ -3,9 +3,14 @@
 // layers; CPU fp32): at every step of a long prefill and the decode after it, for chunks longer and
 // shorter than the caches' growth step, the charge is never below the held bytes — a sliding layer's
 // buffer grows to its window plus one prefill chunk — and it is reached, so it is not loose either.
+// Then on the tiny golden llama, two requests prefilled together in one padded forward (batched
+// prefill forced on): the short one's buffers stay within its own charge.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <optional>
+#include <string>
 
 #include "../adapters/lora_test_util.h"
 #include "server/model_engine.h"
@@ -51,6 +56,67 @@ TEST(StateChargeGemma4, TheChargeBoundsWhatTheCachesHoldAtEveryStep) {
     EXPECT_EQ(most, charged);
     e.finish_sequence(*seq);
   }
+}
+
+// Sets HEARTH_BATCH_PREFILL=1 for one scope, then restores it.
+class StateChargeBatchPrefillOn {
+ public:
+  StateChargeBatchPrefillOn() {
+    if (const char* v = std::getenv("HEARTH_BATCH_PREFILL")) saved_ = v;
+    setenv("HEARTH_BATCH_PREFILL", "1", 1);
+  }
+  ~StateChargeBatchPrefillOn() {
+    if (saved_) setenv("HEARTH_BATCH_PREFILL", saved_->c_str(), 1);
+    else unsetenv("HEARTH_BATCH_PREFILL");
+  }
+
+ private:
+  std::optional<std::string> saved_;
+};
+
+TEST(StateChargeBatchedPrefill, APaddedRowHoldsNoMoreThanItsOwnCharge) {
+  // A 300-token prompt and a 5-token one (3 tokens to generate: charged 8 tokens rounded up to the
+  // 256-token growth step) in one step. Padding the short row to 300 positions would grow its
+  // buffers to 512 tokens, twice its charge, and the trim after the forward keeps them.
+  StateChargeBatchPrefillOn on;  // the CPU's default is one forward per sequence
+  ModelEngineOptions o;
+  o.model_dir = hearth::testing::golden_model("llama_gqa_tied");
+  o.device = "cpu";
+  o.dtype = "float32";
+  o.context_length = 1024;
+  o.allow_long_context = true;
+  o.prompt_cache_bytes = 0;
+  o.decode_slots = false;
+  o.prefill_step_size = 1024;  // also the step's prefill budget: all three rows' chunks fit one forward
+  ModelEngine e(o);
+  ASSERT_TRUE(e.supports_batching());
+  const std::vector<std::pair<int64_t, int64_t>> shapes{{300, 4}, {5, 3}, {20, 300}};  // prompt, max_tokens
+  std::vector<std::unique_ptr<ActiveSequence>> seqs;
+  std::vector<int64_t> charged;
+  for (const auto& [n, max_tokens] : shapes) {
+    CompletionRequest req;
+    req.chat = false;
+    for (int64_t i = 0; i < n; ++i) req.prompt_ids.push_back((i * 31 + n) % 500);
+    req.max_tokens = max_tokens;
+    req.sampling.temperature = 0.0;
+    seqs.push_back(e.start_sequence(e.prepare(req), req, [](const TokenEvent&) { return true; }));
+    charged.push_back(e.state_bytes(n + max_tokens));
+  }
+  EXPECT_EQ(charged[1], e.state_bytes(256));
+  EXPECT_EQ(charged[0], e.state_bytes(512));
+  for (int steps = 0;; ++steps) {
+    ASSERT_LT(steps, 1000);
+    std::vector<ActiveSequence*> live;
+    for (auto& s : seqs)
+      if (!s->done()) live.push_back(s.get());
+    if (live.empty()) break;
+    e.step(live);
+    for (size_t i = 0; i < seqs.size(); ++i)
+      EXPECT_LE(e.held_bytes(*seqs[i]), charged[i]) << "sequence " << i << ", step " << steps;
+  }
+  // The 20-token row, charged 320 tokens (512 with the growth step), may still share the forward.
+  EXPECT_EQ(e.held_bytes(*seqs[2]), charged[2]);
+  for (auto& s : seqs) e.finish_sequence(*s);
 }
 
 }  // namespace

@@ -76,7 +76,15 @@ TEST(TrainCheckpoint, ResumeWithOtherAdapterSettingsIsRefusedNamingBothValues) {
   };
   const std::vector<Case> cases = {
       {[](TrainConfig& t) { t.lora_keys = {"self_attn.q_proj", "self_attn.v_proj"}; },
-       ck + ": --lora-keys self_attn.q_proj,self_attn.v_proj differs from the checkpoint's " + defaults + tail},
+       ck + ": --lora-keys self_attn.q_proj,self_attn.v_proj differs from the checkpoint's " + defaults +
+           "; only the checkpoint trains self_attn.k_proj,self_attn.o_proj,mlp.gate_proj,mlp.up_proj,mlp.down_proj" + tail},
+      {[](TrainConfig& t) {
+         t.lora_keys = {"mlp.down_proj", "mlp.up_proj", "mlp.gate_proj", "self_attn.o_proj", "self_attn.v_proj",
+                        "self_attn.k_proj", "mlp.experts", "self_attn.q_proj", "mlp.experts"};
+       },
+       ck + ": --lora-keys mlp.down_proj,mlp.up_proj,mlp.gate_proj,self_attn.o_proj,self_attn.v_proj,self_attn.k_proj,"
+            "mlp.experts,self_attn.q_proj,mlp.experts differs from the checkpoint's " + defaults +
+           "; only this run targets mlp.experts" + tail},
       {[](TrainConfig& t) { t.num_layers = 1; }, ck + ": --num-layers 1 differs from the checkpoint's -1" + tail},
       {[](TrainConfig& t) { t.lora_rank = 8; }, ck + ": --lora-rank 8 differs from the checkpoint's 4" + tail},
       {[](TrainConfig& t) { t.lora_scale = 10; }, ck + ": --lora-scale 10 differs from the checkpoint's 20" + tail},
