@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "nn/lean_grad.h"
 
 #ifdef HEARTH_WITH_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
@@ -29,7 +30,10 @@ std::atomic<bool>& fused_flag() {
   return on;
 }
 
+// LlamaRMSNorm's ops; while autograd records, the lean Function (nn/lean_grad.h: the same ops
+// forward, no fp32 copy of s kept for the backward).
 at::Tensor reference_norm(const at::Tensor& s, const at::Tensor& weight, double eps) {
+  if (lean_grad_enabled() && records_grad(s, weight)) return rms_norm_lean(s, weight, eps);
   at::Tensor h = s.to(at::kFloat);
   at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
   h = h * at::rsqrt(variance + eps);

@@ -22,7 +22,8 @@ bool set_fused_decode(bool on);
 /// transformers' LlamaRMSNorm op order. x, residual [..., C] and weight [C] of one float dtype.
 /// The fused kernel rounds as the reference does except for the sum of squares' order (y within
 /// one rounding of the dtype); the reference runs on the CPU, without the kernels, when autograd
-/// records (grad mode on and an input requires grad), or when switched off.
+/// records (grad mode on and an input requires grad), or when switched off. While autograd
+/// records, the norm is nn::rms_norm_lean (nn/lean_grad.h: the reference's values, a lean backward).
 std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
                                                double eps);
 
