@@ -6,8 +6,8 @@
 // - peak memory (a fresh child process per measurement, peak RSS above the RSS before, malloc's
 //   mmap threshold fixed so RSS follows the live tensors) of a forward + backward of one bf16
 //   RMSNorm, one RoPE and one bf16 llama layer (LoRA, chunked MLP), reference vs lean: lower with
-//   the lean path. HEARTH_LEAN_MEM_T=<tokens> sets the sequence length of the three (defaults keep
-//   the test quick).
+//   the lean path. HEARTH_LEAN_MEM_T=<tokens> sets the sequence length of the norm and RoPE cases,
+//   HEARTH_LEAN_MEM_LAYER_T the layer's (the defaults, 8192 and 2048, keep the test quick).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -212,8 +212,10 @@ TEST(LeanGradMemory, CpuChild) {
 
 TEST(LeanGradMemory, PeakFalls) {
   const char* t_env = std::getenv("HEARTH_LEAN_MEM_T");
+  const char* layer_t_env = std::getenv("HEARTH_LEAN_MEM_LAYER_T");
   for (const std::string name : {"norm", "rope", "layer"}) {
-    const int64_t T = t_env ? std::atoll(t_env) : (name == "layer" ? 2048 : 8192);
+    const char* env = name == "layer" ? layer_t_env : t_env;
+    const int64_t T = env ? std::atoll(env) : (name == "layer" ? 2048 : 8192);
     const int64_t ref = lean_mem_measure(name, false, T), lean = lean_mem_measure(name, true, T);
     std::printf("[lean_grad] %s T %lld forward+backward peak above resting: reference %.1f MB, lean %.1f MB\n",
                 name.c_str(), static_cast<long long>(T), ref / 1e6, lean / 1e6);
