@@ -49,6 +49,7 @@ LeanGradGrads lean_grad_norm_run(bool lean, const at::Tensor& x0, const at::Tens
   at::Tensor w = w0.clone().requires_grad_(train_w);
   nn::RMSNorm norm(w, 1e-5);
   at::Tensor y = norm.forward(x);
+  EXPECT_EQ(y.grad_fn()->name().find("RmsNormFn") != std::string::npos, lean) << y.grad_fn()->name();
   y.backward(gy);
   return {y.detach(), x.grad(), train_w ? w.grad() : at::Tensor()};
 }
