@@ -95,10 +95,15 @@ void synchronize(const at::Device& device) {
 }
 
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& mask,
-                bool is_causal, double scale) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+                bool is_causal, double scale, bool enable_gqa) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+  return at::scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, scale, enable_gqa);
+#elif TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1
+  if (enable_gqa)
+    throw hearth::Error("sdpa: this build's libtorch " TORCH_VERSION " has no enable_gqa (PyTorch >= 2.5)");
   return at::scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, scale);
 #else
+  (void)enable_gqa;
   throw hearth::Error("sdpa: this build's libtorch " TORCH_VERSION " has no scaled_dot_product_attention");
 #endif
 }

@@ -13,11 +13,16 @@ namespace hearth::compat {
 /// True when this build's libtorch provides at::scaled_dot_product_attention (PyTorch >= 2.1, with `scale`).
 constexpr bool kHasSdpa = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1);
 
-/// at::scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, scale) on PyTorch >= 2.1;
-/// q [B, H, T, D], k/v [B, H, S, D] (heads already repeated), mask bool (true = attend) or
-/// additive float, broadcastable to [B, H, T, S]. Throws hearth::Error on builds without SDPA.
+/// True when SDPA takes `enable_gqa` (PyTorch >= 2.5): k/v with fewer heads than q, read in place.
+constexpr bool kHasSdpaGqa = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5);
+
+/// at::scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, scale, enable_gqa) on PyTorch >= 2.1;
+/// q [B, H, T, D], k/v [B, H, S, D] (heads already repeated), or with enable_gqa k/v [B, Hkv, S, D]
+/// (H % Hkv == 0, q head h reads kv head h / (H / Hkv), as repeat_kv would lay them out); mask bool
+/// (true = attend) or additive float, broadcastable to [B, H, T, S]. Throws hearth::Error on builds
+/// without SDPA, or with enable_gqa on builds without it (kHasSdpaGqa false).
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& mask,
-                bool is_causal, double scale);
+                bool is_causal, double scale, bool enable_gqa = false);
 
 /// One at::_fused_adamw_ (multi-tensor AdamW, PyTorch >= 2.4) over same-device, same-dtype lists;
 /// `steps` are float32 scalars on that device, already incremented. Returns false, touching nothing,

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "nn/lean_grad.h"
 
 #ifdef HEARTH_WITH_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
@@ -29,7 +30,10 @@ std::atomic<bool>& fused_flag() {
   return on;
 }
 
+// LlamaRMSNorm's ops; while autograd records, the lean Function (nn/lean_grad.h: the same ops
+// forward, no fp32 copy of s kept for the backward).
 at::Tensor reference_norm(const at::Tensor& s, const at::Tensor& weight, double eps) {
+  if (lean_grad_enabled() && records_grad(s, weight)) return rms_norm_lean(s, weight, eps);
   at::Tensor h = s.to(at::kFloat);
   at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
   h = h * at::rsqrt(variance + eps);
@@ -39,7 +43,7 @@ at::Tensor reference_norm(const at::Tensor& s, const at::Tensor& weight, double 
 #ifdef HEARTH_WITH_CUDA_KERNELS
 // The kernel applies: enabled, CUDA, a float dtype shared by all, and nothing for autograd to record.
 bool kernel_applies(std::initializer_list<const at::Tensor*> ts) {
-  if (!fused_flag().load(std::memory_order_relaxed)) return false;
+  if (!fused_decode_enabled()) return false;
   const at::Tensor& first = **ts.begin();
   const at::ScalarType st = first.scalar_type();
   if (!first.is_cuda() || (st != at::kFloat && st != at::kHalf && st != at::kBFloat16)) return false;
@@ -58,7 +62,13 @@ kernels::QDtype qdtype(at::ScalarType st) {
 #endif
 }  // namespace
 
-bool fused_decode_enabled() { return fused_flag().load(); }
+namespace {
+thread_local int t_fused_off = 0;  // live FusedDecodeOff scopes on this thread
+}  // namespace
+
+bool fused_decode_enabled() { return t_fused_off == 0 && fused_flag().load(std::memory_order_relaxed); }
+FusedDecodeOff::FusedDecodeOff() { ++t_fused_off; }
+FusedDecodeOff::~FusedDecodeOff() { --t_fused_off; }
 bool set_fused_decode(bool on) { return fused_flag().exchange(on); }
 
 std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,

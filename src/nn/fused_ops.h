@@ -18,11 +18,24 @@ bool fused_decode_enabled();
 /// Switches the fused path on or off (tests); returns the previous setting.
 bool set_fused_decode(bool on);
 
+/// RAII: the fused path is off on the calling thread while the scope lives (scopes nest). Training
+/// holds one: its forwards without a graph (segment boundaries, reference log-probs) must round as
+/// the recomputation with a graph does, which always takes the reference ops — else the segmented
+/// backward's gradients would drift from the full backward's on CUDA.
+class FusedDecodeOff {
+ public:
+  FusedDecodeOff();
+  ~FusedDecodeOff();
+  FusedDecodeOff(const FusedDecodeOff&) = delete;
+  FusedDecodeOff& operator=(const FusedDecodeOff&) = delete;
+};
+
 /// {s, y}: s = x + residual (residual omitted when undefined: s = x), y = weight · RMSNorm(s) in
 /// transformers' LlamaRMSNorm op order. x, residual [..., C] and weight [C] of one float dtype.
 /// The fused kernel rounds as the reference does except for the sum of squares' order (y within
 /// one rounding of the dtype); the reference runs on the CPU, without the kernels, when autograd
-/// records (grad mode on and an input requires grad), or when switched off.
+/// records (grad mode on and an input requires grad), or when switched off. While autograd
+/// records, the norm is nn::rms_norm_lean (nn/lean_grad.h: the reference's values, a lean backward).
 std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
                                                double eps);
 

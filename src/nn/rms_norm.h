@@ -18,7 +18,8 @@ class RMSNorm {
   static RMSNorm load(const ParamSource& src, const std::string& path, int64_t dim, double eps, const LoadOptions& opts);
 
   /// x [..., dim] → weight · (x_f32 · rsqrt(mean(x_f32²) + eps)).to(x.dtype), in x's dtype
-  /// (weight dtype == x dtype in Hearth's models).
+  /// (weight dtype == x dtype in Hearth's models). While autograd records (x or the weight
+  /// requires grad), nn::rms_norm_lean (nn/lean_grad.h): the same values, no fp32 copy of x kept.
   at::Tensor forward(const at::Tensor& x) const;
   /// {x + residual, forward(x + residual)} ([..., dim] each): the residual add and the norm after
   /// it, one fused kernel on CUDA when nn::fused_decode_enabled() (nn/fused_ops.h).

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "nn/lean_grad.h"
 
 namespace hearth::nn {
 
@@ -227,11 +228,15 @@ at::Tensor rotate_half(const at::Tensor& x) {
 }
 
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  // While autograd records, the lean Function (nn/lean_grad.h): the same values, fewer temporaries.
+  auto rotate = [&](const at::Tensor& xr) {
+    return rotary_lean_applies(xr, cos, sin) ? rotary_lean(xr, cos, sin) : (xr * cos) + (rotate_half(xr) * sin);
+  };
   const int64_t rot = cos.size(-1);
-  if (rot == x.size(-1)) return (x * cos) + (rotate_half(x) * sin);
+  if (rot == x.size(-1)) return rotate(x);
   at::Tensor x_rot = x.narrow(-1, 0, rot);
   at::Tensor x_pass = x.narrow(-1, rot, x.size(-1) - rot);
-  return at::cat({(x_rot * cos) + (rotate_half(x_rot) * sin), x_pass}, -1);
+  return at::cat({rotate(x_rot), x_pass}, -1);
 }
 
 }  // namespace hearth::nn

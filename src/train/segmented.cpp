@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "nn/cpu_gemm.h"
+#include "nn/fused_ops.h"
 #include "nn/mlp_chunk.h"
 #include "train/boundary_store.h"
 #include "train/loss.h"
@@ -172,6 +173,8 @@ BackwardResult backward_with_head(const LayerStack& model, const at::Tensor& inp
   so.host_limit_bytes = opts.offload_host_limit_bytes;
   BoundaryStore store(so);
   Boundary top;
+  // The boundaries' forward (no graph) rounds as the segments' recomputation (graph) does.
+  const nn::FusedDecodeOff reference_ops;
   {
     c10::NoGradGuard no_grad;
     top = leaf(model.embed(input_ids), false);

@@ -20,6 +20,7 @@
 #include "io/atomic_file.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "nn/fused_ops.h"
 #include "nn/mlp_chunk.h"
 #include "train/checkpoint.h"
 #include "train/dataset.h"
@@ -320,6 +321,7 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
     return done;
   }
   nn::MlpChunkScope mlp_chunk(cfg.mlp_chunk);  // training, evaluation and reference forwards alike
+  const nn::FusedDecodeOff reference_ops;       // no-grad forwards round as their recomputation (nn/fused_ops.h)
   HEARTH_CHECK(cfg.num_layers <= model.num_layers(), "--num-layers ", cfg.num_layers, " exceeds the model's ",
                model.num_layers(), " layers (-1 = all)");
   const bool full = cfg.fine_tune_type == "full";

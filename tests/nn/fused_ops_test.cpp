@@ -6,6 +6,8 @@
 // skip without a GPU.
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "cache/static_kv_cache.h"
 #include "core/error.h"
 #include "core/torch_compat.h"
@@ -152,4 +154,24 @@ TEST(FusedOps, RopeCacheWriteIsApplyRotaryAndUpdate) {
                                         << ": max |d| " << (got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>();
     }
   }
+}
+
+TEST(FusedOps, FusedDecodeOffScopesTheCallingThreadOnly) {
+  const bool was = hearth::nn::set_fused_decode(true);
+  EXPECT_TRUE(hearth::nn::fused_decode_enabled());
+  {
+    const hearth::nn::FusedDecodeOff off;
+    EXPECT_FALSE(hearth::nn::fused_decode_enabled());
+    {
+      const hearth::nn::FusedDecodeOff nested;
+      EXPECT_FALSE(hearth::nn::fused_decode_enabled());
+    }
+    EXPECT_FALSE(hearth::nn::fused_decode_enabled());  // the outer scope still holds
+    bool other = false;
+    std::thread t([&] { other = hearth::nn::fused_decode_enabled(); });
+    t.join();
+    EXPECT_TRUE(other);  // another thread keeps the process-wide setting
+  }
+  EXPECT_TRUE(hearth::nn::fused_decode_enabled());
+  hearth::nn::set_fused_decode(was);
 }
