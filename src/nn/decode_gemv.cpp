@@ -17,14 +17,14 @@ namespace hearth::nn {
 
 #ifdef HEARTH_WITH_CUDA_KERNELS
 namespace {
-kernels::QDtype qdtype(at::ScalarType st) {
+kernels::QDtype gemv_qdtype(at::ScalarType st) {
   return st == at::kBFloat16 ? kernels::QDtype::kBFloat16 : st == at::kHalf ? kernels::QDtype::kFloat16
                                                                              : kernels::QDtype::kFloat32;
 }
 
-bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+bool gemv_aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
-bool needs_grad(const at::Tensor& t) { return t.defined() && t.requires_grad(); }
+bool gemv_needs_grad(const at::Tensor& t) { return t.defined() && t.requires_grad(); }
 }  // namespace
 
 std::vector<at::Tensor> decode_gemv(const at::Tensor& x, const std::vector<GemvOperand>& ws, int streaming) {
@@ -35,10 +35,10 @@ std::vector<at::Tensor> decode_gemv(const at::Tensor& x, const std::vector<GemvO
   if (in <= 0 || x.numel() % in != 0) return {};
   const int64_t M = x.numel() / in;
   const bool grad = c10::GradMode::is_enabled();
-  if (grad && needs_grad(x)) return {};
+  if (grad && gemv_needs_grad(x)) return {};
 
   kernels::GemvArgs a;
-  a.x_dtype = qdtype(xt);
+  a.x_dtype = gemv_qdtype(xt);
   a.M = M;
   a.in = in;
   a.n_seg = static_cast<int>(ws.size());
@@ -51,7 +51,7 @@ std::vector<at::Tensor> decode_gemv(const at::Tensor& x, const std::vector<GemvO
     a.group_size = static_cast<int>(q0->spec.group_size);
     sdt = q0->scales.scalar_type();
     if (sdt != xt && sdt != at::kFloat) return {};
-    a.s_dtype = qdtype(sdt);
+    a.s_dtype = gemv_qdtype(sdt);
   }
   std::vector<at::Tensor> outs;
   outs.reserve(ws.size());
@@ -64,7 +64,7 @@ std::vector<at::Tensor> decode_gemv(const at::Tensor& x, const std::vector<GemvO
       if (q.spec.bits != q0->spec.bits || q.spec.group_size != q0->spec.group_size || q.in_features() != in ||
           q.scales.scalar_type() != sdt || q.biases.scalar_type() != sdt || !q.wq.is_contiguous() ||
           !q.scales.is_contiguous() || !q.biases.is_contiguous() || q.wq.device() != x.device() ||
-          q.scales.device() != x.device() || q.biases.device() != x.device() || !aligned16(q.wq))
+          q.scales.device() != x.device() || q.biases.device() != x.device() || !gemv_aligned16(q.wq))
         return {};
       s.w = q.wq.data_ptr();
       s.scales = q.scales.data_ptr();
@@ -73,7 +73,7 @@ std::vector<at::Tensor> decode_gemv(const at::Tensor& x, const std::vector<GemvO
     } else {
       const at::Tensor& d = w.dense;
       if (!d.defined() || d.dim() != 2 || d.size(1) != in || d.scalar_type() != xt || d.device() != x.device() ||
-          !d.is_contiguous() || !aligned16(d) || (grad && d.requires_grad()))
+          !d.is_contiguous() || !gemv_aligned16(d) || (grad && d.requires_grad()))
         return {};
       s.w = d.data_ptr();
       s.out = d.size(0);
@@ -81,7 +81,7 @@ std::vector<at::Tensor> decode_gemv(const at::Tensor& x, const std::vector<GemvO
   }
   if (!kernels::gemv_supported(a)) return {};
   at::Tensor x2 = x.reshape({M, in}).contiguous();
-  if (!aligned16(x2)) x2 = x2.clone();
+  if (!gemv_aligned16(x2)) x2 = x2.clone();
   a.x = x2.data_ptr();
   std::vector<int64_t> shape = x.sizes().vec();
   for (int i = 0; i < a.n_seg; ++i) {
