@@ -55,7 +55,7 @@ bool kernel_applies(std::initializer_list<const at::Tensor*> ts) {
   return true;
 }
 
-kernels::QDtype qdtype(at::ScalarType st) {
+kernels::QDtype fused_qdtype(at::ScalarType st) {
   return st == at::kBFloat16 ? kernels::QDtype::kBFloat16 : st == at::kHalf ? kernels::QDtype::kFloat16
                                                                              : kernels::QDtype::kFloat32;
 }
@@ -91,7 +91,7 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Te
     a.sum = rc.defined() ? sum.data_ptr() : nullptr;
     a.weight = wc.data_ptr();
     a.y = y.data_ptr();
-    a.dtype = qdtype(x.scalar_type());
+    a.dtype = fused_qdtype(x.scalar_type());
     a.C = x.size(-1);
     a.N = x.numel() / a.C;
     a.eps = static_cast<float>(eps);
@@ -110,7 +110,7 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
     const c10::cuda::CUDAGuard guard(gate.device());
     at::Tensor g = gate.contiguous(), u = up.contiguous();
     at::Tensor y = at::empty_like(g);
-    if (const char* err = kernels::silu_mul(g.data_ptr(), u.data_ptr(), y.data_ptr(), qdtype(g.scalar_type()), g.numel(),
+    if (const char* err = kernels::silu_mul(g.data_ptr(), u.data_ptr(), y.data_ptr(), fused_qdtype(g.scalar_type()), g.numel(),
                                             c10::cuda::getCurrentCUDAStream(g.device().index()).stream()))
       throw Error(cat("silu_mul: ", err));
     return y;
@@ -152,7 +152,7 @@ at::Tensor rope_cache_write(const at::Tensor& q, const at::Tensor& k, const at::
   a.v_cache = flat_values.data_ptr();
   a.row_stride = row_stride;
   a.B = B, a.Hq = q.size(1), a.Hk = k.size(1), a.D = D, a.rot = rot;
-  a.dtype = qdtype(q.scalar_type());
+  a.dtype = fused_qdtype(q.scalar_type());
   a.stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
   if (const char* err = kernels::rope_cache_write(a)) throw Error(cat("rope_cache_write: ", err));
   return q_out;
