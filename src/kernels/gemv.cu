@@ -94,7 +94,6 @@ struct Segs {
   void* y[3];
   int64_t out[3];
   unsigned block_end[3];
-  int64_t row_end[3];  // cumulative rows (the streaming kernel's flat row index); unused: the total
 };
 
 template <typename T>
@@ -172,104 +171,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One tile of the streaming kernel: kUnroll chunks per lane of `row` (flat over the segments),
-// batch `batch` of the row, with their scales and biases for affine weights.
-template <typename TX, typename TS, int Kind>
-__device__ __forceinline__ void load_tile(const Segs& segs, int64_t row, int batch, int t, int tpr, int chunks,
-                                          int ng, int group_shift, uint4 (&w)[kUnroll], float (&sc)[kUnroll],
-                                          float (&bi)[kUnroll]) {
-  constexpr int kCodes = codes_per_chunk<TX, Kind>();
-  const int si = (row >= segs.row_end[0]) + (row >= segs.row_end[1]);
-  const int64_t local = row - pick(si, int64_t{0}, segs.row_end[0], segs.row_end[1]);
-  const uint4* __restrict__ wr = static_cast<const uint4*>(pick(si, segs.w[0], segs.w[1], segs.w[2])) + local * chunks;
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int c = batch * tpr * kUnroll + u * tpr + t;
-    const bool ok = c < chunks;
-    w[u] = ok ? __ldg(wr + c) : make_uint4(0u, 0u, 0u, 0u);
-    if constexpr (Kind != 0) {
-      const TS* __restrict__ sv = static_cast<const TS*>(pick(si, segs.s[0], segs.s[1], segs.s[2]));
-      const TS* __restrict__ bv = static_cast<const TS*>(pick(si, segs.b[0], segs.b[1], segs.b[2]));
-      const int64_t gidx = local * ng + ((c * kCodes) >> group_shift);
-      sc[u] = ok ? to_f32(sv[gidx]) : 0.f;
-      bi[u] = ok ? to_f32(bv[gidx]) : 0.f;
-    }
-  }
-}
-
-// The streaming form for one row of x (decode): a grid of about two blocks per SM whose lane
-// groups walk the rows (flat over the segments) with a stride, loading the next tile (kUnroll
-// chunks per lane of the same or the next row) before computing the current one, so the memory
-// pipe never drains between rows. A row's chunks, their order and the reduction are those of
-// gemv_kernel: the same bits.
-template <typename TX, typename TS, int Kind>
-__global__ void __launch_bounds__(kThreads)
-    gemv_stream_kernel(const TX* __restrict__ x, const Segs segs, int in, int group_shift, int tpr_log2) {
-  constexpr int kCodes = codes_per_chunk<TX, Kind>();
-  const int tpr = 1 << tpr_log2;
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int t = static_cast<int>(threadIdx.x) & (tpr - 1);
-  const unsigned gmask = tpr == 32 ? 0xffffffffu : (((1u << tpr) - 1u) << (lane & ~(tpr - 1)));
-  const int64_t total = segs.row_end[2];
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * (kThreads >> tpr_log2);
-  const int chunks = in / kCodes;
-  const int batches = (chunks + tpr * kUnroll - 1) / (tpr * kUnroll);
-  const int ng = in >> group_shift;
-
-  int64_t r = static_cast<int64_t>(blockIdx.x) * (kThreads >> tpr_log2) + (static_cast<int>(threadIdx.x) >> tpr_log2);
-  if (r >= total) return;  // the lane group leaves together; no block barrier below
-  int b = 0;
-  uint4 w[kUnroll], wn[kUnroll];
-  float sc[kUnroll], bi[kUnroll], scn[kUnroll], bin[kUnroll];
-  load_tile<TX, TS, Kind>(segs, r, 0, t, tpr, chunks, ng, group_shift, w, sc, bi);
-  float acc = 0.f;
-  while (true) {
-    int64_t rn = r;
-    int bn = b + 1;
-    if (bn == batches) {
-      bn = 0;
-      rn = r + stride;
-    }
-    const bool more = rn < total;
-    if (more) load_tile<TX, TS, Kind>(segs, rn, bn, t, tpr, chunks, ng, group_shift, wn, scn, bin);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int c = b * tpr * kUnroll + u * tpr + t;
-      if (c < chunks) {
-        float xf[kCodes];
-        load_x<TX, kCodes>(x + static_cast<int64_t>(c) * kCodes, xf);
-        if constexpr (Kind == 0) {
-          acc += chunk_dot<TX, 0>(w[u], xf);
-        } else {
-          float xs = 0.f;
-#pragma unroll
-          for (int j = 0; j < kCodes; ++j) xs += xf[j];
-          acc += sc[u] * chunk_dot<TX, Kind>(w[u], xf) + bi[u] * xs;
-        }
-      }
-    }
-    if (b == batches - 1) {
-      float v = acc;
-      for (int o = tpr >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(gmask, v, o);
-      if (t == 0) {
-        const int si = (r >= segs.row_end[0]) + (r >= segs.row_end[1]);
-        TX* y = static_cast<TX*>(pick(si, segs.y[0], segs.y[1], segs.y[2]));
-        y[r - pick(si, int64_t{0}, segs.row_end[0], segs.row_end[1])] = from_f32<TX>(v);
-      }
-      acc = 0.f;
-    }
-    if (!more) break;
-    r = rn;
-    b = bn;
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      w[u] = wn[u];
-      sc[u] = scn[u];
-      bi[u] = bin[u];
-    }
-  }
-}
-
 int log2_exact(int64_t v) {
   int s = 0;
   while ((int64_t{1} << s) < v) ++s;
@@ -283,24 +184,6 @@ int chunk_codes(const GemvArgs& a) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return 132;
-    return v > 0 ? v : 132;
-  }();
-  return n;
-}
-
-// HEARTH_GEMV_STREAM=1 makes the streaming kernel the default for one-row calls (off until measured).
-bool streaming_default() {
-  static const bool on = [] {
-    const char* v = std::getenv("HEARTH_GEMV_STREAM");
-    return v != nullptr && v[0] == '1';
-  }();
-  return on;
-}
 
 template <typename TX, typename TS, int Kind, int MaxM>
 const char* launch_m(const GemvArgs& a, const Segs& segs, unsigned blocks, int tpr_log2) {
@@ -320,7 +203,7 @@ const char* launch(const GemvArgs& a) {
   while (tpr_log2 < 5 && (int64_t{2} << tpr_log2) * kUnroll <= chunks) ++tpr_log2;
   const int64_t rows_per_block = kThreads >> tpr_log2;
   Segs segs{};
-  int64_t end = 0, rows = 0;
+  int64_t end = 0;
   for (int s = 0; s < 3; ++s) {
     if (s < a.n_seg) {
       const GemvSegment& g = a.seg[s];
@@ -332,30 +215,12 @@ const char* launch(const GemvArgs& a) {
       end += (g.out + rows_per_block - 1) / rows_per_block;
       if (end > 0x7fffffff) return "gemv: too many output rows for one grid";
       segs.block_end[s] = static_cast<unsigned>(end);
-      rows += g.out;
     } else {
       segs.block_end[s] = 0xffffffffu;
     }
-    segs.row_end[s] = rows;
   }
   const unsigned blocks = static_cast<unsigned>(end);
   const int M = static_cast<int>(a.M);
-  if (M == 1 && (a.streaming > 0 || (a.streaming < 0 && streaming_default()))) {
-    // As many blocks as fit on the GPU at once (each walks rows until they run out).
-    static const int resident = [] {
-      int n = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_stream_kernel<TX, TS, Kind>, kThreads, 0) != cudaSuccess)
-        return 1;
-      return n > 0 ? n : 1;
-    }();
-    const int64_t cap = static_cast<int64_t>(resident) * sm_count();
-    const unsigned sblocks = static_cast<unsigned>(end < cap ? end : cap);
-    const int group_shift = Kind == 0 ? 0 : log2_exact(a.group_size);
-    gemv_stream_kernel<TX, TS, Kind><<<sblocks, kThreads, 0, static_cast<cudaStream_t>(a.stream)>>>(
-        static_cast<const TX*>(a.x), segs, static_cast<int>(a.in), group_shift, tpr_log2);
-    const cudaError_t e = cudaGetLastError();
-    return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
-  }
   if (M <= 1) return launch_m<TX, TS, Kind, 1>(a, segs, blocks, tpr_log2);
   if (M <= 2) return launch_m<TX, TS, Kind, 2>(a, segs, blocks, tpr_log2);
   if (M <= 4) return launch_m<TX, TS, Kind, 4>(a, segs, blocks, tpr_log2);

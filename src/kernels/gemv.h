@@ -31,8 +31,6 @@ struct GemvArgs {
   QDtype s_dtype = QDtype::kFloat32;   // affine only: x_dtype or kFloat32
   GemvSegment seg[3];
   int n_seg = 1;                       // 1..3
-  int streaming = -1;  // M == 1 only: 1 the streaming kernel, 0 the one-pass kernel, -1 the default
-                       // (one-pass unless HEARTH_GEMV_STREAM=1). Both give the same bits.
   void* stream = nullptr;              // cudaStream_t; nullptr = the legacy default stream
 };
 

@@ -13,18 +13,56 @@ namespace {
 
 constexpr int kNormThreads = 256;
 
+// One launch's operands, typed (RmsNormArgs with the row stride resolved).
+template <typename T>
+struct NormOperands {
+  const T* x;
+  const T* residual;
+  T* sum;
+  const T* w;
+  const T* gate;
+  const T* add_after;
+  T* y;
+  int64_t C, x_stride;
+  float eps, inv_c, offset;
+  NormWeight mode;
+};
+
+// The factor element i's normalised value is multiplied by (before any rounding of the product).
+template <typename T>
+__device__ __forceinline__ float norm_weight(const NormOperands<T>& p, int64_t i) {
+  if (p.mode == NormWeight::kNone) return 1.f;
+  const float w = to_f32(p.w[i]);
+  return p.mode == NormWeight::kFp32 && p.offset != 0.f ? p.offset + w : w;
+}
+
+// y[i] from h = fp32(s[i]), the row's r and the element's weight factor, rounded as the reference's
+// separate ops round (each stored tensor is one rounding to T).
+template <typename T>
+__device__ __forceinline__ T norm_out(const NormOperands<T>& p, int64_t at, float h, float r, float w) {
+  float v;
+  if (p.mode == NormWeight::kAfterRound) v = round_to<T>(w * round_to<T>(h * r));
+  else if (p.mode == NormWeight::kFp32) v = round_to<T>(h * r * w);
+  else v = round_to<T>(h * r);
+  if (p.gate) {
+    const float g = to_f32(p.gate[at]);
+    v = v * (g / (1.f + expf(-g)));  // Qwen3_5RMSNormGated: · silu(gate.float()), rounded once at the end
+  } else if (p.add_after) {
+    v = to_f32(p.add_after[at]) + v;  // residual + norm(x)
+  }
+  return from_f32<T>(v);
+}
+
 // Rows of up to kNormThreads·kPerThread elements keep their values (and the weight, loaded before
 // the reduction so its latency overlaps it) in registers: one pass over global memory. Longer rows
 // (kPerThread = 0) re-read them after the reduction. Same arithmetic either way.
 template <typename T, int kPerThread>
-__global__ void __launch_bounds__(kNormThreads)
-    rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ residual, T* __restrict__ sum,
-                    const T* __restrict__ w, T* __restrict__ y, int64_t C, float eps, float inv_c) {
-  const int64_t row = blockIdx.x;
-  const T* xr = x + row * C;
-  const T* rr = residual ? residual + row * C : nullptr;
-  T* sr = residual ? sum + row * C : nullptr;
-  T* yr = y + row * C;
+__global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const NormOperands<T> p) {
+  const int64_t row = blockIdx.x, C = p.C;
+  const T* xr = p.x + row * p.x_stride;
+  const T* rr = p.residual ? p.residual + row * C : nullptr;
+  T* sr = p.residual ? p.sum + row * C : nullptr;
+  T* yr = p.y + row * C;
   float ss = 0.f;
   constexpr int kRegs = kPerThread > 0 ? kPerThread : 1;
   float hv[kRegs], wv[kRegs];
@@ -33,7 +71,7 @@ __global__ void __launch_bounds__(kNormThreads)
     for (int k = 0; k < kPerThread; ++k) {
       const int64_t i = threadIdx.x + static_cast<int64_t>(k) * kNormThreads;
       hv[k] = i < C ? to_f32(xr[i]) : 0.f;
-      wv[k] = i < C ? to_f32(w[i]) : 0.f;
+      wv[k] = i < C ? norm_weight(p, i) : 0.f;
       if (rr && i < C) hv[k] += to_f32(rr[i]);
     }
 #pragma unroll
@@ -63,17 +101,17 @@ __global__ void __launch_bounds__(kNormThreads)
   __syncthreads();
   float total = 0.f;
   for (int k = 0; k < kNormThreads / 32; ++k) total += part[k];
-  const float r = rsqrtf(total * inv_c + eps);
+  const float r = rsqrtf(total * p.inv_c + p.eps);
   if constexpr (kPerThread > 0) {
 #pragma unroll
     for (int k = 0; k < kPerThread; ++k) {
       const int64_t i = threadIdx.x + static_cast<int64_t>(k) * kNormThreads;
-      if (i < C) yr[i] = from_f32<T>(wv[k] * round_to<T>(hv[k] * r));
+      if (i < C) yr[i] = norm_out(p, row * C + i, hv[k], r, wv[k]);
     }
   } else {
     const T* src = rr ? sr : xr;  // this thread wrote its own elements of sr above
     for (int64_t i = threadIdx.x; i < C; i += kNormThreads)
-      yr[i] = from_f32<T>(to_f32(w[i]) * round_to<T>(to_f32(src[i]) * r));
+      yr[i] = norm_out(p, row * C + i, to_f32(src[i]), r, norm_weight(p, i));
   }
 }
 
@@ -90,11 +128,14 @@ __global__ void silu_mul_kernel(const T* __restrict__ g, const T* __restrict__ u
 template <typename T>
 const char* launch_norm(const RmsNormArgs& a) {
   auto s = static_cast<cudaStream_t>(a.stream);
-  auto go = [&](auto kernel) {
-    kernel<<<static_cast<unsigned>(a.N), kNormThreads, 0, s>>>(
-        static_cast<const T*>(a.x), static_cast<const T*>(a.residual), static_cast<T*>(a.sum),
-        static_cast<const T*>(a.weight), static_cast<T*>(a.y), a.C, a.eps, 1.f / static_cast<float>(a.C));
-  };
+  const NormOperands<T> p{static_cast<const T*>(a.x),    static_cast<const T*>(a.residual),
+                          static_cast<T*>(a.sum),          static_cast<const T*>(a.weight),
+                          static_cast<const T*>(a.gate),   static_cast<const T*>(a.add_after),
+                          static_cast<T*>(a.y),            a.C,
+                          a.x_stride > 0 ? a.x_stride : a.C, a.eps,
+                          1.f / static_cast<float>(a.C),   a.weight_offset,
+                          a.mode};
+  auto go = [&](auto kernel) { kernel<<<static_cast<unsigned>(a.N), kNormThreads, 0, s>>>(p); };
   if (a.C <= kNormThreads * 4) go(rms_norm_kernel<T, 4>);
   else if (a.C <= kNormThreads * 16) go(rms_norm_kernel<T, 16>);
   else go(rms_norm_kernel<T, 0>);
@@ -117,7 +158,10 @@ const char* launch_silu(const void* g, const void* u, void* y, int64_t n, void* 
 
 const char* rms_norm(const RmsNormArgs& a) {
   if (a.N < 1 || a.N > 2147483647 || a.C < 1) return "rms_norm: N must be in [1, 2^31) and C >= 1";
-  if (!a.x || !a.weight || !a.y || (a.residual && !a.sum)) return "rms_norm: a null operand";
+  if (!a.x || (!a.weight && a.mode != NormWeight::kNone) || !a.y || (a.residual && !a.sum))
+    return "rms_norm: a null operand";
+  if (a.gate && a.add_after) return "rms_norm: gate and add_after together";
+  if (a.x_stride != 0 && a.x_stride < a.C) return "rms_norm: x_stride below C";
   switch (a.dtype) {
     case QDtype::kFloat32: return launch_norm<float>(a);
     case QDtype::kFloat16: return launch_norm<__half>(a);

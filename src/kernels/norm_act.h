@@ -9,26 +9,40 @@
 
 namespace hearth::kernels {
 
-/// One RMSNorm call's operands; device memory on the current CUDA device, contiguous, row-major.
-struct RmsNormArgs {
-  const void* x = nullptr;         // [N, C] in dtype
-  const void* residual = nullptr;  // [N, C] in dtype, or nullptr (no add)
-  void* sum = nullptr;             // [N, C] out, x + residual in dtype (only with residual; may not alias x)
-  const void* weight = nullptr;    // [C] in dtype
-  void* y = nullptr;               // [N, C] out in dtype (may not alias x, residual or sum)
-  QDtype dtype = QDtype::kFloat32;
-  int64_t N = 0, C = 0;
-  float eps = 1e-6f;
-  void* stream = nullptr;          // cudaStream_t; nullptr = the legacy default stream
+/// How an RMSNorm applies its weight, after h = fp32(s) and r = rsqrt(Σh²·(1/C) + eps):
+enum class NormWeight {
+  kAfterRound,  // y = round(w · round(h · r)): LlamaRMSNorm (weight in dtype times the rounded norm)
+  kFp32,        // y = round(h · r · (offset + fp32(w))): Gemma4RMSNorm (offset 0), Qwen3_5RMSNorm (offset 1)
+  kNone,        // y = round(h · r): a weightless norm (Gemma 4's v_norm); weight may be nullptr
 };
 
-/// Per row, in transformers' LlamaRMSNorm op order with PyTorch's roundings: s = x (+ residual,
-/// added in fp32 and rounded to dtype, also written to `sum`); h = fp32(s); r = rsqrt(Σh²·(1/C) +
-/// eps); y = round(w · round(h · r)). One block per row, one launch, reading each row twice (the
-/// second time from cache) — where the reference launches ~7 kernels over fp32 copies. The sum of
-/// squares runs in another order than PyTorch's reduction, so y may differ from the reference by
-/// one rounding of dtype. Asynchronous on `stream`. Returns nullptr on success, else a one-line
-/// reason (bad sizes or the CUDA launch error string).
+/// One RMSNorm call's operands; device memory on the current CUDA device, row-major, rows of x
+/// `x_stride` elements apart (0 = C), everything else contiguous.
+struct RmsNormArgs {
+  const void* x = nullptr;          // [N, C] in dtype (row stride x_stride)
+  const void* residual = nullptr;   // [N, C] in dtype, or nullptr (no add before the norm)
+  void* sum = nullptr;              // [N, C] out, x + residual in dtype (only with residual; may not alias x)
+  const void* weight = nullptr;     // [C] in dtype (unused with NormWeight::kNone)
+  const void* gate = nullptr;       // [N, C] in dtype, or nullptr: y = round(round(normed) · silu(fp32(gate)))
+  const void* add_after = nullptr;  // [N, C] in dtype, or nullptr: y = round(fp32(add_after) + round(normed))
+  void* y = nullptr;                // [N, C] out in dtype (may not alias x, residual, sum, gate or add_after)
+  QDtype dtype = QDtype::kFloat32;
+  NormWeight mode = NormWeight::kAfterRound;
+  float weight_offset = 0.f;        // kFp32 only
+  int64_t N = 0, C = 0, x_stride = 0;
+  float eps = 1e-6f;
+  void* stream = nullptr;           // cudaStream_t; nullptr = the legacy default stream
+};
+
+/// Per row, with PyTorch's roundings: s = x (+ residual, added in fp32 and rounded to dtype, also
+/// written to `sum`); h = fp32(s); r = rsqrt(Σh²·(1/C) + eps); normed per `mode` (LlamaRMSNorm by
+/// default); then optionally Qwen3_5RMSNormGated's `· silu(gate)` or a sandwich norm's residual add
+/// after it (`residual + norm(x)`, Gemma 4), each one more rounding as the reference's separate op.
+/// One block per row, one launch, reading each row twice (the second time from cache) — where the
+/// reference launches ~7–10 kernels over fp32 copies. The sum of squares runs in another order than
+/// PyTorch's reduction, so y may differ from the reference by one rounding of dtype. Asynchronous on
+/// `stream`. Returns nullptr on success, else a one-line reason (bad sizes, a missing operand, gate
+/// and add_after together, or the CUDA launch error string).
 const char* rms_norm(const RmsNormArgs& a);
 
 /// y = round(round(silu(gate)) · up) elementwise over n elements of dtype, silu(g) = g / (1 +

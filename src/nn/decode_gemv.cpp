@@ -27,7 +27,7 @@ bool gemv_aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.
 bool gemv_needs_grad(const at::Tensor& t) { return t.defined() && t.requires_grad(); }
 }  // namespace
 
-std::vector<at::Tensor> decode_gemv(const at::Tensor& x, const std::vector<GemvOperand>& ws, int streaming) {
+std::vector<at::Tensor> decode_gemv(const at::Tensor& x, const std::vector<GemvOperand>& ws) {
   if (!fused_decode_enabled() || ws.empty() || ws.size() > 3 || !x.is_cuda() || x.dim() < 1) return {};
   const at::ScalarType xt = x.scalar_type();
   if (xt != at::kFloat && xt != at::kHalf && xt != at::kBFloat16) return {};
@@ -42,7 +42,6 @@ std::vector<at::Tensor> decode_gemv(const at::Tensor& x, const std::vector<GemvO
   a.M = M;
   a.in = in;
   a.n_seg = static_cast<int>(ws.size());
-  a.streaming = streaming;
   const QuantizedWeight* q0 = ws[0].quant;
   at::ScalarType sdt = at::kFloat;
   if (q0) {

@@ -22,8 +22,7 @@ struct GemvOperand {
 /// kernels are built, x [..., in] is CUDA fp32/fp16/bf16 with x.numel()/in ≤ 8 rows, nothing needs
 /// a gradient, 1 ≤ |ws| ≤ 3, and the weights are all dense in x's dtype or all affine with one
 /// bits/group_size/scale dtype, on x's device. Returns an empty vector when it does not apply (the
-/// caller then runs its own ops); throws hearth::Error when the launch fails. `streaming` picks the
-/// kernel for one-row x (kernels/gemv.h: 1 streaming, 0 one-pass, -1 the default); same bits.
-std::vector<at::Tensor> decode_gemv(const at::Tensor& x, const std::vector<GemvOperand>& ws, int streaming = -1);
+/// caller then runs its own ops); throws hearth::Error when the launch fails.
+std::vector<at::Tensor> decode_gemv(const at::Tensor& x, const std::vector<GemvOperand>& ws);
 
 }  // namespace hearth::nn

@@ -104,6 +104,67 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Te
   return {s, reference_norm(s, weight, eps)};
 }
 
+namespace {
+// Elements between consecutive rows of x viewed as [N, C] (N = numel / C), or -1 when the leading
+// dims do not collapse to one stride (or the last dim is not contiguous).
+int64_t fused_norm_row_stride(const at::Tensor& x) {
+  const int64_t d = x.dim();
+  if (d == 0 || x.stride(d - 1) != 1) return -1;
+  int64_t row = -1, next = -1;  // the innermost leading stride; what the next outer dim's must be
+  for (int64_t i = d - 2; i >= 0; --i) {
+    if (x.size(i) == 1) continue;
+    if (row < 0) row = x.stride(i);
+    else if (x.stride(i) != next) return -1;
+    next = x.stride(i) * x.size(i);
+  }
+  return row < 0 ? x.size(d - 1) : row;
+}
+}  // namespace
+
+at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, NormScale scale, double offset,
+                          const at::Tensor& gate, const at::Tensor& add_after) {
+  HEARTH_CHECK(x.dim() >= 1 && (scale == NormScale::kNone || (weight.dim() == 1 && weight.size(0) == x.size(-1))) &&
+                   (!gate.defined() || gate.sizes() == x.sizes()) &&
+                   (!add_after.defined() || add_after.sizes() == x.sizes()) && !(gate.defined() && add_after.defined()),
+               "fused_rms_norm: x ", x.sizes(), ", weight ", weight.defined() ? weight.sizes() : at::IntArrayRef{},
+               ", gate ", gate.defined() ? gate.sizes() : at::IntArrayRef{}, " and add_after ",
+               add_after.defined() ? add_after.sizes() : at::IntArrayRef{}, " do not match");
+#ifdef HEARTH_WITH_CUDA_KERNELS
+  const at::Tensor none;
+  const at::Tensor& w = scale == NormScale::kNone ? none : weight;
+  if (!kernel_applies({&x, &w, &gate, &add_after}) || x.numel() == 0) return {};
+  const int64_t stride = fused_norm_row_stride(x);
+  if (stride < x.size(-1)) return {};
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor wc = w.defined() ? w.contiguous() : w;
+  at::Tensor gc = gate.defined() ? gate.contiguous() : gate;
+  at::Tensor ac = add_after.defined() ? add_after.contiguous() : add_after;
+  at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  kernels::RmsNormArgs a;
+  a.x = x.data_ptr();
+  a.weight = wc.defined() ? wc.data_ptr() : nullptr;
+  a.gate = gc.defined() ? gc.data_ptr() : nullptr;
+  a.add_after = ac.defined() ? ac.data_ptr() : nullptr;
+  a.y = y.data_ptr();
+  a.dtype = fused_qdtype(x.scalar_type());
+  a.mode = scale == NormScale::kAfterRound ? kernels::NormWeight::kAfterRound
+           : scale == NormScale::kFp32     ? kernels::NormWeight::kFp32
+                                           : kernels::NormWeight::kNone;
+  a.weight_offset = static_cast<float>(offset);
+  a.C = x.size(-1);
+  a.N = x.numel() / a.C;
+  a.x_stride = stride;
+  a.eps = static_cast<float>(eps);
+  a.stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  if (const char* err = kernels::rms_norm(a)) throw Error(cat("fused_rms_norm: ", err));
+  return y;
+#else
+  (void)eps;
+  (void)offset;
+  return {};
+#endif
+}
+
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
 #ifdef HEARTH_WITH_CUDA_KERNELS
   if (gate.sizes() == up.sizes() && kernel_applies({&gate, &up})) {

@@ -39,6 +39,25 @@ class FusedDecodeOff {
 std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
                                                double eps);
 
+/// How fused_rms_norm applies the weight after h = fp32(x), r = rsqrt(mean(h²) + eps):
+enum class NormScale {
+  kAfterRound,  // round(w · round(h · r)): LlamaRMSNorm's order (and Qwen3_5RMSNormGated's first part)
+  kFp32,        // round(h · r · (offset + fp32(w))): Gemma4RMSNorm (offset 0), Qwen3_5RMSNorm (offset 1)
+  kNone,        // round(h · r): a weightless norm (Gemma 4's v_norm); weight undefined
+};
+
+/// The other families' RMSNorm variants in one kernel (kernels/norm_act.h) for inference: x [..., C]
+/// (rows may be strided, the last dim contiguous), weight [C] in x's dtype (undefined with kNone).
+/// Optionally, after the norm, `· silu(fp32(gate))` (Qwen3_5RMSNormGated; gate [..., C]) or
+/// `add_after + normed` (a sandwich norm's residual add, Gemma 4; add_after [..., C]) — each rounded
+/// where the reference's separate op rounds. Returns y [..., C] contiguous, within one rounding of
+/// the reference ops (the sum of squares' order), or an undefined tensor, computing nothing, where
+/// the kernel does not apply (not built or switched off, not CUDA, mixed dtypes, autograd
+/// recording, rows not uniformly strided): the caller then runs its reference ops. Throws
+/// hearth::Error on mismatched shapes or a failed launch.
+at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, NormScale scale, double offset = 0.0,
+                          const at::Tensor& gate = {}, const at::Tensor& add_after = {});
+
 /// at::silu(gate) * up ([..., I] each, one float dtype); the fused kernel is bit-identical to it.
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up);
 

@@ -178,38 +178,3 @@ TEST(DecodeGemv, GroupedGqaDecodeAttentionMatchesRepeatKv) {
             << "dtype " << dt << " mask " << explicit_mask << " T " << T;
       }
 }
-
-TEST(DecodeGemv, StreamingKernelIsTheOnePassKernelBitForBit) {
-  if (!dg_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
-  DgFusedSwitch on(true);
-  at::manual_seed(35);
-  const at::Device cuda(at::kCUDA, 0);
-  using hearth::nn::GemvOperand;
-  // Widths giving 4..32 lanes per row and 1..4 tiles per row; three segments of uneven heights.
-  for (auto dt : {at::kBFloat16, at::kHalf, at::kFloat})
-    for (int64_t in : {64, 512, 2048, 8192}) {
-      const at::Tensor x = at::randn({1, in}).to(dt).to(cuda);
-      const at::Tensor a = at::randn({3000, in}).to(dt).to(cuda), b = at::randn({7, in}).to(dt).to(cuda),
-                       c = at::randn({513, in}).to(dt).to(cuda);
-      const std::vector<GemvOperand> ws{{a, nullptr}, {b, nullptr}, {c, nullptr}};
-      const std::vector<at::Tensor> one = hearth::nn::decode_gemv(x, ws, 0), str = hearth::nn::decode_gemv(x, ws, 1);
-      ASSERT_EQ(str.size(), 3u);
-      for (int i = 0; i < 3; ++i) EXPECT_TRUE(at::equal(one[i], str[i])) << "dtype " << dt << " in " << in << " seg " << i;
-      EXPECT_LE(dg_rel_err(str[0], at::matmul(x.to(at::kDouble), a.to(at::kDouble).t())), dg_tol(dt));
-    }
-  for (int bits : {4, 8})
-    for (int64_t in : {256, 2048, 8192}) {
-      const at::Tensor x = at::randn({1, in}).to(at::kBFloat16).to(cuda);
-      auto qw = [&](int64_t out) {
-        hearth::nn::QuantizedWeight w = hearth::nn::quantize(at::randn({out, in}), hearth::nn::QuantSpec{bits, 64});
-        return hearth::nn::QuantizedWeight{w.wq.to(cuda), w.scales.to(at::kBFloat16).to(cuda),
-                                           w.biases.to(at::kBFloat16).to(cuda), w.spec};
-      };
-      const hearth::nn::QuantizedWeight q1 = qw(2048), q2 = qw(96);
-      const std::vector<GemvOperand> ws{{{}, &q1}, {{}, &q2}};
-      const std::vector<at::Tensor> one = hearth::nn::decode_gemv(x, ws, 0), str = hearth::nn::decode_gemv(x, ws, 1);
-      ASSERT_EQ(str.size(), 2u);
-      EXPECT_TRUE(at::equal(one[0], str[0])) << "bits " << bits << " in " << in;
-      EXPECT_TRUE(at::equal(one[1], str[1])) << "bits " << bits << " in " << in;
-    }
-}

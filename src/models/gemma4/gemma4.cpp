@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "nn/fused_ops.h"
 #include "nn/mlp_chunk.h"
 #include "nn/rope.h"
 
@@ -24,11 +25,23 @@ std::string kv_stream(bool sliding, const char* part) {
 }  // namespace
 
 at::Tensor Gemma4RMSNorm::forward(const at::Tensor& x) const {
+  if (at::Tensor y = nn::fused_rms_norm(x, weight ? *weight : at::Tensor(), eps,
+                                        weight ? nn::NormScale::kFp32 : nn::NormScale::kNone);
+      y.defined())
+    return y;
   at::Tensor h = x.to(at::kFloat);
   at::Tensor mean_squared = h.pow(2).mean(-1, /*keepdim=*/true) + eps;
   h = h * at::pow(mean_squared, -0.5);
   if (weight) h = h * weight->to(at::kFloat);
   return h.to(x.scalar_type());
+}
+
+at::Tensor Gemma4RMSNorm::forward_add(const at::Tensor& x, const at::Tensor& residual) const {
+  if (at::Tensor y = nn::fused_rms_norm(x, weight ? *weight : at::Tensor(), eps,
+                                        weight ? nn::NormScale::kFp32 : nn::NormScale::kNone, 0.0, {}, residual);
+      y.defined())
+    return y;
+  return residual + forward(x);
 }
 
 std::pair<at::Tensor, at::Tensor> Gemma4Rotary::cos_sin(int64_t offset, int64_t T, at::ScalarType dtype) const {
@@ -126,15 +139,13 @@ at::Tensor Gemma4DecoderLayer::forward(const at::Tensor& x, const at::Tensor& pe
 
 at::Tensor Gemma4DecoderLayer::around_attention(const at::Tensor& x, const at::Tensor& attn,
                                                 const at::Tensor& per_layer_input) const {
-  at::Tensor residual = x;
-  at::Tensor h = post_attention_layernorm.forward(attn);
-  h = residual + h;
+  // transformers: residual = x; h = post_attention_layernorm(attn); h = residual + h; (and so on)
+  at::Tensor h = post_attention_layernorm.forward_add(attn, x);
 
-  residual = h;
+  at::Tensor residual = h;
   h = pre_feedforward_layernorm.forward(h);
   h = mlp.forward(h);
-  h = post_feedforward_layernorm.forward(h);
-  h = residual + h;
+  h = post_feedforward_layernorm.forward_add(h, residual);
 
   if (has_per_layer_input) {
     residual = h;
@@ -142,8 +153,7 @@ at::Tensor Gemma4DecoderLayer::around_attention(const at::Tensor& x, const at::T
     h = at::gelu(h, "tanh");
     h = h * per_layer_input;
     h = per_layer_projection.forward(h);
-    h = post_per_layer_input_norm.forward(h);
-    h = residual + h;
+    h = post_per_layer_input_norm.forward_add(h, residual);
   }
   if (layer_scalar) h = h * *layer_scalar;
   return h;

@@ -25,8 +25,11 @@ namespace hearth::models::gemma4 {
 struct Gemma4RMSNorm {
   std::optional<at::Tensor> weight;
   double eps = 1e-6;
-  /// x [..., dim] → same shape and dtype.
+  /// x [..., dim] → same shape and dtype. For inference on CUDA, one fused kernel
+  /// (nn::fused_rms_norm, within one rounding of these ops); the ops otherwise.
   at::Tensor forward(const at::Tensor& x) const;
+  /// residual + forward(x) (the sandwich norms' residual add), fused the same way.
+  at::Tensor forward_add(const at::Tensor& x, const at::Tensor& residual) const;
 };
 
 /// The RoPE tables of one layer type (Gemma4TextRotaryEmbedding): inv_freq [D/2] float32.

@@ -8,11 +8,13 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "nn/fused_ops.h"
 #include "nn/gated_delta.h"
 
 namespace hearth::models::qwen3_5 {
 
 at::Tensor ZeroCenteredRMSNorm::forward(const at::Tensor& x) const {
+  if (at::Tensor y = nn::fused_rms_norm(x, weight, eps, nn::NormScale::kFp32, offset); y.defined()) return y;
   at::Tensor h = x.to(at::kFloat);
   h = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
   at::Tensor w = weight.to(at::kFloat);
@@ -21,6 +23,8 @@ at::Tensor ZeroCenteredRMSNorm::forward(const at::Tensor& x) const {
 }
 
 at::Tensor RMSNormGated::forward(const at::Tensor& hidden, const at::Tensor& gate) const {
+  if (at::Tensor y = nn::fused_rms_norm(hidden, weight, eps, nn::NormScale::kAfterRound, 0.0, gate); y.defined())
+    return y;
   const auto input_dtype = hidden.scalar_type();
   at::Tensor h = hidden.to(at::kFloat);
   at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
