@@ -1,14 +1,27 @@
 // The gated delta rule and causal conv1d, op for op as transformers' modeling_qwen3_5.py (5.17):
 // torch_chunk_gated_delta_rule, torch_recurrent_gated_delta_rule, causal_conv1d_fn/_update. No
 // in-place writes into tensors that autograd tracks (outputs are concatenated), so the segmented
-// backward can run through them.
+// backward can run through them. The dispatch to the CUDA kernels (kernels/gated_delta.cu) of the
+// inter-chunk scan and the one-token step is here too; the tensor ops are their reference.
 #include "nn/gated_delta.h"
 
 #include <cmath>
+#include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <vector>
 
+#include <c10/core/GradMode.h>
+
 #include "core/error.h"
+#include "nn/fused_ops.h"
+
+#ifdef HEARTH_WITH_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "kernels/gated_delta.h"
+#endif
 
 namespace hearth::nn {
 
@@ -119,18 +132,11 @@ GatedDeltaOut chunk_gated_delta_rule(const at::Tensor& query, const at::Tensor& 
   at::Tensor state = start_state(initial_state, B, H, Dk, Dv, new_values, "chunk_gated_delta_rule");
   q = q * cum.exp().unsqueeze(-1);
   k = k * (cum.narrow(3, cs - 1, 1) - cum).exp().unsqueeze(-1);
-  at::Tensor chunk_decay = cum.select(3, cs - 1).exp().unsqueeze(-1).unsqueeze(-1);  // [B, H, N, 1, 1]
+  at::Tensor chunk_decay = cum.select(3, cs - 1).exp();  // [B, H, N]
 
-  std::vector<at::Tensor> outs;
-  outs.reserve(N);
-  for (int64_t i = 0; i < N; ++i) {
-    at::Tensor v_new = new_values.select(2, i) - at::matmul(k_cumdecay.select(2, i), state);  // [B, H, cs, Dv]
-    at::Tensor inter = at::matmul(q.select(2, i), state);
-    outs.push_back(inter + at::matmul(intra.select(2, i), v_new));
-    state = state * chunk_decay.select(2, i) + at::matmul(k.select(2, i).transpose(-1, -2), v_new);
-  }
-  at::Tensor out = at::cat(outs, 2).narrow(2, 0, T);  // [B, H, T, Dv]
-  return {out.transpose(1, 2).contiguous().to(initial_dtype), state};
+  GatedDeltaOut scanned = chunk_gated_delta_scan(new_values, k_cumdecay, q, intra, k, chunk_decay, state);
+  at::Tensor out = scanned.out.narrow(2, 0, T);  // [B, H, T, Dv]
+  return {out.transpose(1, 2).contiguous().to(initial_dtype), scanned.state};
 }
 
 GatedDeltaOut recurrent_gated_delta_rule(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
@@ -153,6 +159,159 @@ GatedDeltaOut recurrent_gated_delta_rule(const at::Tensor& query, const at::Tens
   }
   at::Tensor out = at::stack(outs, 2);  // [B, H, T, Dv]
   return {out.transpose(1, 2).contiguous().to(initial_dtype), state};
+}
+
+namespace {
+
+#ifdef HEARTH_WITH_CUDA_KERNELS
+// Whether autograd would record an op over these tensors (then the kernels, which have no
+// backward, stay out).
+bool gd_records_grad(std::initializer_list<const at::Tensor*> ts) {
+  if (!c10::GradMode::is_enabled()) return false;
+  for (const at::Tensor* t : ts)
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+// All defined tensors on one CUDA device.
+bool gd_on_one_cuda(std::initializer_list<const at::Tensor*> ts) {
+  const at::Tensor& first = **ts.begin();
+  if (!first.is_cuda()) return false;
+  for (const at::Tensor* t : ts)
+    if (t->defined() && (!t->is_cuda() || t->device() != first.device())) return false;
+  return true;
+}
+
+kernels::QDtype gd_qdtype(at::ScalarType st) {
+  return st == at::kBFloat16 ? kernels::QDtype::kBFloat16 : st == at::kHalf ? kernels::QDtype::kFloat16
+                                                                             : kernels::QDtype::kFloat32;
+}
+
+bool gd_float_dtype(at::ScalarType st) { return st == at::kFloat || st == at::kHalf || st == at::kBFloat16; }
+
+// Contiguous float32 with a 16-byte aligned start (cp.async's requirement), copying only if needed.
+at::Tensor gd_aligned_f32(const at::Tensor& t) {
+  at::Tensor c = t.to(at::kFloat).contiguous();
+  if (reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 != 0) c = c.clone();
+  return c;
+}
+#endif
+
+}  // namespace
+
+GatedDeltaOut chunk_gated_delta_scan(const at::Tensor& new_values, const at::Tensor& k_cumdecay, const at::Tensor& q,
+                                     const at::Tensor& intra, const at::Tensor& k, const at::Tensor& chunk_decay,
+                                     const at::Tensor& state) {
+  HEARTH_CHECK(q.dim() == 5 && k.sizes() == q.sizes() && k_cumdecay.sizes() == q.sizes() && new_values.dim() == 5 &&
+                   new_values.sizes().slice(0, 4) == q.sizes().slice(0, 4),
+               "chunk_gated_delta_scan: q, k, k_cumdecay must be [B, H, N, cs, Dk] and new_values [B, H, N, cs, Dv], got ",
+               q.sizes(), ", ", k.sizes(), ", ", k_cumdecay.sizes(), ", ", new_values.sizes());
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), cs = q.size(3), Dk = q.size(4), Dv = new_values.size(4);
+  HEARTH_CHECK(intra.dim() == 5 && intra.sizes().slice(0, 4) == q.sizes().slice(0, 4) && intra.size(4) == cs,
+               "chunk_gated_delta_scan: intra must be [", B, ", ", H, ", ", N, ", ", cs, ", ", cs, "], got ",
+               intra.sizes());
+  HEARTH_CHECK(chunk_decay.dim() == 3 && chunk_decay.sizes() == q.sizes().slice(0, 3),
+               "chunk_gated_delta_scan: chunk_decay must be [", B, ", ", H, ", ", N, "], got ", chunk_decay.sizes());
+  HEARTH_CHECK(state.dim() == 4 && state.size(0) == B && state.size(1) == H && state.size(2) == Dk &&
+                   state.size(3) == Dv,
+               "chunk_gated_delta_scan: state must be [", B, ", ", H, ", ", Dk, ", ", Dv, "], got ", state.sizes());
+#ifdef HEARTH_WITH_CUDA_KERNELS
+  if (fused_decode_enabled() && cs == 64 && N >= 1 && Dk % 4 == 0 && Dk <= 128 &&
+      gd_on_one_cuda({&new_values, &k_cumdecay, &q, &intra, &k, &chunk_decay, &state}) &&
+      !gd_records_grad({&new_values, &k_cumdecay, &q, &intra, &k, &chunk_decay, &state})) {
+    const c10::cuda::CUDAGuard guard(q.device());
+    const at::Tensor nv = gd_aligned_f32(new_values), kcd = gd_aligned_f32(k_cumdecay), qc = gd_aligned_f32(q);
+    const at::Tensor ic = gd_aligned_f32(intra), kc = gd_aligned_f32(k), dc = gd_aligned_f32(chunk_decay);
+    const at::Tensor s0 = gd_aligned_f32(state);
+    at::Tensor out = at::empty({B, H, N * cs, Dv}, nv.options());
+    at::Tensor final_state = at::empty({B, H, Dk, Dv}, nv.options());
+    kernels::ChunkScanArgs a;
+    a.new_values = nv.data_ptr<float>();
+    a.k_cumdecay = kcd.data_ptr<float>();
+    a.q = qc.data_ptr<float>();
+    a.intra = ic.data_ptr<float>();
+    a.k = kc.data_ptr<float>();
+    a.chunk_decay = dc.data_ptr<float>();
+    a.initial_state = s0.data_ptr<float>();
+    a.out = out.data_ptr<float>();
+    a.final_state = final_state.data_ptr<float>();
+    a.BH = B * H, a.N = N, a.dk = Dk, a.dv = Dv;
+    a.stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+    if (const char* err = kernels::chunk_scan(a)) throw Error(cat("chunk_gated_delta_scan: ", err));
+    return {out, final_state};
+  }
+#endif
+  // The reference: torch_chunk_gated_delta_rule's loop, chunk by chunk.
+  at::Tensor S = state;
+  std::vector<at::Tensor> outs;
+  outs.reserve(N);
+  for (int64_t i = 0; i < N; ++i) {
+    at::Tensor v_new = new_values.select(2, i) - at::matmul(k_cumdecay.select(2, i), S);  // [B, H, cs, Dv]
+    at::Tensor inter = at::matmul(q.select(2, i), S);
+    outs.push_back(inter + at::matmul(intra.select(2, i), v_new));
+    S = S * chunk_decay.select(2, i).unsqueeze(-1).unsqueeze(-1) + at::matmul(k.select(2, i).transpose(-1, -2), v_new);
+  }
+  return {at::cat(outs, 2), S};  // [B, H, N·cs, Dv]
+}
+
+GatedDeltaStep fused_gated_delta_step(const at::Tensor& mixed_qkv, const at::Tensor& conv_weight,
+                                      const at::Tensor& conv_state, const at::Tensor& a, const at::Tensor& b,
+                                      const at::Tensor& A_log, const at::Tensor& dt_bias, const at::Tensor& state,
+                                      int64_t num_k_heads, int64_t head_k_dim, int64_t head_v_dim, bool in_place) {
+#ifdef HEARTH_WITH_CUDA_KERNELS
+  const std::initializer_list<const at::Tensor*> all = {&mixed_qkv, &conv_weight, &conv_state, &a,
+                                                        &b,         &A_log,       &dt_bias,    &state};
+  for (const at::Tensor* t : all)
+    if (!t->defined()) return {};
+  if (!fused_decode_enabled() || !gd_on_one_cuda(all) || gd_records_grad(all)) return {};
+  const at::ScalarType dt = mixed_qkv.scalar_type();
+  if (!gd_float_dtype(dt) || conv_weight.scalar_type() != dt || conv_state.scalar_type() != dt ||
+      a.scalar_type() != dt || b.scalar_type() != dt || !gd_float_dtype(A_log.scalar_type()) ||
+      !gd_float_dtype(dt_bias.scalar_type()) || state.scalar_type() != at::kFloat)
+    return {};
+  if (mixed_qkv.dim() != 3 || state.dim() != 4 || conv_weight.dim() != 2 || conv_state.dim() != 3) return {};
+  const int64_t B = mixed_qkv.size(0), C = mixed_qkv.size(2), Hk = num_k_heads, Dk = head_k_dim, Dv = head_v_dim;
+  const int64_t Hv = state.size(1), K = conv_weight.size(1);
+  if (mixed_qkv.size(1) != 1 || mixed_qkv.stride(2) != 1 || Hk < 1 || Hv % Hk != 0 || C != 2 * Hk * Dk + Hv * Dv ||
+      state.size(0) != B || state.size(2) != Dk || state.size(3) != Dv || !state.is_contiguous() ||
+      conv_weight.size(0) != C || !conv_weight.is_contiguous() || K < 2 || K > 8 || Dk > 256 ||
+      conv_state.size(0) != B || conv_state.size(1) != C || conv_state.size(2) != K - 1 ||
+      !conv_state.is_contiguous() || a.dim() != 3 || b.dim() != 3 || a.size(0) != B || b.size(0) != B ||
+      a.size(1) != 1 || b.size(1) != 1 || a.size(2) != Hv || b.size(2) != Hv || a.stride(2) != 1 ||
+      b.stride(2) != 1 || A_log.numel() != Hv || dt_bias.numel() != Hv || !A_log.is_contiguous() ||
+      !dt_bias.is_contiguous() || B > 65535 || Hv > 65535)
+    return {};
+  const c10::cuda::CUDAGuard guard(mixed_qkv.device());
+  GatedDeltaStep r;
+  r.out = at::empty({B, 1, Hv, Dv}, mixed_qkv.options());
+  r.conv_state = at::empty_like(conv_state);
+  r.state = in_place ? state : at::empty_like(state);
+  kernels::GatedDeltaStepArgs g;
+  g.mixed_qkv = mixed_qkv.data_ptr();
+  g.x_sb = mixed_qkv.stride(0);
+  g.conv_state = conv_state.data_ptr();
+  g.conv_weight = conv_weight.data_ptr();
+  g.conv_state_out = r.conv_state.data_ptr();
+  g.a = a.data_ptr();
+  g.b = b.data_ptr();
+  g.a_sb = a.stride(0), g.b_sb = b.stride(0);
+  g.A_log = A_log.data_ptr();
+  g.dt_bias = dt_bias.data_ptr();
+  g.A_log_dtype = gd_qdtype(A_log.scalar_type());
+  g.dt_bias_dtype = gd_qdtype(dt_bias.scalar_type());
+  g.state = state.data_ptr<float>();
+  g.state_out = r.state.data_ptr<float>();
+  g.out = r.out.data_ptr();
+  g.B = B, g.Hk = Hk, g.Hv = Hv, g.dk = Dk, g.dv = Dv, g.K = K;
+  g.dtype = gd_qdtype(dt);
+  g.stream = c10::cuda::getCurrentCUDAStream(mixed_qkv.device().index()).stream();
+  if (const char* err = kernels::gated_delta_step(g)) throw Error(cat("fused_gated_delta_step: ", err));
+  return r;
+#else
+  (void)mixed_qkv, (void)conv_weight, (void)conv_state, (void)a, (void)b, (void)A_log, (void)dt_bias, (void)state,
+      (void)num_k_heads, (void)head_k_dim, (void)head_v_dim, (void)in_place;
+  return {};
+#endif
 }
 
 }  // namespace hearth::nn

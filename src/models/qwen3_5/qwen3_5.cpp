@@ -86,27 +86,44 @@ at::Tensor GatedDeltaNet::forward(const at::Tensor& x, cache::RecurrentCache* ca
     mixed_qkv = at::cat({q.reshape({B, T, -1}), k.reshape({B, T, -1}), v.reshape({B, T, -1})}, -1);
   }
 
-  // Causal conv1d over time with the cached window: [B, convDim, T] in, same out.
-  auto [conv_out, new_conv_state] =
-      nn::causal_conv1d(mixed_qkv.transpose(1, 2), conv1d_weight.squeeze(1), has_state ? cache->conv_state() : at::Tensor());
-  mixed_qkv = conv_out.transpose(1, 2);  // [B, T, convDim]
-  at::Tensor query = mixed_qkv.narrow(-1, 0, kd).reshape({B, T, -1, Dk});
-  at::Tensor key = mixed_qkv.narrow(-1, kd, kd).reshape({B, T, -1, Dk});
-  at::Tensor value = mixed_qkv.narrow(-1, 2 * kd, vd).reshape({B, T, -1, Dv});
+  at::Tensor core;  // [B, T, Hv, Dv]: the rule's output
+  if (has_state && T == 1) {
+    // One cached token: on CUDA the conv update, the l2norms, β, g and the recurrent rule below
+    // run as one kernel, the state updated in place in a static cache (nn::fused_gated_delta_step;
+    // undefined where it does not apply, then the ops below).
+    auto* st = dynamic_cast<cache::StaticRecurrentCache*>(cache);
+    nn::GatedDeltaStep s = nn::fused_gated_delta_step(mixed_qkv, conv1d_weight.squeeze(1), cache->conv_state(), a, b,
+                                                      A_log, dt_bias, cache->recurrent_state(), num_k_heads, Dk, Dv,
+                                                      /*in_place=*/st != nullptr);
+    if (s.out.defined()) {
+      if (st) st->write(s.conv_state, s.state);  // the state is already in place: copies the conv window only
+      else cache->update(s.conv_state, s.state, T);
+      core = s.out;
+    }
+  }
+  if (!core.defined()) {
+    // Causal conv1d over time with the cached window: [B, convDim, T] in, same out.
+    auto [conv_out, new_conv_state] = nn::causal_conv1d(mixed_qkv.transpose(1, 2), conv1d_weight.squeeze(1),
+                                                        has_state ? cache->conv_state() : at::Tensor());
+    mixed_qkv = conv_out.transpose(1, 2);  // [B, T, convDim]
+    at::Tensor query = mixed_qkv.narrow(-1, 0, kd).reshape({B, T, -1, Dk});
+    at::Tensor key = mixed_qkv.narrow(-1, kd, kd).reshape({B, T, -1, Dk});
+    at::Tensor value = mixed_qkv.narrow(-1, 2 * kd, vd).reshape({B, T, -1, Dv});
 
-  at::Tensor beta = b.sigmoid();
-  // g = -exp(A_log) · softplus(a + dt_bias), in float32 (log decay per token and value head).
-  at::Tensor g = -A_log.to(at::kFloat).exp() * at::softplus(a.to(at::kFloat) + dt_bias);
+    at::Tensor beta = b.sigmoid();
+    // g = -exp(A_log) · softplus(a + dt_bias), in float32 (log decay per token and value head).
+    at::Tensor g = -A_log.to(at::kFloat).exp() * at::softplus(a.to(at::kFloat) + dt_bias);
 
-  nn::GatedDeltaOut r = (has_state && T == 1)
-                            ? nn::recurrent_gated_delta_rule(query, key, value, g, beta, cache->recurrent_state())
-                            : nn::chunk_gated_delta_rule(query, key, value, g, beta,
-                                                         has_state ? cache->recurrent_state() : at::Tensor());
-  if (auto* st = dynamic_cast<cache::StaticRecurrentCache*>(cache)) st->write(new_conv_state, r.state);
-  else if (cache) cache->update(new_conv_state, r.state, T);
+    nn::GatedDeltaOut r = (has_state && T == 1)
+                              ? nn::recurrent_gated_delta_rule(query, key, value, g, beta, cache->recurrent_state())
+                              : nn::chunk_gated_delta_rule(query, key, value, g, beta,
+                                                           has_state ? cache->recurrent_state() : at::Tensor());
+    if (auto* st = dynamic_cast<cache::StaticRecurrentCache*>(cache)) st->write(new_conv_state, r.state);
+    else if (cache) cache->update(new_conv_state, r.state, T);
+    core = r.out;
+  }
 
-  at::Tensor core = r.out.reshape({-1, Dv});
-  core = norm.forward(core, z.reshape({-1, Dv}));
+  core = norm.forward(core.reshape({-1, Dv}), z.reshape({-1, Dv}));
   core = core.reshape({B, T, -1});
   return out_proj.forward(core);
 }

@@ -59,7 +59,8 @@ struct Attention {
 };
 
 /// Qwen3_5GatedDeltaNet: projections, causal conv1d with state, L2-normalised q/k, the gated delta
-/// rule (chunked for T > 1 or a fresh state, recurrent for one cached token), RMSNormGated with z,
+/// rule (chunked for T > 1 or a fresh state, recurrent for one cached token — on CUDA one fused
+/// kernel from mixed_qkv, nn::fused_gated_delta_step), RMSNormGated with z,
 /// out_proj. qwen3_next's fused in_proj_qkvz / in_proj_ba (per key head: q, k, v-group, z-group)
 /// are read in its own layout when `fused`.
 struct GatedDeltaNet {
