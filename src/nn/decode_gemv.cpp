@@ -96,7 +96,7 @@ std::vector<at::Tensor> decode_gemv(const at::Tensor& x, const std::vector<GemvO
   return outs;
 }
 #else
-std::vector<at::Tensor> decode_gemv(const at::Tensor&, const std::vector<GemvOperand>&, int) { return {}; }
+std::vector<at::Tensor> decode_gemv(const at::Tensor&, const std::vector<GemvOperand>&) { return {}; }
 #endif
 
 }  // namespace hearth::nn
