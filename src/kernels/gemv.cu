@@ -61,10 +61,13 @@ __device__ __forceinline__ float chunk_dot(const uint4& w, const float* xf) {
           d1 = fmaf(code_to_f32(__byte_perm(words[i], 0x4B000000u, 0x7540u | (k + 1))), xf[i * 4 + k + 1], d1);
         }
       } else {
+        // Code 2b is the low nibble of byte b, code 2b + 1 its high nibble: two masks give every
+        // code a byte of its own, which one byte_perm moves into the mantissa of 2^23.
+        const uint32_t lo = words[i] & 0x0F0F0F0Fu, hi = (words[i] >> 4) & 0x0F0F0F0Fu;
 #pragma unroll
-        for (int k = 0; k < 8; k += 2) {
-          d0 = fmaf(code_to_f32(0x4B000000u | ((words[i] >> (4 * k)) & 15u)), xf[i * 8 + k], d0);
-          d1 = fmaf(code_to_f32(0x4B000000u | ((words[i] >> (4 * k + 4)) & 15u)), xf[i * 8 + k + 1], d1);
+        for (int b = 0; b < 4; ++b) {
+          d0 = fmaf(code_to_f32(__byte_perm(lo, 0x4B000000u, 0x7540u | b)), xf[i * 8 + 2 * b], d0);
+          d1 = fmaf(code_to_f32(__byte_perm(hi, 0x4B000000u, 0x7540u | b)), xf[i * 8 + 2 * b + 1], d1);
         }
       }
     }
@@ -101,10 +104,26 @@ __device__ __forceinline__ T pick(int i, T a, T b, T c) {
   return i == 0 ? a : i == 1 ? b : c;
 }
 
+// Σ of the kCodes values of x in one chunk, in index order: the affine term's Σx.
+template <typename TX, int kCodes>
+__device__ __forceinline__ float chunk_sum(const TX* __restrict__ p) {
+  float xf[kCodes];
+  load_x<TX, kCodes>(p, xf);
+  float xs = 0.f;
+#pragma unroll
+  for (int j = 0; j < kCodes; ++j) xs += xf[j];
+  return xs;
+}
+
+// For affine weights with `sums_in_smem`, the block first writes every chunk's Σx (M·chunks floats,
+// dynamic shared memory) once, instead of each row's lanes adding the same kCodes values again; the
+// same sums in the same order either way, so the bits do not change.
 template <typename TX, typename TS, int Kind, int MaxM>
 __global__ void __launch_bounds__(kThreads)
-    gemv_kernel(const TX* __restrict__ x, const Segs segs, int M, int in, int group_shift, int tpr_log2) {
+    gemv_kernel(const TX* __restrict__ x, const Segs segs, int M, int in, int group_shift, int tpr_log2,
+                int sums_in_smem) {
   constexpr int kCodes = codes_per_chunk<TX, Kind>();
+  extern __shared__ float gemv_chunk_sums[];  // [M, chunks] when sums_in_smem
   const unsigned bid = blockIdx.x;
   const int si = (bid >= segs.block_end[0]) + (bid >= segs.block_end[1]);
   const unsigned first = pick(si, 0u, segs.block_end[0], segs.block_end[1]);
@@ -121,6 +140,16 @@ __global__ void __launch_bounds__(kThreads)
   const int chunks = in / kCodes;  // 16-byte chunks per row, dense or affine
   const uint4* __restrict__ wrow = wv + (live ? row : 0) * chunks;
   const int64_t srow = (live ? row : 0) * (in >> group_shift);
+
+  if constexpr (Kind != 0) {
+    if (sums_in_smem) {
+      for (int j = static_cast<int>(threadIdx.x); j < M * chunks; j += kThreads) {
+        const int m = j / chunks, c = j - m * chunks;
+        gemv_chunk_sums[j] = chunk_sum<TX, kCodes>(x + static_cast<int64_t>(m) * in + static_cast<int64_t>(c) * kCodes);
+      }
+      __syncthreads();
+    }
+  }
 
   float acc[MaxM];
 #pragma unroll
@@ -152,9 +181,14 @@ __global__ void __launch_bounds__(kThreads)
           if constexpr (Kind == 0) {
             acc[m] += chunk_dot<TX, 0>(w[u], xf);
           } else {
-            float xs = 0.f;
+            float xs;
+            if (sums_in_smem) {
+              xs = gemv_chunk_sums[m * chunks + c];
+            } else {
+              xs = 0.f;
 #pragma unroll
-            for (int j = 0; j < kCodes; ++j) xs += xf[j];
+              for (int j = 0; j < kCodes; ++j) xs += xf[j];
+            }
             acc[m] += sc[u] * chunk_dot<TX, Kind>(w[u], xf) + bi[u] * xs;
           }
         }
@@ -188,8 +222,13 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 template <typename TX, typename TS, int Kind, int MaxM>
 const char* launch_m(const GemvArgs& a, const Segs& segs, unsigned blocks, int tpr_log2) {
   const int group_shift = Kind == 0 ? 0 : log2_exact(a.group_size);
-  gemv_kernel<TX, TS, Kind, MaxM><<<blocks, kThreads, 0, static_cast<cudaStream_t>(a.stream)>>>(
-      static_cast<const TX*>(a.x), segs, static_cast<int>(a.M), static_cast<int>(a.in), group_shift, tpr_log2);
+  // Affine: the chunk sums in shared memory when they fit the default 48 KB (M·in/16 floats at most).
+  const int64_t sum_bytes = Kind == 0 ? 0 : a.M * (a.in / codes_per_chunk<TX, Kind>()) * int64_t{4};
+  const bool sums = sum_bytes > 0 && sum_bytes <= 48 * 1024;
+  gemv_kernel<TX, TS, Kind, MaxM><<<blocks, kThreads, sums ? static_cast<size_t>(sum_bytes) : 0,
+                                    static_cast<cudaStream_t>(a.stream)>>>(
+      static_cast<const TX*>(a.x), segs, static_cast<int>(a.M), static_cast<int>(a.in), group_shift, tpr_log2,
+      sums ? 1 : 0);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }

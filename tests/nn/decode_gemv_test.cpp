@@ -82,6 +82,32 @@ TEST(DecodeGemv, DenseMatchesFp64ReferenceAndIsRowIndependent) {
   EXPECT_TRUE(hearth::nn::decode_gemv(at::randn({1, 64}).to(cuda), {hearth::nn::GemvOperand{wg, nullptr}}).empty());
 }
 
+TEST(DecodeGemv, AffineMatchesDequantizedReferenceAndIsRowIndependent) {
+  if (!dg_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
+  DgFusedSwitch on(true);
+  at::manual_seed(36);
+  const at::Device cuda(at::kCUDA, 0);
+  // in = 32768 at 8 bits: an 8-row call's chunk sums (64 KB) exceed the shared-memory limit and are
+  // added in the loop, a one-row call's (8 KB) come from shared memory — the same bits either way.
+  for (int bits : {4, 8})
+    for (int64_t in : {256, 4096, 32768})
+      for (auto dt : {at::kBFloat16, at::kFloat}) {
+        hearth::nn::QuantizedWeight w = hearth::nn::quantize(at::randn({96, in}) * 0.05, hearth::nn::QuantSpec{bits, 64});
+        w = hearth::nn::QuantizedWeight{w.wq.to(cuda), w.scales.to(dt).to(cuda), w.biases.to(dt).to(cuda), w.spec};
+        for (int64_t M : {1, 3, 8}) {
+          const at::Tensor x = at::randn({M, in}).to(dt).to(cuda);
+          const std::vector<at::Tensor> y = hearth::nn::decode_gemv(x, {hearth::nn::GemvOperand{{}, &w}});
+          ASSERT_EQ(y.size(), 1u) << bits << " in " << in << " M " << M;
+          const at::Tensor ref = at::matmul(x.to(at::kDouble), hearth::nn::dequantize(w, at::kFloat).to(at::kDouble).t());
+          EXPECT_LE(dg_rel_err(y[0], ref), dg_tol(dt)) << bits << " in " << in << " M " << M << " " << dt;
+          for (int64_t m = 0; m < M; ++m) {
+            const at::Tensor one = hearth::nn::decode_gemv(x.narrow(0, m, 1).clone(), {hearth::nn::GemvOperand{{}, &w}})[0];
+            EXPECT_TRUE(at::equal(one[0], y[0][m])) << bits << " in " << in << " row " << m << " of M " << M;
+          }
+        }
+      }
+}
+
 TEST(DecodeGemv, GroupedIsSeparateBitForBitDenseAndAffine) {
   if (!dg_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
   DgFusedSwitch on(true);
