@@ -165,6 +165,45 @@ at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double 
 #endif
 }
 
+std::pair<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                     const at::Tensor& weight, double eps, NormScale scale,
+                                                     double offset) {
+  HEARTH_CHECK(residual.sizes() == x.sizes() && x.dim() >= 1 &&
+                   (scale == NormScale::kNone || (weight.dim() == 1 && weight.size(0) == x.size(-1))),
+               "fused_add_rms_norm: x ", x.sizes(), ", residual ", residual.sizes(), " and weight ",
+               weight.defined() ? weight.sizes() : at::IntArrayRef{}, " do not match");
+#ifdef HEARTH_WITH_CUDA_KERNELS
+  const at::Tensor none;
+  const at::Tensor& w = scale == NormScale::kNone ? none : weight;
+  if (!kernel_applies({&x, &residual, &w}) || x.numel() == 0 || !x.is_contiguous() || !residual.is_contiguous())
+    return {};
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor wc = w.defined() ? w.contiguous() : w;
+  at::Tensor sum = at::empty_like(x), y = at::empty_like(x);
+  kernels::RmsNormArgs a;
+  a.x = x.data_ptr();
+  a.residual = residual.data_ptr();
+  a.sum = sum.data_ptr();
+  a.weight = wc.defined() ? wc.data_ptr() : nullptr;
+  a.y = y.data_ptr();
+  a.dtype = fused_qdtype(x.scalar_type());
+  a.mode = scale == NormScale::kAfterRound ? kernels::NormWeight::kAfterRound
+           : scale == NormScale::kFp32     ? kernels::NormWeight::kFp32
+                                           : kernels::NormWeight::kNone;
+  a.weight_offset = static_cast<float>(offset);
+  a.C = x.size(-1);
+  a.N = x.numel() / a.C;
+  a.eps = static_cast<float>(eps);
+  a.stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  if (const char* err = kernels::rms_norm(a)) throw Error(cat("fused_add_rms_norm: ", err));
+  return {sum, y};
+#else
+  (void)eps;
+  (void)offset;
+  return {};
+#endif
+}
+
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
 #ifdef HEARTH_WITH_CUDA_KERNELS
   if (gate.sizes() == up.sizes() && kernel_applies({&gate, &up})) {

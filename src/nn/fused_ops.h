@@ -58,6 +58,13 @@ enum class NormScale {
 at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, NormScale scale, double offset = 0.0,
                           const at::Tensor& gate = {}, const at::Tensor& add_after = {});
 
+/// {s, y}: s = x + residual rounded to x's dtype, y = fused_rms_norm(s, weight, eps, scale, offset)
+/// — a family's residual add and the norm after it in one kernel (x, residual [..., C] contiguous).
+/// Both undefined, computing nothing, where fused_rms_norm would not apply. Throws as it does.
+std::pair<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                     const at::Tensor& weight, double eps, NormScale scale,
+                                                     double offset = 0.0);
+
 /// at::silu(gate) * up ([..., I] each, one float dtype); the fused kernel is bit-identical to it.
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up);
 

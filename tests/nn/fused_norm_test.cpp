@@ -47,6 +47,8 @@ TEST(FusedNorm, CpuComputesNothingAndChecksShapes) {
   EXPECT_THROW(fused_rms_norm(x, at::randn({15}), 1e-6, NormScale::kFp32), hearth::Error);
   EXPECT_THROW(fused_rms_norm(x, w, 1e-6, NormScale::kAfterRound, 0.0, at::randn({2, 3, 15})), hearth::Error);
   EXPECT_THROW(fused_rms_norm(x, w, 1e-6, NormScale::kFp32, 0.0, x, x), hearth::Error);  // gate and add together
+  EXPECT_FALSE(hearth::nn::fused_add_rms_norm(x, x, w, 1e-6, NormScale::kFp32, 1.0).first.defined());
+  EXPECT_THROW(hearth::nn::fused_add_rms_norm(x, at::randn({2, 3, 15}), w, 1e-6, NormScale::kFp32), hearth::Error);
 }
 
 TEST(FusedNorm, CudaVariantsMatchTheModelsReferenceOps) {
@@ -98,6 +100,16 @@ TEST(FusedNorm, CudaVariantsMatchTheModelsReferenceOps) {
         }
       }
     }
+  }
+  // The residual add before the norm (Qwen3.5's post-attention norm): the sum bit-identical to x + r.
+  for (at::ScalarType st : {at::kFloat, at::kBFloat16}) {
+    const auto o = at::TensorOptions().dtype(st).device(cuda);
+    const at::Tensor x = at::randn({2, 1, 1024}, o), r = at::randn({2, 1, 1024}, o) * 3, w = at::randn({1024}, o) * 0.2;
+    auto [sum, y] = hearth::nn::fused_add_rms_norm(x, r, w, 1e-6, NormScale::kFp32, 1.0);
+    ASSERT_TRUE(sum.defined() && y.defined());
+    EXPECT_TRUE(at::equal(sum, r + x)) << c10::toString(st);
+    const at::Tensor ref = fused_norm_reference(r + x, w, 1e-6, NormScale::kFp32, 1.0);
+    EXPECT_LE(fused_norm_excess(y, ref, ref.to(at::kFloat).abs() * fused_norm_ulp(st) * 2 + 1e-6), 0.0) << c10::toString(st);
   }
   // Autograd recording, a weight of another dtype, or the switch off: nothing computed.
   const at::Tensor xg = at::randn({2, 64}, at::TensorOptions().device(cuda)).requires_grad_(true);

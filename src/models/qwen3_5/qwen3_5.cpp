@@ -129,6 +129,10 @@ at::Tensor GatedDeltaNet::forward(const at::Tensor& x, cache::RecurrentCache* ca
 }
 
 at::Tensor DecoderLayer::mlp_residual(const at::Tensor& residual, const at::Tensor& mixed) const {
+  const ZeroCenteredRMSNorm& n = post_attention_layernorm;
+  if (auto [h, normed] = nn::fused_add_rms_norm(mixed, residual, n.weight, n.eps, nn::NormScale::kFp32, n.offset);
+      h.defined())
+    return h + mlp.forward(normed);  // the add and the norm below in one kernel (inference on CUDA)
   at::Tensor h = residual + mixed;
   return h + mlp.forward(post_attention_layernorm.forward(h));
 }
