@@ -141,6 +141,26 @@ __global__ void __launch_bounds__(kThreads)
   const uint4* __restrict__ wrow = wv + (live ? row : 0) * chunks;
   const int64_t srow = (live ? row : 0) * (in >> group_shift);
 
+  // A lane's tile: kUnroll chunks of its row from chunk c0 on (zeros past the row), with their
+  // scales and biases for affine weights.
+  uint4 w[kUnroll];
+  float sc[kUnroll], bi[kUnroll];
+  auto load_tile = [&](int c0) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = c0 + u * tpr;
+      const bool ok = live && c < chunks;
+      w[u] = ok ? __ldg(wrow + c) : make_uint4(0u, 0u, 0u, 0u);
+      if constexpr (Kind != 0) {
+        const int64_t gidx = srow + ((c * kCodes) >> group_shift);
+        sc[u] = ok ? to_f32(sv[gidx]) : 0.f;
+        bi[u] = ok ? to_f32(bv[gidx]) : 0.f;
+      }
+    }
+  };
+  // The first tile's loads go out before the chunk sums are staged, so the barrier does not delay
+  // the weight stream (most layer matrices need one tile per lane).
+  if (t < chunks) load_tile(t);
   if constexpr (Kind != 0) {
     if (sums_in_smem) {
       for (int j = static_cast<int>(threadIdx.x); j < M * chunks; j += kThreads) {
@@ -156,19 +176,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int m = 0; m < MaxM; ++m) acc[m] = 0.f;
 
   for (int c0 = t; c0 < chunks; c0 += tpr * kUnroll) {
-    uint4 w[kUnroll];
-    float sc[kUnroll], bi[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int c = c0 + u * tpr;
-      const bool ok = live && c < chunks;
-      w[u] = ok ? __ldg(wrow + c) : make_uint4(0u, 0u, 0u, 0u);
-      if constexpr (Kind != 0) {
-        const int64_t gidx = srow + ((c * kCodes) >> group_shift);
-        sc[u] = ok ? to_f32(sv[gidx]) : 0.f;
-        bi[u] = ok ? to_f32(bv[gidx]) : 0.f;
-      }
-    }
+    if (c0 != t) load_tile(c0);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int c = c0 + u * tpr;

@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "nn/cpu_gemm.h"
+#include "nn/fused_ops.h"
 #include "nn/quant_simd.h"
 
 #ifdef HEARTH_WITH_CUDA_KERNELS
@@ -243,8 +244,17 @@ at::Tensor pack_codes(const at::Tensor& codes, int bits) {
   return wq.to(codes.device());
 }
 
+#ifdef HEARTH_WITH_CUDA_KERNELS
+namespace {
+at::Tensor dequantize_cuda(const QuantizedWeight& qw, at::ScalarType dtype);
+}  // namespace
+#endif
+
 at::Tensor dequantize(const QuantizedWeight& qw, c10::optional<at::ScalarType> dtype) {
   check_qweight(qw, "dequantize");
+#ifdef HEARTH_WITH_CUDA_KERNELS
+  if (at::Tensor w = dequantize_cuda(qw, dtype.value_or(qw.scales.scalar_type())); w.defined()) return w;
+#endif
   const int64_t out = qw.out_features(), in = qw.in_features(), gs = qw.spec.group_size;
   // Codes fit in 8 bits; go through float: w = scale * q + bias per group, in fp32.
   at::Tensor q = unpack_codes(qw.wq, qw.spec.bits, in).to(at::kFloat).view({out, in / gs, gs});
@@ -530,6 +540,36 @@ kernels::QDtype qdtype(at::ScalarType t) {
 }
 
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+// One kernel (kernels::affine_dequantize, the same bits as the ops below) when the codes live on a
+// CUDA device with their scales, the fused path is on, nothing needs a gradient and bits divide 32.
+at::Tensor dequantize_cuda(const QuantizedWeight& qw, at::ScalarType dtype) {
+  const auto is_float = [](at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; };
+  if (!fused_decode_enabled() || !qw.wq.is_cuda() || qw.scales.device() != qw.wq.device() ||
+      qw.biases.device() != qw.wq.device() || !is_float(dtype) || !is_float(qw.scales.scalar_type()) ||
+      qw.biases.scalar_type() != qw.scales.scalar_type() ||
+      (c10::GradMode::is_enabled() && (qw.scales.requires_grad() || qw.biases.requires_grad())))
+    return {};
+  kernels::AffineDequantArgs a;
+  a.bits = qw.spec.bits;
+  a.group_size = static_cast<int>(qw.spec.group_size);
+  a.out = qw.out_features();
+  a.in = qw.in_features();
+  if (32 % a.bits != 0 || (a.group_size != 32 && a.group_size != 64 && a.group_size != 128)) return {};
+  const c10::cuda::CUDAGuard guard(qw.wq.device());
+  const at::Tensor wq = qw.wq.contiguous(), sc = qw.scales.contiguous(), bi = qw.biases.contiguous();
+  at::Tensor w = at::empty({a.out, a.in}, sc.options().dtype(dtype));
+  if (!aligned16(w)) return {};
+  a.wq = reinterpret_cast<const uint32_t*>(wq.data_ptr<int32_t>());
+  a.scales = sc.data_ptr();
+  a.biases = bi.data_ptr();
+  a.s_dtype = qdtype(sc.scalar_type());
+  a.w = w.data_ptr();
+  a.w_dtype = qdtype(dtype);
+  a.stream = c10::cuda::getCurrentCUDAStream(w.device().index()).stream();
+  if (const char* err = kernels::affine_dequantize(a)) throw Error(cat("dequantize: ", err));
+  return w;
+}
 
 at::Tensor qmv_cuda(const at::Tensor& x, const QuantizedWeight& qw) {
   const at::ScalarType xt = x.scalar_type();

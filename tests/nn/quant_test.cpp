@@ -6,6 +6,8 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/torch_compat.h"
+#include "nn/fused_ops.h"
 #include "nn/quant.h"
 #include "nn/quant_simd.h"
 
@@ -322,4 +324,30 @@ TEST(Quant, BadSpecsAndShapesThrow) {
   EXPECT_THROW(hearth::nn::quantized_matmul(at::randn({2, 32}), q), hearth::Error);
   q.scales = q.scales.narrow(1, 0, 1);
   EXPECT_THROW(hearth::nn::quantized_matmul(at::randn({2, 64}), q), hearth::Error);
+}
+
+// On CUDA, dequantize is one kernel (kernels::affine_dequantize); its bits are the tensor ops' (the
+// same ops on the CPU, and on the GPU with the fused path off), for every width that divides a word,
+// every group size, scale dtype and output dtype.
+TEST(Quant, CudaDequantizeKernelIsTheTensorOpsBitForBit) {
+  if (!hearth::compat::cuda_available()) GTEST_SKIP() << "needs CUDA (GPU machine)";
+  const at::Device cuda(at::kCUDA, 0);
+  at::manual_seed(41);
+  for (int bits : {2, 4, 8})
+    for (int64_t gs : {32, 64, 128})
+      for (at::ScalarType sdt : {at::kFloat, at::kBFloat16, at::kHalf})
+        for (at::ScalarType out : {at::kFloat, at::kBFloat16}) {
+          hearth::nn::QuantizedWeight q = hearth::nn::quantize(at::randn({48, 256}) * 0.1, hearth::nn::QuantSpec{bits, gs});
+          q.scales = q.scales.to(sdt);
+          q.biases = q.biases.to(sdt);
+          const at::Tensor on_cpu = hearth::nn::dequantize(q, out);
+          const hearth::nn::QuantizedWeight qc{q.wq.to(cuda), q.scales.to(cuda), q.biases.to(cuda), q.spec};
+          const at::Tensor kernel = hearth::nn::dequantize(qc, out);
+          const bool was = hearth::nn::set_fused_decode(false);
+          const at::Tensor ops = hearth::nn::dequantize(qc, out);
+          hearth::nn::set_fused_decode(was);
+          ASSERT_EQ(kernel.scalar_type(), out);
+          EXPECT_TRUE(at::equal(kernel.cpu(), on_cpu)) << bits << " bits, gs " << gs << ", " << sdt << " → " << out;
+          EXPECT_TRUE(at::equal(kernel, ops)) << bits << " bits, gs " << gs << ", " << sdt << " → " << out;
+        }
 }
