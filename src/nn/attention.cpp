@@ -117,8 +117,8 @@ at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Ten
 at::Tensor attention_decode_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const AttentionParams& p) {
   if (!q.is_cuda() || !fused_decode_enabled()) return {};
-  const int64_t T = q.size(2), S = k.size(2), n_rep = q.size(1) / k.size(1);
-  if (S == 0 || n_rep * T > 64) return {};
+  const int64_t T = q.size(2), S = k.size(2), D = q.size(3), n_rep = q.size(1) / k.size(1);
+  if (S == 0 || n_rep * T > 64 || n_rep * T * D > 4096 || (D != 64 && D != 128 && D != 256)) return {};
   at::Tensor mask = p.mask.defined() ? p.mask : attention_mask(T, S, p, q.scalar_type(), q.device());
   return decode_attention(q, k, v, mask, p.scale);
 }
