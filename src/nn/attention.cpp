@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/torch_compat.h"
 #include "nn/cpu_gemm.h"
+#include "nn/decode_attention.h"
 #include "nn/fused_ops.h"
 #include "nn/lean_grad.h"
 
@@ -109,6 +110,19 @@ at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Ten
   return out.permute({0, 2, 1, 3});
 }
 
+// Decode-sized attention on CUDA with the fused path on: Hearth's split-K kernel
+// (nn/decode_attention.h) over k/v in place, the mask built from the positions unless given (only
+// once the cheap checks pass). Undefined tensor when it does not apply; attention_grouped and the
+// SDPA/plain paths below stay the reference.
+at::Tensor attention_decode_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const AttentionParams& p) {
+  if (!q.is_cuda() || !fused_decode_enabled()) return {};
+  const int64_t T = q.size(2), S = k.size(2), D = q.size(3), n_rep = q.size(1) / k.size(1);
+  if (S == 0 || n_rep * T > 64 || n_rep * T * D > 4096 || (D != 64 && D != 128 && D != 256)) return {};
+  at::Tensor mask = p.mask.defined() ? p.mask : attention_mask(T, S, p, q.scalar_type(), q.device());
+  return decode_attention(q, k, v, mask, p.scale);
+}
+
 // Decode-sized GQA on CUDA with the fused path on (nn/fused_ops.h) and nothing to differentiate:
 // the n_rep query heads of each kv head attend as n_rep·T rows of one head ([B, Hkv, n_rep·T, D],
 // the mask's rows repeated to match), so K and V are read in place instead of through repeat_kv's
@@ -170,6 +184,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   HEARTH_CHECK(!use_sdpa || compat::kHasSdpa, "attention: SDPA requested but libtorch ", compat::torch_version(),
                " lacks it");
   if (at::Tensor fast = attention_cpu(q, k, v, p); fast.defined()) return fast;
+  if (at::Tensor fast = attention_decode_kernel(q, k, v, p); fast.defined()) return fast;
   if (at::Tensor grouped = attention_grouped(q, k, v, p, use_sdpa); grouped.defined()) return grouped;
   if (use_sdpa) {
     // Like transformers' sdpa_attention_forward: is_causal when no explicit mask is needed beyond

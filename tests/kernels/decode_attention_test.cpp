@@ -1,0 +1,358 @@
+// The split-K decode attention (kernels/decode_attention.cu through nn/decode_attention.h and
+// nn::attention): on CUDA against a float64 reference of the same bf16/fp32 inputs over key counts
+// 1..32768 (one split and many), GQA n_rep 1/4/8, head dims 64/128/256, three batch rows with
+// different masks (all visible, a masked tail, a sliding-window band), k/v as strided windows of a
+// larger static-cache buffer, q transposed from [B, T, H, D]; T = 2; a row with every key masked;
+// nn::attention's dispatch (bit-equal to the kernel, close to the fused-off path); a CUDA graph
+// capture replayed on new inputs. On the CPU: the split plan, the tile size, the applicability
+// check, and that nothing applies off CUDA. The CUDA tests skip without a GPU.
+#include <gtest/gtest.h>
+
+#include <ATen/Context.h>
+
+#include <cmath>
+#include <iostream>
+#include <vector>
+
+#include "core/cuda_graph.h"
+#include "core/torch_compat.h"
+#include "kernels/decode_attention.h"
+#include "nn/attention.h"
+#include "nn/decode_attention.h"
+#include "nn/fused_ops.h"
+
+namespace {
+
+namespace hk = hearth::kernels;
+
+struct DatFused {
+  bool was_fused, was_tf32;
+  explicit DatFused(bool on)
+      : was_fused(hearth::nn::set_fused_decode(on)), was_tf32(at::globalContext().allowTF32CuBLAS()) {
+    at::globalContext().setAllowTF32CuBLAS(false);
+  }
+  ~DatFused() {
+    hearth::nn::set_fused_decode(was_fused);
+    at::globalContext().setAllowTF32CuBLAS(was_tf32);
+  }
+};
+
+bool dat_have_kernels() {
+#ifdef HEARTH_WITH_CUDA_KERNELS
+  return hearth::compat::cuda_available();
+#else
+  return false;
+#endif
+}
+
+// float64 softmax(q kᵀ·scale + mask) v of the given (already rounded) inputs, grouped as the
+// kernel reads them: q [B, H, T, D] → [B, Hkv, n_rep·T, D] against k/v [B, Hkv, S, D].
+at::Tensor dat_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                         double scale) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), Hkv = k.size(1), S = k.size(2);
+  const int64_t n_rep = H / Hkv;
+  at::Tensor qg = q.to(at::kDouble).reshape({B, Hkv, n_rep * T, D});
+  at::Tensor s = at::matmul(qg, k.to(at::kDouble).transpose(2, 3)) * scale;  // [B, Hkv, n_rep·T, S]
+  if (mask.defined()) {
+    at::Tensor m = mask.to(at::kDouble);
+    if (m.dim() == 2) m = m.unsqueeze(0).unsqueeze(0);
+    m = m.expand({B, 1, T, S}).unsqueeze(2).expand({B, 1, n_rep, T, S}).reshape({B, 1, n_rep * T, S});
+    s = s + m;
+  }
+  return at::matmul(at::softmax(s, -1), v.to(at::kDouble)).reshape({B, H, T, D});
+}
+
+// Additive mask [B, 1, T, S] in dt: row 0 sees keys ≤ its position (S-1: all), row 1 a masked
+// tail (keys > S/2), row 2 a sliding-window band of max(1, S/8) keys ending at 3S/4; token t of
+// a row sits t positions before the row's position (T > 1).
+at::Tensor dat_mask(int64_t B, int64_t T, int64_t S, at::ScalarType dt, const at::Device& dev) {
+  std::vector<uint8_t> ok(static_cast<size_t>(B * T * S), 0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t back = T - 1 - t;
+      int64_t pos = S - 1, window = S + 1;
+      if (b % 3 == 1) pos = S / 2;
+      if (b % 3 == 2) pos = 3 * S / 4, window = std::max<int64_t>(1, S / 8);
+      pos = std::max<int64_t>(0, pos - back);
+      for (int64_t j = 0; j < S; ++j) ok[(b * T + t) * S + j] = j <= pos && j > pos - window;
+    }
+  at::Tensor allowed = at::from_blob(ok.data(), {B, 1, T, S}, at::kByte).to(dev, at::kBool);
+  const auto o = at::TensorOptions().dtype(dt).device(dev);
+  return at::where(allowed, at::zeros({}, o), at::full({}, hearth::nn::mask_min(dt), o));
+}
+
+// max |got − ref| over max |v|: the output is a convex combination of v's rows, so rounding of the
+// weighted sum scales with |v|, not with the (often much smaller) output.
+double dat_err(const at::Tensor& got, const at::Tensor& ref, const at::Tensor& v) {
+  const double vmax = v.to(at::kDouble).abs().max().item<double>();
+  return (got.to(at::kDouble) - ref).abs().max().item<double>() / std::max(vmax, 1e-30);
+}
+
+// Tolerances (relative to max |v|): float32 accumulates in float32 in another order than the
+// float64 reference (a few hundred sequential FMAs per split, then the merge: ~1e-6 typical,
+// 2e-5 leaves margin); bf16/fp16 add one rounding of the output (2^-8 / 2^-11 relative to the
+// output, which is ≤ max |v|), no other rounding (q, k, v, the mask are exact in float32).
+double dat_tol(at::ScalarType dt) { return dt == at::kFloat ? 2e-5 : dt == at::kHalf ? 1e-3 : 4.5e-3; }
+
+struct DatCase {
+  int64_t B, Hkv, n_rep, T, S, D;
+  at::ScalarType dt;
+};
+
+// Runs one case: q from [B, T, H, D] transposed, k/v windows [B, Hkv, S, D] of [B+1, Hkv, S+13, D]
+// buffers (the static cache's strides), the per-row mask; returns the error against float64.
+double dat_run(const DatCase& c, uint64_t seed) {
+  const at::Device cuda(at::kCUDA, 0);
+  at::manual_seed(seed);
+  const int64_t H = c.Hkv * c.n_rep, C = c.S + 13;
+  const auto o = at::TensorOptions().dtype(at::kFloat);
+  const at::Tensor q = at::randn({c.B, c.T, H, c.D}, o).to(cuda, c.dt).transpose(1, 2);
+  const at::Tensor kbuf = at::randn({c.B + 1, c.Hkv, C, c.D}, o).to(cuda, c.dt);
+  const at::Tensor vbuf = at::randn({c.B + 1, c.Hkv, C, c.D}, o).to(cuda, c.dt);
+  const at::Tensor k = kbuf.narrow(0, 0, c.B).narrow(2, 0, c.S), v = vbuf.narrow(0, 0, c.B).narrow(2, 0, c.S);
+  const at::Tensor mask = dat_mask(c.B, c.T, c.S, c.dt, cuda);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+  at::Tensor got;
+  {
+    DatFused on(true);
+    got = hearth::nn::decode_attention(q, k, v, mask, scale);
+  }
+  EXPECT_TRUE(got.defined()) << "kernel did not apply";
+  if (!got.defined()) return 1e9;
+  EXPECT_EQ(got.sizes(), q.sizes());
+  EXPECT_FALSE(got.isnan().any().item<bool>());
+  return dat_err(got, dat_reference(q, k, v, mask, scale), v);
+}
+
+}  // namespace
+
+TEST(DecodeAttentionKernel, PlanSplitsLongContextsAndKeepsShortOnesWhole) {
+  // H200 (132 SMs), Llama-3.2-1B at batch 1: 8 kv heads, bf16 D = 64 → tile of 64 keys.
+  hk::DecodeAttentionPlan p = hk::decode_attention_plan(8, 32768, 64, 132);
+  EXPECT_EQ(p.n_split, 64);  // 512 blocks ≥ 2 waves of 132
+  EXPECT_EQ(p.keys_per_split, 512);
+  p = hk::decode_attention_plan(8, 512, 64, 132);
+  EXPECT_EQ(p.n_split, 2);
+  EXPECT_EQ(p.keys_per_split, 256);
+  p = hk::decode_attention_plan(8, 256, 64, 132);
+  EXPECT_EQ(p.n_split, 1);
+  EXPECT_EQ(p.keys_per_split, 256);
+  p = hk::decode_attention_plan(8, 1, 64, 132);
+  EXPECT_EQ(p.n_split, 1);
+  EXPECT_EQ(p.keys_per_split, 64);
+  // B·Hkv = 6, S = 4097: 17 splits of 256, the last with one key.
+  p = hk::decode_attention_plan(6, 4097, 32, 132);
+  EXPECT_EQ(p.n_split, 17);
+  EXPECT_EQ(p.keys_per_split, 256);
+  // Enough (row, head) pairs to fill the GPU alone: one split.
+  p = hk::decode_attention_plan(600, 32768, 64, 132);
+  EXPECT_EQ(p.n_split, 1);
+  EXPECT_EQ(p.keys_per_split, 32768);
+  // An unknown SM count plans as for one SM (4 blocks): still splits a long single head.
+  p = hk::decode_attention_plan(1, 32768, 64, 0);
+  EXPECT_EQ(p.n_split, 4);
+  EXPECT_EQ(p.keys_per_split, 8192);
+  // Invariants over many shapes: every split non-empty, whole tiles, all keys covered, ≤ 1024.
+  for (int64_t bh : {1, 3, 8, 24, 64, 200})
+    for (int64_t S : {1, 2, 7, 63, 64, 65, 255, 257, 1000, 4097, 32768, 131072, 1 << 20})
+      for (int tk : {4, 8, 16, 32, 64}) {
+        const hk::DecodeAttentionPlan q = hk::decode_attention_plan(bh, S, tk, 132);
+        ASSERT_GE(q.n_split, 1);
+        ASSERT_LE(q.n_split, 1024);
+        EXPECT_EQ(q.keys_per_split % tk, 0) << bh << " " << S << " " << tk;
+        EXPECT_LT(static_cast<int64_t>(q.n_split - 1) * q.keys_per_split, S) << bh << " " << S << " " << tk;
+        EXPECT_GE(static_cast<int64_t>(q.n_split) * q.keys_per_split, S) << bh << " " << S << " " << tk;
+      }
+}
+
+TEST(DecodeAttentionKernel, TileKeysAndSupportedShapes) {
+  EXPECT_EQ(hk::decode_attention_tile_keys(2, 64, 4), 64);
+  EXPECT_EQ(hk::decode_attention_tile_keys(2, 128, 8), 32);
+  EXPECT_EQ(hk::decode_attention_tile_keys(2, 64, 16), 32);
+  EXPECT_EQ(hk::decode_attention_tile_keys(4, 256, 8), 8);
+  EXPECT_EQ(hk::decode_attention_tile_keys(4, 256, 16), 4);
+  EXPECT_EQ(hk::decode_attention_workspace_floats(8, 64, 4, 64), 8 * 64 * 4 * 66);
+  EXPECT_EQ(hk::decode_attention_workspace_floats(8, 1, 4, 64), 0);
+
+  // Llama-3.2-1B decode over a [1, 8, 32768, 64] window of a 40000-token static cache, bf16.
+  float ws[4];
+  hk::DecodeAttentionArgs a;
+  a.B = 1, a.H = 32, a.Hkv = 8, a.T = 1, a.S = 32768, a.D = 64;
+  a.k_ss = a.v_ss = 64, a.k_sh = a.v_sh = 40000 * 64, a.k_sb = a.v_sb = 8 * 40000 * 64;
+  a.o_sb = 32 * 64, a.o_sh = 64, a.o_st = 32 * 64;
+  a.dtype = hk::QDtype::kBFloat16;
+  a.plan = hk::decode_attention_plan(8, a.S, 64, 132);
+  a.workspace = ws;
+  EXPECT_TRUE(hk::decode_attention_supported(a));
+  auto with = [&](auto change) {
+    hk::DecodeAttentionArgs b = a;
+    change(b);
+    return hk::decode_attention_supported(b);
+  };
+  EXPECT_FALSE(with([](hk::DecodeAttentionArgs& b) { b.D = 96; }));                   // head dim
+  EXPECT_FALSE(with([](hk::DecodeAttentionArgs& b) { b.D = 512; }));                  // Gemma 4 full layers
+  EXPECT_FALSE(with([](hk::DecodeAttentionArgs& b) { b.H = 30; }));                   // H % Hkv
+  EXPECT_FALSE(with([](hk::DecodeAttentionArgs& b) { b.T = 17; }));                   // 4·17 rows > 64
+  EXPECT_TRUE(with([](hk::DecodeAttentionArgs& b) { b.T = 16; }));                    // 64 rows of 64
+  EXPECT_FALSE(with([](hk::DecodeAttentionArgs& b) { b.T = 5, b.D = 256; }));          // 20 rows · 256 > 4096
+  EXPECT_TRUE(with([](hk::DecodeAttentionArgs& b) { b.T = 4, b.D = 256; }));           // 16 rows · 256
+  EXPECT_FALSE(with([](hk::DecodeAttentionArgs& b) { b.k_ss = 68; }));                // not 16-byte rows
+  EXPECT_FALSE(with([](hk::DecodeAttentionArgs& b) { b.workspace = nullptr; }));      // several splits need it
+  EXPECT_FALSE(with([](hk::DecodeAttentionArgs& b) { b.plan.keys_per_split = 500; })); // not whole tiles
+  EXPECT_FALSE(with([](hk::DecodeAttentionArgs& b) { b.plan.n_split = 65; }));        // an empty split
+  EXPECT_FALSE(with([](hk::DecodeAttentionArgs& b) { b.plan.n_split = 63; }));        // keys left over
+  EXPECT_TRUE(with([](hk::DecodeAttentionArgs& b) {
+    b.dtype = hk::QDtype::kFloat32;  // float32: 4-value chunks, tile of 32 keys
+    b.k_ss = 68;
+    b.plan = hk::decode_attention_plan(8, b.S, 32, 132);
+  }));
+  EXPECT_TRUE(with([](hk::DecodeAttentionArgs& b) {
+    b.S = 100;
+    b.plan = hk::decode_attention_plan(8, 100, 64, 132);  // one split: no workspace needed
+    b.workspace = nullptr;
+  }));
+}
+
+TEST(DecodeAttentionKernel, NotAppliedOnCpuOrWhenSwitchedOff) {
+  const at::Tensor q = at::randn({1, 4, 1, 64}), k = at::randn({1, 1, 9, 64}), v = at::randn({1, 1, 9, 64});
+  DatFused on(true);
+  EXPECT_FALSE(hearth::nn::decode_attention(q, k, v, {}, 0.125).defined());
+  // nn::attention on the CPU is unchanged: still softmax(q kᵀ·scale) v.
+  hearth::nn::AttentionParams p;
+  p.scale = 0.125;
+  p.q_pos0 = 8;
+  const at::Tensor got = hearth::nn::attention(q, k, v, p);
+  const at::Tensor want = at::matmul(at::softmax(at::matmul(q, k.transpose(2, 3)) * 0.125, -1), v);
+  EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6));
+  if (!hearth::compat::cuda_available()) return;
+  const at::Device cuda(at::kCUDA, 0);
+  const at::Tensor qc = q.to(cuda), kc = k.to(cuda), vc = v.to(cuda);
+  EXPECT_TRUE(hearth::nn::decode_attention(qc, kc, vc, {}, 0.125).defined() == dat_have_kernels());
+  EXPECT_FALSE(hearth::nn::decode_attention(qc.narrow(3, 0, 48), kc.narrow(3, 0, 48), vc.narrow(3, 0, 48), {}, 0.125)
+                   .defined());  // D = 48
+  EXPECT_FALSE(hearth::nn::decode_attention(qc.clone().requires_grad_(true), kc, vc, {}, 0.125).defined());
+  hearth::nn::set_fused_decode(false);
+  EXPECT_FALSE(hearth::nn::decode_attention(qc, kc, vc, {}, 0.125).defined());
+}
+
+TEST(DecodeAttentionKernel, CudaMatchesFloat64AcrossShapes) {
+  if (!dat_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's CUDA kernels (GPU machine)";
+  uint64_t seed = 100;
+  for (at::ScalarType dt : {at::kBFloat16, at::kFloat})
+    for (int64_t D : {64, 128, 256})
+      for (int64_t n_rep : {1, 4, 8})
+        for (int64_t S : {1, 7, 512, 4097, 32768}) {
+          const int64_t B = 3;
+          const DatCase c{B, 2, n_rep, 1, S, D, dt};
+          const double err = dat_run(c, ++seed);
+          EXPECT_LE(err, dat_tol(dt)) << "dtype " << dt << " D " << D << " n_rep " << n_rep << " S " << S << " B " << B;
+          if (S == 32768) std::cout << "[decode-attn] " << dt << " D " << D << " n_rep " << n_rep << " S 32768: err/max|v| " << err << "\n";
+        }
+}
+
+TEST(DecodeAttentionKernel, CudaManyRowsHalfAndTwoTokens) {
+  if (!dat_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's CUDA kernels (GPU machine)";
+  // T = 2 (mask rows per token), the > 8-row instances (16, 32 and 64 rows), fp16, one kv head.
+  const std::vector<DatCase> cases = {
+      {3, 2, 4, 2, 4097, 64, at::kBFloat16}, {2, 2, 8, 2, 700, 128, at::kBFloat16}, {3, 1, 16, 1, 4097, 256, at::kFloat},
+      {1, 2, 16, 4, 2000, 64, at::kBFloat16}, {3, 2, 32, 1, 1500, 128, at::kHalf},    {3, 8, 4, 1, 32768, 128, at::kHalf},
+      {1, 1, 8, 1, 100000, 64, at::kBFloat16}};
+  uint64_t seed = 500;
+  for (const DatCase& c : cases) {
+    const double err = dat_run(c, ++seed);
+    EXPECT_LE(err, dat_tol(c.dt)) << "dtype " << c.dt << " B " << c.B << " Hkv " << c.Hkv << " n_rep " << c.n_rep
+                                  << " T " << c.T << " S " << c.S << " D " << c.D;
+  }
+}
+
+TEST(DecodeAttentionKernel, CudaFullyMaskedRowGivesSdpasMeanNotNan) {
+  if (!dat_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's CUDA kernels (GPU machine)";
+  // Row 1 has every key masked with finfo.min: the scores are all exactly finfo.min in float32,
+  // so SDPA (and the float64 reference) weigh every key equally: the mean of v. Row 0 sees all.
+  const at::Device cuda(at::kCUDA, 0);
+  at::manual_seed(7);
+  for (at::ScalarType dt : {at::kBFloat16, at::kFloat})
+    for (int64_t S : {50, 3000}) {
+      const at::Tensor q = at::randn({2, 8, 1, 64}).to(cuda, dt), k = at::randn({2, 2, S, 64}).to(cuda, dt);
+      const at::Tensor v = at::randn({2, 2, S, 64}).to(cuda, dt);
+      at::Tensor mask = at::zeros({2, 1, 1, S}, q.options());
+      mask[1].fill_(hearth::nn::mask_min(dt));
+      DatFused on(true);
+      const at::Tensor got = hearth::nn::decode_attention(q, k, v, mask, 0.125);
+      ASSERT_TRUE(got.defined());
+      const at::Tensor mean = v[1].to(at::kDouble).mean(1).repeat_interleave(4, 0);  // [8, 64]
+      EXPECT_LE(dat_err(got[1].squeeze(1), mean, v), dat_tol(dt)) << dt << " S " << S;
+      EXPECT_LE(dat_err(got, dat_reference(q, k, v, mask, 0.125), v), dat_tol(dt)) << dt << " S " << S;
+    }
+}
+
+TEST(DecodeAttentionKernel, CudaAttentionDispatchesToTheKernel) {
+  if (!dat_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's CUDA kernels (GPU machine)";
+  // A static step's call: q [B, H, 1, D] (transposed), the whole capacity as k/v, mask [B,1,1,C].
+  const at::Device cuda(at::kCUDA, 0);
+  at::manual_seed(11);
+  for (at::ScalarType dt : {at::kBFloat16, at::kFloat}) {
+    const int64_t B = 3, Hkv = 8, H = 32, D = 64, C = 5000;
+    const at::Tensor q = at::randn({B, 1, H, D}).to(cuda, dt).transpose(1, 2);
+    const at::Tensor k = at::randn({B, Hkv, C, D}).to(cuda, dt), v = at::randn({B, Hkv, C, D}).to(cuda, dt);
+    hearth::nn::AttentionParams p;
+    p.scale = 0.125;
+    p.mask = dat_mask(B, 1, C, dt, cuda);
+    at::Tensor on_out, off_out, kernel_out;
+    {
+      DatFused on(true);
+      on_out = hearth::nn::attention(q, k, v, p);
+      kernel_out = hearth::nn::decode_attention(q, k, v, p.mask, p.scale);
+    }
+    {
+      DatFused off(false);
+      off_out = hearth::nn::attention(q, k, v, p);
+    }
+    ASSERT_TRUE(kernel_out.defined());
+    EXPECT_TRUE(at::equal(on_out, kernel_out));  // the dispatch took the kernel (deterministic)
+    // The fused-off path (SDPA) rounds the probabilities to bf16 before p·v: one more rounding.
+    EXPECT_LE(dat_err(on_out, off_out.to(at::kDouble), v), dt == at::kFloat ? 2e-5 : 8e-3) << dt;
+    // The eager decode's own mask (positions, no explicit mask): T = 1 at the last position.
+    hearth::nn::AttentionParams e;
+    e.scale = 0.125;
+    e.q_pos0 = C - 1;
+    e.sliding_window = 100;  // needs a mask: built from the positions
+    at::Tensor a1, a0;
+    {
+      DatFused on(true);
+      a1 = hearth::nn::attention(q, k, v, e);
+    }
+    {
+      DatFused off(false);
+      a0 = hearth::nn::attention(q, k, v, e);
+    }
+    EXPECT_LE(dat_err(a1, a0.to(at::kDouble), v), dt == at::kFloat ? 2e-5 : 8e-3) << dt << " window";
+  }
+}
+
+TEST(DecodeAttentionKernel, CudaGraphReplaysOnNewInputs) {
+  if (!dat_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's CUDA kernels (GPU machine)";
+  // Captured once (with the workspace and output allocated inside the capture), replayed after the
+  // inputs change in place: each replay equals an eager call on the same inputs, bit for bit.
+  const at::Device cuda(at::kCUDA, 0);
+  at::manual_seed(21);
+  const int64_t B = 2, Hkv = 8, H = 32, D = 64, C = 9000;
+  const at::Tensor q = at::randn({B, H, 1, D}).to(cuda, at::kBFloat16);
+  const at::Tensor k = at::randn({B, Hkv, C, D}).to(cuda, at::kBFloat16);
+  const at::Tensor v = at::randn({B, Hkv, C, D}).to(cuda, at::kBFloat16);
+  const at::Tensor mask = dat_mask(B, 1, C, at::kBFloat16, cuda);
+  at::Tensor out = at::empty({B, H, 1, D}, q.options());
+  DatFused on(true);
+  hearth::compat::RecordedStep step([&] { out.copy_(hearth::nn::decode_attention(q, k, v, mask, 0.125)); }, cuda);
+  for (int round = 0; round < 3; ++round) {
+    q.normal_();
+    k.narrow(2, round * 100, 50).normal_();
+    v.mul_(0.5);
+    mask.copy_(dat_mask(B, 1, C, at::kBFloat16, cuda).roll(round * 37, 3));
+    step.replay();
+    const at::Tensor eager = hearth::nn::decode_attention(q, k, v, mask, 0.125);
+    EXPECT_TRUE(at::equal(out, eager)) << "round " << round;
+    EXPECT_LE(dat_err(out, dat_reference(q, k, v, mask, 0.125), v), dat_tol(at::kBFloat16)) << "round " << round;
+  }
+  EXPECT_EQ(step.captured(), true);
+}
