@@ -36,19 +36,24 @@ __device__ __forceinline__ float norm_weight(const NormOperands<T>& p, int64_t i
   return p.mode == NormWeight::kFp32 && p.offset != 0.f ? p.offset + w : w;
 }
 
-// y[i] from h = fp32(s[i]), the row's r and the element's weight factor, rounded as the reference's
-// separate ops round (each stored tensor is one rounding to T).
+// The element of gate or add_after that follows the norm (0 when neither is given).
 template <typename T>
-__device__ __forceinline__ T norm_out(const NormOperands<T>& p, int64_t at, float h, float r, float w) {
+__device__ __forceinline__ float norm_extra(const NormOperands<T>& p, int64_t at) {
+  return p.gate ? to_f32(p.gate[at]) : p.add_after ? to_f32(p.add_after[at]) : 0.f;
+}
+
+// y[i] from h = fp32(s[i]), the row's r, the element's weight factor and its norm_extra value,
+// rounded as the reference's separate ops round (each stored tensor is one rounding to T).
+template <typename T>
+__device__ __forceinline__ T norm_out(const NormOperands<T>& p, float h, float r, float w, float extra) {
   float v;
   if (p.mode == NormWeight::kAfterRound) v = round_to<T>(w * round_to<T>(h * r));
   else if (p.mode == NormWeight::kFp32) v = round_to<T>(h * r * w);
   else v = round_to<T>(h * r);
   if (p.gate) {
-    const float g = to_f32(p.gate[at]);
-    v = v * (g / (1.f + expf(-g)));  // Qwen3_5RMSNormGated: · silu(gate.float()), rounded once at the end
+    v = v * (extra / (1.f + expf(-extra)));  // Qwen3_5RMSNormGated: · silu(gate.float()), rounded once at the end
   } else if (p.add_after) {
-    v = to_f32(p.add_after[at]) + v;  // residual + norm(x)
+    v = extra + v;  // residual + norm(x)
   }
   return from_f32<T>(v);
 }
@@ -65,13 +70,14 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const NormOperan
   T* yr = p.y + row * C;
   float ss = 0.f;
   constexpr int kRegs = kPerThread > 0 ? kPerThread : 1;
-  float hv[kRegs], wv[kRegs];
+  float hv[kRegs], wv[kRegs], ev[kRegs];  // ev: gate / add_after, loaded before the reduction too
   if constexpr (kPerThread > 0) {
 #pragma unroll
     for (int k = 0; k < kPerThread; ++k) {
       const int64_t i = threadIdx.x + static_cast<int64_t>(k) * kNormThreads;
       hv[k] = i < C ? to_f32(xr[i]) : 0.f;
       wv[k] = i < C ? norm_weight(p, i) : 0.f;
+      ev[k] = i < C ? norm_extra(p, row * C + i) : 0.f;
       if (rr && i < C) hv[k] += to_f32(rr[i]);
     }
 #pragma unroll
@@ -106,12 +112,12 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const NormOperan
 #pragma unroll
     for (int k = 0; k < kPerThread; ++k) {
       const int64_t i = threadIdx.x + static_cast<int64_t>(k) * kNormThreads;
-      if (i < C) yr[i] = norm_out(p, row * C + i, hv[k], r, wv[k]);
+      if (i < C) yr[i] = norm_out(p, hv[k], r, wv[k], ev[k]);
     }
   } else {
     const T* src = rr ? sr : xr;  // this thread wrote its own elements of sr above
     for (int64_t i = threadIdx.x; i < C; i += kNormThreads)
-      yr[i] = norm_out(p, row * C + i, to_f32(src[i]), r, norm_weight(p, i));
+      yr[i] = norm_out(p, to_f32(src[i]), r, norm_weight(p, i), norm_extra(p, row * C + i));
   }
 }
 
