@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "cli/verb.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/torch_compat.h"
 #include "generate/batch.h"
@@ -40,7 +41,7 @@ int bench_batch(hearth::models::Model& model, const std::vector<int64_t>& prompt
   std::vector<double> rates;
   std::unique_ptr<hearth::generate::DecodeSlots> slots;
   std::string why = "HEARTH_DECODE_SLOTS=0";
-  if (const char* env = std::getenv("HEARTH_DECODE_SLOTS"); !env || std::string(env) != "0")
+  if (hearth::env_switch_on("HEARTH_DECODE_SLOTS"))
     slots = hearth::generate::DecodeSlots::create(model, batch, static_cast<int64_t>(prompt.size()) + opts.max_tokens + 1, &why);
   for (int r = 0; r <= runs; ++r) {
     std::vector<std::unique_ptr<hearth::generate::Sequence>> seqs;

@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/env.h"
+
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -12,7 +14,7 @@ namespace hearth {
 
 bool tune_host_malloc() {
 #if defined(__GLIBC__)
-  if (const char* v = std::getenv("HEARTH_MALLOC_TUNING"); v != nullptr && std::strcmp(v, "0") == 0) return false;
+  if (!env_switch_on("HEARTH_MALLOC_TUNING")) return false;
   if (const char* t = std::getenv("GLIBC_TUNABLES"); t != nullptr && std::strstr(t, "glibc.malloc.") != nullptr)
     return false;
   if (std::getenv("MALLOC_MMAP_THRESHOLD_") != nullptr || std::getenv("MALLOC_TRIM_THRESHOLD_") != nullptr) return false;

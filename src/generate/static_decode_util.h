@@ -2,19 +2,12 @@
 // the server's slot pool): their environment switches and the sampling they can run on the graph's
 // own argmax. Internal to src/generate/; not the paths themselves.
 #pragma once
-#include <cstdlib>
-#include <cstring>
-
+#include "core/env.h"
 #include "generate/sampler.h"
 
 namespace hearth::generate {
 
-/// True when the environment variable `name` is set to exactly `value` (HEARTH_CUDA_GRAPHS=0 |
-/// nocapture, HEARTH_STATIC_DECODE=1).
-inline bool env_equals(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v && std::strcmp(v, value) == 0;
-}
+using hearth::env_equals;  // HEARTH_CUDA_GRAPHS=0 | nocapture, HEARTH_STATIC_DECODE=1 (core/env.h)
 
 /// True when sampling with `s` is the plain argmax of the raw logits: temperature 0 and no logits
 /// processor (penalties, logit bias, a constraint) — what a recorded step's argmax can stand in for.

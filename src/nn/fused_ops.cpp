@@ -5,9 +5,8 @@
 #include <c10/core/GradMode.h>
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "nn/lean_grad.h"
 
@@ -23,10 +22,7 @@ namespace hearth::nn {
 
 namespace {
 std::atomic<bool>& fused_flag() {
-  static std::atomic<bool> on{[] {
-    const char* v = std::getenv("HEARTH_FUSED_DECODE");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }()};
+  static std::atomic<bool> on{env_switch_on("HEARTH_FUSED_DECODE")};
   return on;
 }
 

@@ -6,9 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
+#include "core/env.h"
 #include "core/error.h"
 
 namespace hearth::nn {
@@ -16,10 +15,7 @@ namespace hearth::nn {
 namespace {
 
 std::atomic<bool>& lean_flag() {
-  static std::atomic<bool> on{[] {
-    const char* v = std::getenv("HEARTH_LEAN_GRAD");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }()};
+  static std::atomic<bool> on{env_switch_on("HEARTH_LEAN_GRAD")};
   return on;
 }
 

@@ -14,6 +14,7 @@
 #include "adapters/adapter.h"
 #include "adapters/full.h"
 #include "adapters/mount.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/json_nesting.h"
 #include "core/torch_compat.h"
@@ -442,8 +443,7 @@ int64_t ModelEngine::start_decode_slots(int64_t num_seqs, int64_t memory_budget,
     return int64_t{0};
   };
   slots_.reset();
-  const char* env = std::getenv("HEARTH_DECODE_SLOTS");
-  if (!opts_.decode_slots || (env && std::string(env) == "0")) return off("decode slots are off");
+  if (!opts_.decode_slots || !env_switch_on("HEARTH_DECODE_SLOTS")) return off("decode slots are off");
   if (!batching_) return off("this model's RoPE (dynamic NTK) does not batch");
   if (num_seqs < 1) return off("no sequences to hold");
   int64_t capacity = context_length_;

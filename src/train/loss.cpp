@@ -4,14 +4,12 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <c10/core/GradMode.h>
 
+#include "core/env.h"
 #include "core/error.h"
 
 #ifdef HEARTH_WITH_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-
-#include <cstdlib>
-#include <cstring>
 
 #include "kernels/cross_entropy.h"
 #endif
@@ -55,10 +53,7 @@ bool fused_ce(const at::Tensor& logits, const at::Tensor& tgt, double scale, at:
   if (!logits.is_cuda()) return false;
   const at::ScalarType st = logits.scalar_type();
   if (st != at::kFloat && st != at::kHalf && st != at::kBFloat16) return false;
-  static const bool off = [] {
-    const char* v = std::getenv("HEARTH_FUSED_CE");
-    return v != nullptr && std::strcmp(v, "0") == 0;
-  }();
+  static const bool off = !env_switch_on("HEARTH_FUSED_CE");
   if (off) return false;
   const int64_t V = logits.size(-1);
   at::Tensor x = logits.detach().reshape({-1, V}).contiguous();
