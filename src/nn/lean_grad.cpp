@@ -145,16 +145,17 @@ struct RmsNormGatedFn : torch::autograd::Function<RmsNormGatedFn> {
     else h.mul_(rstd);
     const at::Tensor a = weight * h.to(dt);
     h.reset();
-    // silu and a · silu in place on gate's fp32 copy (a · s and s · a are the same product).
+    // silu and a · silu in place on gate's fp32 copy (a · s and s · a are the same product) unless
+    // the product is wider than fp32 (an fp64 a).
     at::Tensor s = gate.to(at::kFloat);
     s = s.is_same(gate) ? at::silu(s) : at::silu_(s);
-    at::Tensor y = s.mul_(a).to(dt);
+    at::Tensor y = (at::promote_types(a.scalar_type(), at::kFloat) == at::kFloat ? s.mul_(a) : a * s).to(dt);
     ctx->save_for_backward({hidden, gate, weight, rstd});
     return y;
   }
 
-  // Reference graph: g = gy_f32, s = silu(gate_f32), b = a · s (promoted to fp32):
-  //   ds = g · a, dgate = silu_backward(ds, gate_f32).to(gate's dtype); da = (g · s).to(a's dtype);
+  // Reference graph: s = silu(gate_f32), b = a · s in bt = promote(a's dtype, fp32), g = gy in bt:
+  //   ds = (g · a).to(fp32), dgate = silu_backward(ds, gate_f32).to(gate's dtype); da = (g · s).to(a's dtype);
   //   dw = Σ_rows da · n16 (the products in a's dtype, summed in fp32); dn16 = (da · w).to(dtype);
   //   dn = dn16_f32, dh = dn · r + h · (Σ_c dn · h) · (−r³ / C), dx = dh.to(dtype).
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -173,11 +174,12 @@ struct RmsNormGatedFn : torch::autograd::Function<RmsNormGatedFn> {
     const int64_t rows = chunk_rows(C);
     for (int64_t s = 0; s < N; s += rows) {
       const int64_t n = std::min(rows, N - s);
-      const at::Tensor h = x2.narrow(0, s, n).to(at::kFloat), g = g2.narrow(0, s, n).to(at::kFloat);
+      const at::Tensor h = x2.narrow(0, s, n).to(at::kFloat);
       const at::Tensor z = z2.narrow(0, s, n).to(at::kFloat), r = r2.narrow(0, s, n);
       const at::Tensor n16 = (h * r).to(dt);
       const at::Tensor a = weight * n16;
-      if (need_g) dz.narrow(0, s, n).copy_(at::silu_backward(g * a, z));
+      const at::Tensor g = g2.narrow(0, s, n).to(at::promote_types(a.scalar_type(), at::kFloat));
+      if (need_g) dz.narrow(0, s, n).copy_(at::silu_backward((g * a).to(at::kFloat), z));
       if (!need_x && !need_w) continue;
       const at::Tensor da = (g * at::silu(z)).to(a.scalar_type());
       if (need_w) dw.add_((da * n16).sum(0, /*keepdim=*/false, at::kFloat));

@@ -260,6 +260,33 @@ TEST(LeanGradNorms, StridedInputAndMixedDtypes) {
 
 // The lean graphs keep their inputs and rstd; the references keep fp32 copies (the gated one also
 // the fp32 gate, its silu and the weighted rows).
+// fp64 inputs (the fp64 test models): the fp32-weight norms compute in fp32 as their modules do;
+// the gated norm's a · silu and everything after it are fp64 (type promotion), and so are its
+// gradients there: equal to the reference's within fp64 rounding after the fp32 parts.
+TEST(LeanGradNorms, Fp64InputsFollowTheReferencesPromotion) {
+  at::manual_seed(26);
+  const at::Tensor x = lean_norms_rows({3, 40, 64}, at::kDouble), z = at::randn({3, 40, 64}, at::kDouble) * 2;
+  const at::Tensor w = 1 + 0.3 * at::randn({64}, at::kDouble), gy = at::randn({3, 40, 64}, at::kDouble);
+  for (const LeanNormsCase& c : lean_norms_cases()) {
+    at::Tensor ref_nograd;
+    {
+      c10::NoGradGuard no_grad;
+      ref_nograd = c.f(x, w, z);
+    }
+    const LeanNormsGrads ref = lean_norms_run(c, false, x, w, z, gy, c.has_w);
+    const LeanNormsGrads lean = lean_norms_run(c, true, x, w, z, gy, c.has_w);
+    EXPECT_NE(lean.fn.find(c.fn), std::string::npos) << c.name;
+    EXPECT_TRUE(at::equal(lean.y, ref_nograd)) << c.name;
+    EXPECT_TRUE(at::equal(lean.y, ref.y)) << c.name;
+    const double ex = lean_norms_row_rel(lean.dx, ref.dx);
+    EXPECT_LT(ex, 2e-6) << c.name;
+    if (c.has_w) EXPECT_LT(lean_norms_rel(lean.dw, ref.dw), 2e-6) << c.name;
+    // The gate's gradient: fp64 g · a rounded to fp32 as the reference does, then the same ops.
+    if (c.has_gate) EXPECT_TRUE(at::equal(lean.dz, ref.dz)) << c.name;
+    std::printf("[lean_grad_norms] %s fp64: dx %.2e relative\n", c.name.c_str(), ex);
+  }
+}
+
 TEST(LeanGradNorms, GraphsKeepNoFp32Copies) {
   at::manual_seed(25);
   const int64_t N = 4096, C = 1024;  // bf16 x: 8 MiB; its fp32 copy: 16 MiB
