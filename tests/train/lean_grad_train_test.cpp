@@ -5,7 +5,8 @@
 //   round-off (bf16: within the dtype's rounding);
 // - peak memory (a fresh child process per measurement, peak RSS above the RSS before, malloc's
 //   mmap threshold fixed so RSS follows the live tensors) of a forward + backward of one bf16
-//   RMSNorm, one RoPE and one bf16 llama layer (LoRA, chunked MLP), reference vs lean: lower with
+//   RMSNorm (llama's; the fp32-weight norm of Qwen3.5 / Gemma 4; Qwen3.5's gated norm with 32 heads
+//   of 128 per token), one RoPE and one bf16 llama layer (LoRA, chunked MLP), reference vs lean: lower with
 //   the lean path. HEARTH_LEAN_MEM_T=<tokens> sets the sequence length of the norm and RoPE cases,
 //   HEARTH_LEAN_MEM_LAYER_T the layer's (the defaults, 8192 and 2048, keep the test quick).
 #include <gtest/gtest.h>
@@ -25,6 +26,7 @@
 
 #include "adapters/adapter.h"
 #include "adapters/mount.h"
+#include "models/qwen3_5/qwen3_5.h"
 #include "nn/lean_grad.h"
 #include "nn/linear.h"
 #include "nn/mlp_chunk.h"
@@ -184,6 +186,17 @@ TEST(LeanGradMemory, CpuChild) {
     w = (1 + 0.1 * at::randn({4096})).to(at::kBFloat16);
     g = at::randn({1, T, 4096}).to(at::kBFloat16);
     run = [&] { hearth::nn::RMSNorm(w, 1e-5).forward(x).backward(g); };
+  } else if (name == "norm_fp32w") {  // Gemma4RMSNorm / Qwen3_5RMSNorm on [T, 4096] bf16 rows
+    x = at::randn({1, T, 4096}).to(at::kBFloat16).requires_grad_(true);
+    w = (0.1 * at::randn({4096})).to(at::kBFloat16);
+    g = at::randn({1, T, 4096}).to(at::kBFloat16);
+    run = [&] { hearth::models::qwen3_5::ZeroCenteredRMSNorm{w, 1e-6, 1.0}.forward(x).backward(g); };
+  } else if (name == "norm_gated") {  // Qwen3_5RMSNormGated: 32 value heads of 128 per token, bf16
+    x = at::randn({T * 32, 128}).to(at::kBFloat16).requires_grad_(true);
+    cos = at::randn({T * 32, 128}).to(at::kBFloat16).requires_grad_(true);  // the gate
+    w = (1 + 0.1 * at::randn({128})).to(at::kBFloat16);
+    g = at::randn({T * 32, 128}).to(at::kBFloat16);
+    run = [&] { hearth::models::qwen3_5::RMSNormGated{w, 1e-6}.forward(x, cos).backward(g); };
   } else if (name == "rope") {  // RoPE on q of the 8B shape: 32 heads of 128, bf16, strided as projected
     x = at::randn({1, T, 32, 128}).to(at::kBFloat16).transpose(1, 2).requires_grad_(true);
     hearth::nn::RotaryEmbedding rope(hearth::nn::RopeParams{}, 128, T, at::kCPU);
@@ -213,7 +226,7 @@ TEST(LeanGradMemory, CpuChild) {
 TEST(LeanGradMemory, PeakFalls) {
   const char* t_env = std::getenv("HEARTH_LEAN_MEM_T");
   const char* layer_t_env = std::getenv("HEARTH_LEAN_MEM_LAYER_T");
-  for (const std::string name : {"norm", "rope", "layer"}) {
+  for (const std::string name : {"norm", "norm_fp32w", "norm_gated", "rope", "layer"}) {
     const char* env = name == "layer" ? layer_t_env : t_env;
     const int64_t T = env ? std::atoll(env) : (name == "layer" ? 2048 : 8192);
     const int64_t ref = lean_mem_measure(name, false, T), lean = lean_mem_measure(name, true, T);
@@ -221,7 +234,7 @@ TEST(LeanGradMemory, PeakFalls) {
                 name.c_str(), static_cast<long long>(T), ref / 1e6, lean / 1e6);
     ASSERT_GT(ref, 0) << name;
     ASSERT_GT(lean, 0) << name;
-    // norm, rope: the fp32 copy and the temporaries (several times the bf16 input) gone.
+    // the norms, rope: the fp32 copies and the temporaries (several times the bf16 input) gone.
     if (name != "layer") EXPECT_LT(lean, ref * 3 / 4) << name;
     else EXPECT_LT(lean, ref) << name;
   }

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "nn/fused_ops.h"
+#include "nn/lean_grad.h"
 #include "nn/mlp_chunk.h"
 #include "nn/rope.h"
 
@@ -29,6 +30,10 @@ at::Tensor Gemma4RMSNorm::forward(const at::Tensor& x) const {
                                         weight ? nn::NormScale::kFp32 : nn::NormScale::kNone);
       y.defined())
     return y;
+  const at::Tensor w = weight ? *weight : at::Tensor();
+  // While autograd records, the lean Function (nn/lean_grad.h): these ops' values, no fp32 copy of x kept.
+  if (nn::lean_grad_enabled() && nn::records_grad(x, w))
+    return nn::rms_norm_lean_fp32w(x, w, eps, 0.0, nn::RstdOp::kPowMinusHalf);
   at::Tensor h = x.to(at::kFloat);
   at::Tensor mean_squared = h.pow(2).mean(-1, /*keepdim=*/true) + eps;
   h = h * at::pow(mean_squared, -0.5);

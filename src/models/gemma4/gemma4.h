@@ -26,7 +26,9 @@ struct Gemma4RMSNorm {
   std::optional<at::Tensor> weight;
   double eps = 1e-6;
   /// x [..., dim] → same shape and dtype. For inference on CUDA, one fused kernel
-  /// (nn::fused_rms_norm, within one rounding of these ops); the ops otherwise.
+  /// (nn::fused_rms_norm, within one rounding of these ops); while autograd records (lean path
+  /// on), nn::rms_norm_lean_fp32w (nn/lean_grad.h): these ops' values, no fp32 copy of x kept;
+  /// the ops otherwise.
   at::Tensor forward(const at::Tensor& x) const;
   /// residual + forward(x) (the sandwich norms' residual add), fused the same way.
   at::Tensor forward_add(const at::Tensor& x, const at::Tensor& residual) const;

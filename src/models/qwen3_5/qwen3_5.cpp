@@ -10,11 +10,14 @@
 #include "core/error.h"
 #include "nn/fused_ops.h"
 #include "nn/gated_delta.h"
+#include "nn/lean_grad.h"
 
 namespace hearth::models::qwen3_5 {
 
 at::Tensor ZeroCenteredRMSNorm::forward(const at::Tensor& x) const {
   if (at::Tensor y = nn::fused_rms_norm(x, weight, eps, nn::NormScale::kFp32, offset); y.defined()) return y;
+  // While autograd records, the lean Function (nn/lean_grad.h): these ops' values, no fp32 copy of x kept.
+  if (nn::lean_grad_enabled() && nn::records_grad(x, weight)) return nn::rms_norm_lean_fp32w(x, weight, eps, offset);
   at::Tensor h = x.to(at::kFloat);
   h = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
   at::Tensor w = weight.to(at::kFloat);
@@ -25,6 +28,9 @@ at::Tensor ZeroCenteredRMSNorm::forward(const at::Tensor& x) const {
 at::Tensor RMSNormGated::forward(const at::Tensor& hidden, const at::Tensor& gate) const {
   if (at::Tensor y = nn::fused_rms_norm(hidden, weight, eps, nn::NormScale::kAfterRound, 0.0, gate); y.defined())
     return y;
+  // While autograd records, the lean Function (nn/lean_grad.h): these ops' values, no fp32 copies kept.
+  if (nn::lean_grad_enabled() && nn::records_grad(hidden, gate, weight))
+    return nn::rms_norm_gated_lean(hidden, gate, weight, eps);
   const auto input_dtype = hidden.scalar_type();
   at::Tensor h = hidden.to(at::kFloat);
   at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);

@@ -31,7 +31,8 @@ struct ZeroCenteredRMSNorm {
   double eps = 1e-6;
   double offset = 1.0;
   /// x [..., dim] → [..., dim]; for inference on CUDA one fused kernel (nn::fused_rms_norm,
-  /// within one rounding of these ops).
+  /// within one rounding of these ops); while autograd records (lean path on),
+  /// nn::rms_norm_lean_fp32w (nn/lean_grad.h): these ops' values, no fp32 copy of x kept.
   at::Tensor forward(const at::Tensor& x) const;
 };
 
@@ -39,7 +40,8 @@ struct ZeroCenteredRMSNorm {
 struct RMSNormGated {
   at::Tensor weight;  // [Dv]
   double eps = 1e-6;
-  /// h, gate [N, Dv] → [N, Dv]; fused on CUDA for inference like ZeroCenteredRMSNorm.
+  /// h, gate [N, Dv] → [N, Dv]; fused on CUDA for inference like ZeroCenteredRMSNorm; while
+  /// autograd records (lean path on), nn::rms_norm_gated_lean (nn/lean_grad.h), the same values.
   at::Tensor forward(const at::Tensor& h, const at::Tensor& gate) const;
 };
 
