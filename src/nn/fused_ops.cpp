@@ -55,6 +55,42 @@ kernels::QDtype fused_qdtype(at::ScalarType st) {
   return st == at::kBFloat16 ? kernels::QDtype::kBFloat16 : st == at::kHalf ? kernels::QDtype::kFloat16
                                                                              : kernels::QDtype::kFloat32;
 }
+
+// The operands of one kernels::rms_norm launch; undefined tensors are absent operands. x's rows are
+// x_stride apart (0 = contiguous); everything else is contiguous on x's device.
+struct FusedNormCall {
+  at::Tensor x, residual, sum, weight, gate, add_after, y;
+  int64_t x_stride = 0;
+  kernels::NormWeight mode = kernels::NormWeight::kAfterRound;
+  double offset = 0.0, eps = 1e-6;
+};
+
+void launch_fused_norm(const FusedNormCall& c, const char* who) {
+  auto ptr = [](const at::Tensor& t) -> void* { return t.defined() ? t.data_ptr() : nullptr; };
+  kernels::RmsNormArgs a;
+  a.x = ptr(c.x);
+  a.residual = ptr(c.residual);
+  a.sum = ptr(c.sum);
+  a.weight = ptr(c.weight);
+  a.gate = ptr(c.gate);
+  a.add_after = ptr(c.add_after);
+  a.y = ptr(c.y);
+  a.dtype = fused_qdtype(c.x.scalar_type());
+  a.mode = c.mode;
+  a.weight_offset = static_cast<float>(c.offset);
+  a.C = c.x.size(-1);
+  a.N = c.x.numel() / a.C;
+  a.x_stride = c.x_stride;
+  a.eps = static_cast<float>(c.eps);
+  a.stream = c10::cuda::getCurrentCUDAStream(c.x.device().index()).stream();
+  if (const char* err = kernels::rms_norm(a)) throw Error(cat(who, ": ", err));
+}
+
+kernels::NormWeight kernel_norm_mode(NormScale scale) {
+  return scale == NormScale::kAfterRound ? kernels::NormWeight::kAfterRound
+         : scale == NormScale::kFp32     ? kernels::NormWeight::kFp32
+                                         : kernels::NormWeight::kNone;
+}
 #endif
 }  // namespace
 
@@ -79,21 +115,15 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Te
     at::Tensor xc = x.contiguous();
     at::Tensor rc = residual.defined() ? residual.contiguous() : at::Tensor();
     at::Tensor wc = weight.contiguous();
-    at::Tensor sum = rc.defined() ? at::empty_like(xc) : xc;
-    at::Tensor y = at::empty_like(xc);
-    kernels::RmsNormArgs a;
-    a.x = xc.data_ptr();
-    a.residual = rc.defined() ? rc.data_ptr() : nullptr;
-    a.sum = rc.defined() ? sum.data_ptr() : nullptr;
-    a.weight = wc.data_ptr();
-    a.y = y.data_ptr();
-    a.dtype = fused_qdtype(x.scalar_type());
-    a.C = x.size(-1);
-    a.N = x.numel() / a.C;
-    a.eps = static_cast<float>(eps);
-    a.stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
-    if (const char* err = kernels::rms_norm(a)) throw Error(cat("add_rms_norm: ", err));
-    return {sum, y};
+    FusedNormCall c;
+    c.x = xc;
+    c.residual = rc;
+    c.sum = rc.defined() ? at::empty_like(xc) : at::Tensor();
+    c.weight = wc;
+    c.y = at::empty_like(xc);
+    c.eps = eps;
+    launch_fused_norm(c, "add_rms_norm");
+    return {rc.defined() ? c.sum : xc, c.y};
   }
 #endif
   at::Tensor s = residual.defined() ? x + residual : x;
@@ -132,28 +162,19 @@ at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double 
   const int64_t stride = fused_norm_row_stride(x);
   if (stride < x.size(-1)) return {};
   const c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor wc = w.defined() ? w.contiguous() : w;
-  at::Tensor gc = gate.defined() ? gate.contiguous() : gate;
-  at::Tensor ac = add_after.defined() ? add_after.contiguous() : add_after;
-  at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-  kernels::RmsNormArgs a;
-  a.x = x.data_ptr();
-  a.weight = wc.defined() ? wc.data_ptr() : nullptr;
-  a.gate = gc.defined() ? gc.data_ptr() : nullptr;
-  a.add_after = ac.defined() ? ac.data_ptr() : nullptr;
-  a.y = y.data_ptr();
-  a.dtype = fused_qdtype(x.scalar_type());
-  a.mode = scale == NormScale::kAfterRound ? kernels::NormWeight::kAfterRound
-           : scale == NormScale::kFp32     ? kernels::NormWeight::kFp32
-                                           : kernels::NormWeight::kNone;
-  a.weight_offset = static_cast<float>(offset);
-  a.C = x.size(-1);
-  a.N = x.numel() / a.C;
-  a.x_stride = stride;
-  a.eps = static_cast<float>(eps);
-  a.stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
-  if (const char* err = kernels::rms_norm(a)) throw Error(cat("fused_rms_norm: ", err));
-  return y;
+  auto contiguous = [](const at::Tensor& t) { return t.defined() ? t.contiguous() : t; };
+  FusedNormCall c;
+  c.x = x;
+  c.x_stride = stride;
+  c.weight = contiguous(w);
+  c.gate = contiguous(gate);
+  c.add_after = contiguous(add_after);
+  c.y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  c.mode = kernel_norm_mode(scale);
+  c.offset = offset;
+  c.eps = eps;
+  launch_fused_norm(c, "fused_rms_norm");
+  return c.y;
 #else
   (void)eps;
   (void)offset;
@@ -174,25 +195,17 @@ std::pair<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x, const 
   if (!kernel_applies({&x, &residual, &w}) || x.numel() == 0 || !x.is_contiguous() || !residual.is_contiguous())
     return {};
   const c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor wc = w.defined() ? w.contiguous() : w;
-  at::Tensor sum = at::empty_like(x), y = at::empty_like(x);
-  kernels::RmsNormArgs a;
-  a.x = x.data_ptr();
-  a.residual = residual.data_ptr();
-  a.sum = sum.data_ptr();
-  a.weight = wc.defined() ? wc.data_ptr() : nullptr;
-  a.y = y.data_ptr();
-  a.dtype = fused_qdtype(x.scalar_type());
-  a.mode = scale == NormScale::kAfterRound ? kernels::NormWeight::kAfterRound
-           : scale == NormScale::kFp32     ? kernels::NormWeight::kFp32
-                                           : kernels::NormWeight::kNone;
-  a.weight_offset = static_cast<float>(offset);
-  a.C = x.size(-1);
-  a.N = x.numel() / a.C;
-  a.eps = static_cast<float>(eps);
-  a.stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
-  if (const char* err = kernels::rms_norm(a)) throw Error(cat("fused_add_rms_norm: ", err));
-  return {sum, y};
+  FusedNormCall c;
+  c.x = x;
+  c.residual = residual;
+  c.sum = at::empty_like(x);
+  c.weight = w.defined() ? w.contiguous() : w;
+  c.y = at::empty_like(x);
+  c.mode = kernel_norm_mode(scale);
+  c.offset = offset;
+  c.eps = eps;
+  launch_fused_norm(c, "fused_add_rms_norm");
+  return {c.sum, c.y};
 #else
   (void)eps;
   (void)offset;
