@@ -1,12 +1,16 @@
 // Decode GEMV for dense and MLX affine 4/8-bit weights (kernels/gemv.h): y = x · Wᵀ for M ≤ 8 rows
 // of x, up to three weights sharing x in one launch. No ATen: it compiles standalone (`nvcc -c`).
 //
-// Shape of the work (decode reads every weight byte once, so the aim is bytes in flight and few
-// waves of blocks): each row belongs to `tpr` lanes of one warp (4..32, chosen so a lane has about
-// kUnroll 16-byte chunks of the row); a lane loads kUnroll chunks of its row before using any, then
-// dots them with every row of x (re-read per chunk from L1/L2: x is a few KB). The row's partial
-// sums meet by xor shuffles inside its lane group — no shared memory, no block barrier — in an order
-// fixed by `in` alone, so a row's result depends on the row only (not on M, the segment or the grid).
+// Shape of the work (decode reads every weight byte once, so the aim is bytes in flight and enough
+// warps to cover the memory latency): each row belongs to `tpr` lanes of one warp (4..32), so a lane
+// has about kUnroll 16-byte chunks of the row; an affine matrix with few rows widens its lane groups
+// until it has enough warps (a 4-bit row has 4x fewer chunks than a bf16 one: sized like a dense
+// row, a 1024-row matrix ran as 32 blocks on 132 SMs). A lane loads kUnroll chunks of its row before
+// using any, then dots them with every row of x. For affine weights x is staged once per block in
+// shared memory as fp32 (padded per chunk so a warp's 16-byte reads hit distinct banks) when it
+// fits; dense rows, and affine ones past the limit, re-read it per chunk from L1/L2. The row's partial sums meet by xor shuffles inside its lane group in an
+// order fixed by `in`, the format and the segment's row count, so a row's result does not depend on
+// M, on the other segments of a grouped launch or on the grid.
 // Affine layout (mlx/backend/cpu/quantized.cpp, nn/quant.h): code k of a row occupies bits
 // [k*bits, (k+1)*bits) of the row's little-endian uint32 stream; w = scale·q + bias per group.
 #include <cuda_bf16.h>
@@ -23,7 +27,12 @@ namespace hearth::kernels {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kUnroll = 8;
+constexpr int kUnroll = 8;  // chunks a lane loads before using any
+// Affine segments widen their rows' lane groups until the segment has this many warps (or a lane
+// would be left without a chunk): measured on the H200 (Qwen3.5-0.8B MLX 4-bit), a 1024-row matrix
+// ran at 9.0 µs with 256 warps and 5.3 µs with 1,024, while 7,168 rows ran best at 896 warps
+// (7.4 µs; 9.5 µs with 7,168 warps of one chunk per lane).
+constexpr int64_t kAffineMinWarps = 768;
 
 // Codes (values) in one 16-byte chunk of a row: dense 16/sizeof(T), affine 128/bits.
 template <typename TX, int Kind>
@@ -97,6 +106,7 @@ struct Segs {
   void* y[3];
   int64_t out[3];
   unsigned block_end[3];
+  int tpr_log2[3];  // lanes per row of each segment's blocks, log2
 };
 
 template <typename T>
@@ -115,15 +125,34 @@ __device__ __forceinline__ float chunk_sum(const TX* __restrict__ p) {
   return xs;
 }
 
+// Floats one chunk of x takes in shared memory: its kCodes values and 4 of padding, so lanes that read
+// consecutive chunks with 16-byte loads start 4 banks apart.
+template <typename TX, int Kind>
+__host__ __device__ constexpr int smem_chunk_stride() {
+  return codes_per_chunk<TX, Kind>() + 4;
+}
+
+// x staged in shared memory: affine weights only (a 16-byte chunk of 4-bit codes needs 32 values
+// of x, converted to fp32 per chunk and lane otherwise); dense rows keep reading x per chunk, with
+// no block barrier.
+template <typename TX, int Kind>
+__host__ __device__ constexpr bool x_smem_capable() {
+  return Kind != 0;
+}
+
 // For affine weights with `sums_in_smem`, the block first writes every chunk's Σx (M·chunks floats,
 // dynamic shared memory) once, instead of each row's lanes adding the same kCodes values again; the
 // same sums in the same order either way, so the bits do not change.
 template <typename TX, typename TS, int Kind, int MaxM>
 __global__ void __launch_bounds__(kThreads)
-    gemv_kernel(const TX* __restrict__ x, const Segs segs, int M, int in, int group_shift, int tpr_log2,
-                int sums_in_smem) {
+    gemv_kernel(const TX* __restrict__ x, const Segs segs, int M, int in, int group_shift, int sums_in_smem,
+                int x_in_smem) {
   constexpr int kCodes = codes_per_chunk<TX, Kind>();
-  extern __shared__ float gemv_chunk_sums[];  // [M, chunks] when sums_in_smem
+  constexpr int kStride = smem_chunk_stride<TX, Kind>();
+  // Dynamic shared memory: [M, chunks] chunk sums when sums_in_smem, then x as fp32 [M, chunks,
+  // kStride] when x_in_smem.
+  extern __shared__ float gemv_smem[];
+  float* const gemv_chunk_sums = gemv_smem;
   const unsigned bid = blockIdx.x;
   const int si = (bid >= segs.block_end[0]) + (bid >= segs.block_end[1]);
   const unsigned first = pick(si, 0u, segs.block_end[0], segs.block_end[1]);
@@ -133,6 +162,7 @@ __global__ void __launch_bounds__(kThreads)
   TX* __restrict__ y = static_cast<TX*>(pick(si, segs.y[0], segs.y[1], segs.y[2]));
   const int64_t out = pick(si, segs.out[0], segs.out[1], segs.out[2]);
 
+  const int tpr_log2 = pick(si, segs.tpr_log2[0], segs.tpr_log2[1], segs.tpr_log2[2]);
   const int tpr = 1 << tpr_log2;  // lanes per row: 4..32, inside one warp
   const int t = static_cast<int>(threadIdx.x) & (tpr - 1);
   const int64_t row = static_cast<int64_t>(bid - first) * (kThreads >> tpr_log2) + (static_cast<int>(threadIdx.x) >> tpr_log2);
@@ -161,15 +191,29 @@ __global__ void __launch_bounds__(kThreads)
   // The first tile's loads go out before the chunk sums are staged, so the barrier does not delay
   // the weight stream (most layer matrices need one tile per lane).
   if (t < chunks) load_tile(t);
+  float* const xs_smem = gemv_smem + (sums_in_smem ? (M * chunks + 3) / 4 * 4 : 0);  // 16-byte aligned
+  if constexpr (x_smem_capable<TX, Kind>()) {
+    if (x_in_smem) {  // 16 bytes of x per step: kPer values into their chunk's padded slot
+      constexpr int kPer = 16 / static_cast<int>(sizeof(TX));
+      for (int j = static_cast<int>(threadIdx.x); j < M * in / kPer; j += kThreads) {
+        const int e = j * kPer, m = e / in, k = e - m * in, c = k / kCodes, off = k - c * kCodes;
+        float xf[kPer];
+        load_x<TX, kPer>(x + e, xf);
+        float* d = xs_smem + (m * chunks + c) * kStride + off;
+#pragma unroll
+        for (int q = 0; q < kPer; q += 4) *reinterpret_cast<float4*>(d + q) = make_float4(xf[q], xf[q + 1], xf[q + 2], xf[q + 3]);
+      }
+    }
+  }
   if constexpr (Kind != 0) {
     if (sums_in_smem) {
       for (int j = static_cast<int>(threadIdx.x); j < M * chunks; j += kThreads) {
         const int m = j / chunks, c = j - m * chunks;
         gemv_chunk_sums[j] = chunk_sum<TX, kCodes>(x + static_cast<int64_t>(m) * in + static_cast<int64_t>(c) * kCodes);
       }
-      __syncthreads();
     }
   }
+  if (sums_in_smem || x_in_smem) __syncthreads();
 
   float acc[MaxM];
 #pragma unroll
@@ -185,7 +229,19 @@ __global__ void __launch_bounds__(kThreads)
       for (int m = 0; m < MaxM; ++m) {
         if (m < M) {
           float xf[kCodes];
-          load_x<TX, kCodes>(x + static_cast<int64_t>(m) * in + static_cast<int64_t>(c) * kCodes, xf);
+          bool staged = false;
+          if constexpr (x_smem_capable<TX, Kind>()) {
+            if (x_in_smem) {
+              const float4* p = reinterpret_cast<const float4*>(xs_smem + (m * chunks + c) * kStride);
+#pragma unroll
+              for (int q = 0; q < kCodes / 4; ++q) {
+                const float4 v = p[q];
+                xf[4 * q] = v.x, xf[4 * q + 1] = v.y, xf[4 * q + 2] = v.z, xf[4 * q + 3] = v.w;
+              }
+              staged = true;
+            }
+          }
+          if (!staged) load_x<TX, kCodes>(x + static_cast<int64_t>(m) * in + static_cast<int64_t>(c) * kCodes, xf);
           if constexpr (Kind == 0) {
             acc[m] += chunk_dot<TX, 0>(w[u], xf);
           } else {
@@ -228,27 +284,41 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 
 template <typename TX, typename TS, int Kind, int MaxM>
-const char* launch_m(const GemvArgs& a, const Segs& segs, unsigned blocks, int tpr_log2) {
+const char* launch_m(const GemvArgs& a, const Segs& segs, unsigned blocks) {
   const int group_shift = Kind == 0 ? 0 : log2_exact(a.group_size);
-  // Affine: the chunk sums in shared memory when they fit the default 48 KB (M·in/16 floats at most).
-  const int64_t sum_bytes = Kind == 0 ? 0 : a.M * (a.in / codes_per_chunk<TX, Kind>()) * int64_t{4};
+  // Within the default 48 KB of shared memory: the affine chunk sums (M·in/16 floats at most) first,
+  // then x as padded fp32 if it fits beside them.
+  const int64_t chunks = a.in / codes_per_chunk<TX, Kind>();
+  const int64_t sum_bytes = Kind == 0 ? 0 : a.M * chunks * int64_t{4};
   const bool sums = sum_bytes > 0 && sum_bytes <= 48 * 1024;
-  gemv_kernel<TX, TS, Kind, MaxM><<<blocks, kThreads, sums ? static_cast<size_t>(sum_bytes) : 0,
-                                    static_cast<cudaStream_t>(a.stream)>>>(
-      static_cast<const TX*>(a.x), segs, static_cast<int>(a.M), static_cast<int>(a.in), group_shift, tpr_log2,
-      sums ? 1 : 0);
+  const int64_t used = sums ? (sum_bytes + 15) / 16 * 16 : 0;  // x starts 16-byte aligned
+  const int64_t x_bytes = a.M * chunks * smem_chunk_stride<TX, Kind>() * int64_t{4};
+  const bool xs = x_smem_capable<TX, Kind>() && used + x_bytes <= 48 * 1024;
+  const size_t smem = static_cast<size_t>(used + (xs ? x_bytes : 0));
+  gemv_kernel<TX, TS, Kind, MaxM><<<blocks, kThreads, smem, static_cast<cudaStream_t>(a.stream)>>>(
+      static_cast<const TX*>(a.x), segs, static_cast<int>(a.M), static_cast<int>(a.in), group_shift, sums ? 1 : 0,
+      xs ? 1 : 0);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
 
-// Picks the lanes per row (the power of two in 4..32 that gives each lane about kUnroll chunks),
-// fills the segment table (rows of each segment in whole blocks), launches.
+// Lanes per row (log2) of one segment: the power of two in 4..32 that gives each lane about kUnroll
+// chunks; affine segments then widen it (up to a lane per chunk) until they have kAffineMinWarps
+// warps. A function of `in`, the format and the segment's own rows only, so a grouped launch gives
+// each segment the bits of its separate launch.
+template <typename TX, int Kind>
+int lanes_log2(int64_t in, int64_t rows) {
+  const int64_t chunks = in / codes_per_chunk<TX, Kind>();
+  int l = 2;
+  while (l < 5 && (int64_t{2} << l) * kUnroll <= chunks) ++l;
+  if constexpr (Kind != 0)
+    while (l < 5 && (int64_t{2} << l) <= chunks && rows * (int64_t{1} << l) / 32 < kAffineMinWarps) ++l;
+  return l;
+}
+
+// Fills the segment table (each segment's lanes per row, its rows in whole blocks), launches.
 template <typename TX, typename TS, int Kind>
 const char* launch(const GemvArgs& a) {
-  const int64_t chunks = a.in / codes_per_chunk<TX, Kind>();
-  int tpr_log2 = 2;
-  while (tpr_log2 < 5 && (int64_t{2} << tpr_log2) * kUnroll <= chunks) ++tpr_log2;
-  const int64_t rows_per_block = kThreads >> tpr_log2;
   Segs segs{};
   int64_t end = 0;
   for (int s = 0; s < 3; ++s) {
@@ -259,19 +329,22 @@ const char* launch(const GemvArgs& a) {
       segs.b[s] = g.biases;
       segs.y[s] = g.y;
       segs.out[s] = g.out;
+      segs.tpr_log2[s] = lanes_log2<TX, Kind>(a.in, g.out);
+      const int64_t rows_per_block = kThreads >> segs.tpr_log2[s];
       end += (g.out + rows_per_block - 1) / rows_per_block;
       if (end > 0x7fffffff) return "gemv: too many output rows for one grid";
       segs.block_end[s] = static_cast<unsigned>(end);
     } else {
       segs.block_end[s] = 0xffffffffu;
+      segs.tpr_log2[s] = 2;
     }
   }
   const unsigned blocks = static_cast<unsigned>(end);
   const int M = static_cast<int>(a.M);
-  if (M <= 1) return launch_m<TX, TS, Kind, 1>(a, segs, blocks, tpr_log2);
-  if (M <= 2) return launch_m<TX, TS, Kind, 2>(a, segs, blocks, tpr_log2);
-  if (M <= 4) return launch_m<TX, TS, Kind, 4>(a, segs, blocks, tpr_log2);
-  return launch_m<TX, TS, Kind, 8>(a, segs, blocks, tpr_log2);
+  if (M <= 1) return launch_m<TX, TS, Kind, 1>(a, segs, blocks);
+  if (M <= 2) return launch_m<TX, TS, Kind, 2>(a, segs, blocks);
+  if (M <= 4) return launch_m<TX, TS, Kind, 4>(a, segs, blocks);
+  return launch_m<TX, TS, Kind, 8>(a, segs, blocks);
 }
 
 template <typename TX>

@@ -41,8 +41,8 @@ bool gemv_supported(const GemvArgs& a);
 
 /// y_s = x · W_sᵀ for each segment s, accumulated in fp32 and rounded once to x_dtype; affine
 /// weights decode as W[o, k] = scale[o, k/gs] · q[o, k] + bias[o, k/gs] (mlx's affine dequantize).
-/// A row's result depends only on that row (not on M, the other segments or the launch shape), so
-/// grouped and separate calls and any batch size give the same bits. Asynchronous on `stream`.
+/// A row's result depends only on that row and its matrix's shape (not on M, the other segments or
+/// the launch shape), so grouped and separate calls and any batch size give the same bits. Asynchronous on `stream`.
 /// Returns nullptr on success, else a one-line reason (unsupported case, misaligned pointer, or the
 /// CUDA launch error string).
 const char* gemv(const GemvArgs& a);

@@ -89,10 +89,12 @@ TEST(DecodeGemv, AffineMatchesDequantizedReferenceAndIsRowIndependent) {
   const at::Device cuda(at::kCUDA, 0);
   // in = 32768 at 8 bits: an 8-row call's chunk sums (64 KB) exceed the shared-memory limit and are
   // added in the loop, a one-row call's (8 KB) come from shared memory — the same bits either way.
+  // in = 96 at group 32: a 4-bit row of 3 chunks (fewer than the 4 lanes of a row; an odd count of
+  // chunk sums before x in shared memory).
   for (int bits : {4, 8})
-    for (int64_t in : {256, 4096, 32768})
+    for (auto [in, gs] : {std::pair<int64_t, int>{256, 64}, {4096, 64}, {32768, 64}, {96, 32}})
       for (auto dt : {at::kBFloat16, at::kFloat}) {
-        hearth::nn::QuantizedWeight w = hearth::nn::quantize(at::randn({96, in}) * 0.05, hearth::nn::QuantSpec{bits, 64});
+        hearth::nn::QuantizedWeight w = hearth::nn::quantize(at::randn({96, in}) * 0.05, hearth::nn::QuantSpec{bits, gs});
         w = hearth::nn::QuantizedWeight{w.wq.to(cuda), w.scales.to(dt).to(cuda), w.biases.to(dt).to(cuda), w.spec};
         for (int64_t M : {1, 3, 8}) {
           const at::Tensor x = at::randn({M, in}).to(dt).to(cuda);
