@@ -111,6 +111,13 @@ struct Prompt {
   bool reasoning_open = false;
 };
 
+/// Whether the output starts as reasoning: the prompt opened a thought and no response_format
+/// grammar constrains the output. A constrained answer starts at the first generated token and
+/// cannot write the closing marker (special tokens are never allowed), so it is the content.
+inline bool output_starts_in_reasoning(const CompletionRequest& req, const Prompt& prompt) {
+  return prompt.reasoning_open && !req.response_grammar;
+}
+
 /// An alternative token at one position, for logprobs.
 struct TopLogprob {
   int64_t id = 0;

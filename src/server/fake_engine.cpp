@@ -145,7 +145,8 @@ std::unique_ptr<chat::ReasoningSplitter> FakeEngine::reasoning_splitter(const Co
   if (!req.chat || opts_.reasoning == chat::ReasoningFormat::None) return nullptr;
   std::vector<std::string> ends;
   if (req.tools_active()) ends.emplace_back("<tool_call>");
-  return std::make_unique<chat::ReasoningSplitter>(opts_.reasoning, prompt.reasoning_open, std::move(ends));
+  return std::make_unique<chat::ReasoningSplitter>(opts_.reasoning, output_starts_in_reasoning(req, prompt),
+                                                      std::move(ends));
 }
 
 CompletionRequest FakeEngine::last_request() const {

@@ -542,7 +542,8 @@ std::unique_ptr<chat::ReasoningSplitter> ModelEngine::reasoning_splitter(const C
   if (!req.chat || reasoning_format_ == chat::ReasoningFormat::None) return nullptr;
   std::vector<std::string> ends;
   if (req.tools_active()) ends.push_back(chat::tool_call_start_marker(tool_format_));
-  return std::make_unique<chat::ReasoningSplitter>(reasoning_format_, prompt.reasoning_open, std::move(ends));
+  return std::make_unique<chat::ReasoningSplitter>(reasoning_format_, output_starts_in_reasoning(req, prompt),
+                                                      std::move(ends));
 }
 
 std::vector<AdapterInfo> ModelEngine::list_adapters() const {

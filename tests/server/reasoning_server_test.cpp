@@ -136,6 +136,24 @@ TEST_F(ReasoningServerTest, PrimedPromptOutputShowsOnlyTheClosingTag) {
   EXPECT_EQ(a.content, "pondering deeply\n\nYes.");
 }
 
+TEST_F(ReasoningServerTest, StructuredOutputAfterAPrimedThoughtIsTheContent) {
+  // A response_format grammar starts at the first generated token and never allows the closing
+  // marker: after a template that primed "<think>" (Qwen3.5's default) the JSON is the answer,
+  // not a thought that never ends (it came back as reasoning_content with an empty content).
+  start(chat::ReasoningFormat::ThinkTags);
+  const std::string thinking = R"(, "chat_template_kwargs": {"enable_thinking": true})";
+  for (const std::string format : {R"({"type": "json_object"})",
+                                   R"({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}})"}) {
+    Answer a = both(R"(emit:{"a": 1})", thinking + R"(, "response_format": )" + format);
+    EXPECT_FALSE(a.has_reasoning_key) << format;
+    EXPECT_EQ(a.content, R"({"a": 1})") << format;
+  }
+  // Without response_format the primed thought is still reasoning.
+  Answer a = both(R"(emit:{"a": 1})", thinking);
+  EXPECT_EQ(a.reasoning, R"({"a": 1})");
+  EXPECT_EQ(a.content, "");
+}
+
 TEST_F(ReasoningServerTest, ToolCallAfterOrInsideAThoughtIsStillACall) {
   start(chat::ReasoningFormat::ThinkTags);
   const std::string tools =
