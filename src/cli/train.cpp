@@ -168,7 +168,8 @@ std::function<int()> setup_train(CLI::App& app) {
   app.add_option("--lora-rank", c.lora_rank, "LoRA rank, 1 to 65536 (default 8)");
   app.add_option("--lora-scale", c.lora_scale, "LoRA scale, in (0, 10000] (default 20)");
   app.add_option("--lora-dropout", c.lora_dropout, "LoRA input dropout, in [0, 1) (default 0)");
-  app.add_option("--lora-keys", a->lora_keys, "Comma list of module names (default q,k,v,o,gate,up,down _proj)");
+  CLI::Option* lora_keys_opt =
+      app.add_option("--lora-keys", a->lora_keys, "Comma list of module names (default q,k,v,o,gate,up,down _proj)");
   app.add_option("--batch-size", c.batch_size, "Examples per micro-batch (default 4)");
   app.add_option("--iters", c.iters, "Optimizer steps (default 1000)");
   app.add_option("--learning-rate", c.learning_rate, "Peak learning rate (default 1e-5)");
@@ -218,13 +219,18 @@ std::function<int()> setup_train(CLI::App& app) {
                  "none | bf16 (default none). bf16: the model computes in bfloat16 while the optimizer keeps fp32 "
                  "master weights, gradients and state; the loss is taken in fp32. LoRA: fp32 A/B over a bf16 base. "
                  "fp16 is refused (it needs loss scaling)");
-  return [a] {
+  return [a, lora_keys_opt] {
     auto& c = a->cfg;
     c.data_dir = a->data;
     c.resume = a->resume;
     c.adapter_path = !a->adapter_path.empty() ? a->adapter_path : a->resume;
     HEARTH_CHECK(!c.adapter_path.empty(), "train: --adapter-path is required");
-    if (!a->lora_keys.empty()) c.lora_keys = split_commas(a->lora_keys);
+    if (lora_keys_opt->count() > 0) {
+      c.lora_keys = split_commas(a->lora_keys);
+      // An empty list used to mean the defaults silently.
+      HEARTH_CHECK(!c.lora_keys.empty(), "train: --lora-keys '", a->lora_keys,
+                   "' names no module (a comma list such as q_proj,v_proj; leave the flag out for the defaults)");
+    }
     if (a->grad_checkpoint) {
       HEARTH_CHECK(c.segment_size <= 1, "train: --grad-checkpoint and --segment-size ", c.segment_size,
                    " disagree (--grad-checkpoint is --segment-size 1)");

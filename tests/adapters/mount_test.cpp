@@ -281,6 +281,21 @@ TEST(Trainable, AttachSelectsModulesAndInitsLikePeft) {
   EXPECT_EQ(adapters::layer_params(part, 0, 1).size(), 0u);
   sub.keys = {"no_such_proj"};
   EXPECT_THROW(adapters::attach_trainable(*m3, sub, 6, "t4"), InvalidArgument);
+  // One unknown key beside known ones is refused by name (it used to be dropped silently).
+  sub.keys = {"q_proj", "no_such_proj"};
+  try {
+    adapters::attach_trainable(*m3, sub, 6, "t5");
+    ADD_FAILURE() << "an unknown LoRA key was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'no_such_proj' matches no module"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("self_attn.q_proj"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+  }
+  // A key that exists only in layers --num-layers leaves out is not a typo: the others train.
+  auto m4 = load_tiny("llama_mha");
+  sub.keys = {"q_proj", "mlp.down_proj"};
+  sub.num_layers = 1;
+  EXPECT_EQ(adapters::attach_trainable(*m4, sub, 6, "t6").modules.size(), 2u);
 }
 
 TEST(Trainable, DropoutOnlyInScopeAndReplays) {

@@ -148,6 +148,9 @@ TEST(TrainGuardsCli, BadNumericFlagsFailBeforeTheModelLoads) {
       {"--weight-decay -1", "--weight-decay must be a finite number >= 0, got -1"},
       {"--grad-clip inf", "--grad-clip must be a finite number >= 0 (0 = off)"},
       {"--lr-schedule linear", "--lr-schedule: 'linear' is not constant or cosine"},
+      // An empty key list used to train the default keys silently.
+      {"--lora-keys ''", "train: --lora-keys '' names no module"},
+      {"--lora-keys ,", "train: --lora-keys ',' names no module"},
   };
   for (const auto& [flags, want] : cases) {
     SCOPED_TRACE(flags);
