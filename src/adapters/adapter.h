@@ -25,6 +25,9 @@ struct LoraConfig {
   /// path equals a key or ends with "." + key (PEFT's target_modules rule). Empty = the q, k, v, o,
   /// gate, up, down projections.
   std::vector<std::string> keys;
+  /// true: every key must match some module of the model (keys a user named: `--lora-keys`), else
+  /// InvalidArgument naming it; false: PEFT's rule, an error only when no key matches at all.
+  bool every_key_must_match = false;
   /// Only the last N decoder blocks ("model.layers.N."); -1 = all.
   int64_t num_layers = -1;
 };

@@ -112,18 +112,16 @@ Adapter attach_trainable(models::Model& model, const LoraConfig& config, uint64_
     b.set_requires_grad(true);
     ad.modules[path] = nn::LoraAdapter{a, b, config.scale, config.dropout};
   }
-  // A key the caller named that matches no module anywhere in the model is a typo, even when
-  // the other keys match (it used to be dropped silently). Defaults are exempt: a family may lack
-  // some of them (Qwen3.5's linear-attention layers have no q_proj).
-  for (const auto& k : config.keys) {
+  // With every_key_must_match (keys a user typed: --lora-keys), a key that matches no module
+  // anywhere in the model is a typo even when the other keys match (it used to be dropped
+  // silently). Otherwise PEFT's rule: only no match at all is an error (below).
+  for (const auto& k : config.every_key_must_match ? config.keys : std::vector<std::string>{}) {
     bool any = false;
     for (const auto& [path, lin] : modules) any = any || key_matches(path, k);
     if (any) continue;
-    std::set<std::string> names;  // module names without the layer prefix, for the message
-    for (const auto& [path, lin] : modules) {
-      const size_t dot = path.rfind('.', path.rfind('.') - 1);
-      names.insert(layer_index(path) >= 0 && dot != std::string::npos ? path.substr(dot + 1) : path);
-    }
+    static const std::regex layer_prefix(R"(^(.*\.)?layers\.\d+\.)");
+    std::set<std::string> names;  // module paths without their "….layers.N." prefix, for the message
+    for (const auto& [path, lin] : modules) names.insert(std::regex_replace(path, layer_prefix, ""));
     std::string known;
     for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
     throw InvalidArgument(cat("attach_trainable: LoRA key '", k, "' matches no module of the model (its modules: ", known, ")"));

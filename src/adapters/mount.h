@@ -37,7 +37,8 @@ int64_t unmount(models::Model& model, const std::string& id);
 /// B [out, r] = 0. Both are requires_grad leaves in the model's placement dtype/device (fp32 in
 /// tests; bf16 models give bf16 leaves — keep fp32 master copies in the optimizer if needed).
 /// The returned Adapter's tensors ARE those leaves: update them in place (under NoGradGuard).
-/// Throws hearth::Error when no module matches or rank <= 0.
+/// Throws hearth::Error when no module matches or rank <= 0, and InvalidArgument naming a key that
+/// matches no module when config.every_key_must_match.
 Adapter attach_trainable(models::Model& model, const LoraConfig& config, uint64_t seed,
                          const std::string& id = "train");
 

@@ -28,6 +28,7 @@ LoraRun::LoraRun(models::Model& model, const TrainConfig& cfg) {
   lc.scale = cfg.lora_scale;
   lc.dropout = cfg.lora_dropout;
   lc.keys = cfg.lora_keys;
+  lc.every_key_must_match = !cfg.lora_keys.empty();  // named by the user (or a checkpoint), not the defaults
   lc.num_layers = cfg.num_layers;
   HEARTH_CHECK(cfg.lora_dropout >= 0 && cfg.lora_dropout < 1, "--lora-dropout must be in [0, 1), got ",
                cfg.lora_dropout);

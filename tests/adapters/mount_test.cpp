@@ -281,8 +281,11 @@ TEST(Trainable, AttachSelectsModulesAndInitsLikePeft) {
   EXPECT_EQ(adapters::layer_params(part, 0, 1).size(), 0u);
   sub.keys = {"no_such_proj"};
   EXPECT_THROW(adapters::attach_trainable(*m3, sub, 6, "t4"), InvalidArgument);
-  // One unknown key beside known ones is refused by name (it used to be dropped silently).
+  // One unknown key beside known ones is accepted under PEFT's rule (the known ones train) and
+  // refused by name when the keys were the user's (every_key_must_match: --lora-keys).
   sub.keys = {"q_proj", "no_such_proj"};
+  EXPECT_GT(adapters::attach_trainable(*m3, sub, 6, "t4b").modules.size(), 0u);
+  sub.every_key_must_match = true;
   try {
     adapters::attach_trainable(*m3, sub, 6, "t5");
     ADD_FAILURE() << "an unknown LoRA key was accepted";
