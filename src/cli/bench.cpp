@@ -139,7 +139,8 @@ std::function<int()> setup_bench(CLI::App& app) {
                 where.dtype == at::kBFloat16 ? "bfloat16" : where.dtype == at::kHalf ? "float16" : "float32");
     std::printf("prompt %lld tokens, generate %lld tokens, median of %d runs\n",
                 static_cast<long long>(a->prompt_tokens), static_cast<long long>(a->gen_tokens), a->runs);
-    std::printf("decode path: %s (HEARTH_CUDA_GRAPHS=0 forces the eager loop)\n", path);
+    std::printf("decode path: %s%s\n", path,
+                where.device.is_cuda() ? " (HEARTH_CUDA_GRAPHS=0 forces the eager loop)" : "");
     std::printf("prefill: %.1f tok/s\ndecode: %.1f tok/s\nTTFT: %.1f ms\npeak memory: %.3f GB\n", median(prefill),
                 median(decode), median(ttft), peak / 1e9);
     return 0;
