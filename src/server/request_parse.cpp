@@ -124,6 +124,9 @@ void parse_tools(const json& body, CompletionRequest& req) {
       if (!fn || !fn->is_object()) bad(p + ".function", "Missing required parameter: '" + p + ".function'.");
       if (!string_field(*fn, "name", p + ".function.name"))
         bad(p + ".function.name", "Missing required parameter: '" + p + ".function.name'.");
+      // A JSON Schema object, as OpenAI requires (a string was accepted and then ignored).
+      if (const json* params = field(*fn, "parameters"); params && !params->is_object())
+        bad_type(p + ".function.parameters", *params, "an object");
     }
     req.tools = *tools;
   }

@@ -135,6 +135,8 @@ TEST(RequestParse, BadFieldsAreRejectedNamingTheField) {
   EXPECT_EQ(rejected_param("{" + m + R"(, "top_logprobs": 2})"), "top_logprobs");
   EXPECT_EQ(rejected_param("{" + m + R"(, "tools": {}})"), "tools");
   EXPECT_EQ(rejected_param("{" + m + R"(, "tools": [{"type": "function", "function": {}}]})"), "tools[0].function.name");
+  EXPECT_EQ(rejected_param("{" + m + R"(, "tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]})"),
+            "tools[0].function.parameters");
   EXPECT_EQ(rejected_param("{" + m + R"(, "tool_choice": "always"})"), "tool_choice");
   EXPECT_EQ(rejected_param("{" + m + R"(, "stream_options": {"include_usage": 1}})"), "stream_options.include_usage");
   EXPECT_EQ(rejected_param("{" + m + R"(, "model": 3})"), "model");
