@@ -101,7 +101,7 @@ bool EngineLoop::prepare(Job& job) {
     const uint64_t most = static_cast<uint64_t>(ctx) * static_cast<uint64_t>(per_token);
     if (bytes > most) {
       job.events.push(error_event(400, cat("This model's maximum context length is ", ctx, " tokens. However, your ", what,
-                                           req.chat ? " hold " : " holds ", bytes, " bytes of text, more than ", ctx, " tokens can cover (one token is at most ",
+                                           req.chat ? " (with tools and chat_template_kwargs) hold " : " holds ", bytes, " bytes of text, more than ", ctx, " tokens can cover (one token is at most ",
                                            per_token, " bytes). Please reduce the length of the ", what, "."),
                                   what, "context_length_exceeded"));
       return false;

@@ -131,7 +131,7 @@ Prompt count_prompt(Engine& engine, const CompletionRequest& req) {
   if (const int64_t per_token = engine.max_token_bytes(); per_token > 0) {
     const uint64_t bytes = request_text_bytes(req);
     if (bytes > static_cast<uint64_t>(ctx) * static_cast<uint64_t>(per_token))
-      throw ApiError(400, cat("This model's maximum context length is ", ctx, " tokens. However, your messages hold ", bytes,
+      throw ApiError(400, cat("This model's maximum context length is ", ctx, " tokens. However, your messages (with tools and chat_template_kwargs) hold ", bytes,
                               " bytes of text, more than ", ctx, " tokens can cover (one token is at most ", per_token,
                               " bytes). Please reduce the length of the messages."),
                      "messages", "context_length_exceeded");
