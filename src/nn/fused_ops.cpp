@@ -132,8 +132,8 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Te
 
 namespace {
 // Elements between consecutive rows of x viewed as [N, C] (N = numel / C), or -1 when the leading
-// dims do not collapse to one stride (or the last dim is not contiguous).
-int64_t fused_norm_row_stride(const at::Tensor& x) {
+// dims do not collapse to one stride (or the last dim is not contiguous). Used by CUDA builds only.
+[[maybe_unused]] int64_t fused_norm_row_stride(const at::Tensor& x) {
   const int64_t d = x.dim();
   if (d == 0 || x.stride(d - 1) != 1) return -1;
   int64_t row = -1, next = -1;  // the innermost leading stride; what the next outer dim's must be
