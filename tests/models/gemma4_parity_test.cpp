@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "exact_logits.h"
 #include "generate/generate.h"
 #include "io/hf_config.h"
 #include "models/gemma4/gemma4.h"
@@ -24,15 +25,6 @@ const fs::path kGemma4Golden = fs::path(HEARTH_SOURCE_DIR) / "tests/golden/model
 // to 3.6e-4 on these models, and from transformers by at most 1.7e-4 (gemma4_e). Hence 2.5e-4
 // here instead of the llama family's 1e-4 (about 1e-5 of the logit range).
 constexpr double kLogitTol = 2.5e-4;
-
-at::Tensor read_logits(const fs::path& p, int64_t T) {
-  std::ifstream f(p, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(f)), {});
-  const int64_t n = static_cast<int64_t>(bytes.size() / 4);
-  at::Tensor t = at::empty({n}, at::kFloat);
-  std::memcpy(t.data_ptr(), bytes.data(), n * 4);  // little-endian host
-  return t.view({T, n / T});
-}
 
 std::vector<int64_t> prompt_ids(const nlohmann::json& golden, size_t i) {
   return golden["prompts"][i]["ids"].get<std::vector<int64_t>>();
@@ -51,7 +43,7 @@ TEST_P(Gemma4Parity, LogitsAndGreedyMatchTransformers) {
   for (const auto& p : golden["prompts"]) {
     std::vector<int64_t> ids = p["ids"].get<std::vector<int64_t>>();
     const int64_t T = static_cast<int64_t>(ids.size());
-    at::Tensor want = read_logits(dir / p["logits"].get<std::string>(), T);
+    at::Tensor want = hearth::testing::read_golden_logits(dir / p["logits"].get<std::string>(), T);
     auto caches = model->make_cache();
     at::Tensor logits = model->forward(at::tensor(ids, at::kLong).view({1, T}), 0, &caches)[0];
     ASSERT_EQ(logits.sizes(), want.sizes());
@@ -92,32 +84,13 @@ INSTANTIATE_TEST_SUITE_P(Golden, Gemma4Parity,
 // every prompt within 5e-4 of float64 and Hearth's worst at most twice transformers' worst — the
 // same size of fp32 error as the reference's own.
 TEST(Gemma4Exact, Fp32LogitsAsCloseToFloat64AsTransformersFp32) {
-  double hearth_worst = 0, tf_worst = 0;
-  int checked = 0;
-  for (const char* v : {"gemma4_e", "gemma4_e_q4", "gemma4_keqv", "gemma4_mm"}) {
-    const fs::path dir = kGemma4Golden / v;
-    if (!fs::exists(dir / "exact.json")) continue;
-    const auto golden = hearth::io::read_json(dir / "golden.json");
-    const auto exact = hearth::io::read_json(dir / "exact.json");
-    ASSERT_EQ(exact["prompts"].size(), golden["prompts"].size()) << v;
-    auto model = hearth::models::load_model(dir, {at::kCPU, at::kFloat});
-    for (size_t i = 0; i < golden["prompts"].size(); ++i) {
-      const auto ids = prompt_ids(golden, i);
-      const int64_t T = static_cast<int64_t>(ids.size());
-      const at::Tensor want = read_logits(dir / exact["prompts"][i]["logits_exact"].get<std::string>(), T);
-      auto caches = model->make_cache();
-      const at::Tensor got = model->forward(at::tensor(ids, at::kLong).view({1, T}), 0, &caches)[0];
-      const double d = (got - want).abs().max().item<double>();
-      EXPECT_LE(d, 5e-4) << v << " prompt of " << T << " tokens vs float64";
-      hearth_worst = std::max(hearth_worst, d);
-      tf_worst = std::max(tf_worst, exact["prompts"][i]["fp32_vs_exact"].get<double>());
-      ++checked;
-    }
-  }
-  if (checked == 0) GTEST_SKIP() << "no exact.json under " << kGemma4Golden;
-  EXPECT_EQ(checked, 8);
-  EXPECT_LE(hearth_worst, 2.0 * tf_worst);
-  std::cout << "[gemma4 exact] fp32 vs float64, worst: hearth " << hearth_worst << ", transformers " << tf_worst << "\n";
+  std::vector<fs::path> dirs;
+  for (const char* v : {"gemma4_e", "gemma4_e_q4", "gemma4_keqv", "gemma4_mm"}) dirs.push_back(kGemma4Golden / v);
+  const hearth::testing::ExactWorst w = hearth::testing::compare_with_exact(dirs, 5e-4);
+  if (w.prompts == 0) GTEST_SKIP() << "no exact.json under " << kGemma4Golden;
+  EXPECT_EQ(w.prompts, 8);
+  EXPECT_LE(w.hearth, 2.0 * w.transformers);
+  std::cout << "[gemma4 exact] fp32 vs float64, worst: hearth " << w.hearth << ", transformers " << w.transformers << "\n";
 }
 
 // Feeding the prompt one token (or a few) at a time through the caches gives the logits of one

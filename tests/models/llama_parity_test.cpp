@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "exact_logits.h"
 #include "generate/generate.h"
 #include "io/hf_config.h"
 #include "models/registry.h"
@@ -30,15 +31,6 @@ std::vector<std::string> variants() {
   return out;
 }
 
-at::Tensor read_llama_logits(const fs::path& p, int64_t T) {
-  std::ifstream f(p, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(f)), {});
-  const int64_t n = static_cast<int64_t>(bytes.size() / 4);
-  at::Tensor t = at::empty({n}, at::kFloat);
-  std::memcpy(t.data_ptr(), bytes.data(), n * 4);  // little-endian host
-  return t.view({T, n / T});
-}
-
 class LlamaParity : public ::testing::TestWithParam<std::string> {};
 
 }  // namespace
@@ -51,7 +43,7 @@ TEST_P(LlamaParity, LogitsAndGreedyMatchTransformers) {
   for (const auto& p : golden["prompts"]) {
     std::vector<int64_t> ids = p["ids"].get<std::vector<int64_t>>();
     const int64_t T = static_cast<int64_t>(ids.size());
-    at::Tensor want = read_llama_logits(dir / p["logits"].get<std::string>(), T);
+    at::Tensor want = hearth::testing::read_golden_logits(dir / p["logits"].get<std::string>(), T);
     auto caches = model->make_cache();
     at::Tensor input = at::tensor(ids, at::kLong).view({1, T});
     at::Tensor logits = model->forward(input, 0, &caches)[0];

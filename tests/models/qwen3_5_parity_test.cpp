@@ -18,6 +18,7 @@
 #include <fstream>
 
 #include "cache/recurrent_cache.h"
+#include "exact_logits.h"
 #include "io/hf_config.h"
 #include "models/qwen3_5/qwen3_5.h"
 #include "models/registry.h"
@@ -38,15 +39,6 @@ std::vector<std::string> qwen35_variants() {
   std::sort(out.begin(), out.end());
   if (out.empty()) out.push_back("none");
   return out;
-}
-
-at::Tensor read_qwen35_logits(const fs::path& p, int64_t T) {
-  std::ifstream f(p, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(f)), {});
-  const int64_t n = static_cast<int64_t>(bytes.size() / 4);
-  at::Tensor t = at::empty({n}, at::kFloat);
-  std::memcpy(t.data_ptr(), bytes.data(), n * 4);  // little-endian host
-  return t.view({T, n / T});
 }
 
 at::Tensor ids_tensor(const std::vector<int64_t>& ids) {
@@ -72,7 +64,7 @@ TEST_P(Qwen3_5Parity, LogitsAndGreedyMatchTransformers) {
   for (const auto& p : golden["prompts"]) {
     std::vector<int64_t> ids = p["ids"].get<std::vector<int64_t>>();
     const int64_t T = static_cast<int64_t>(ids.size());
-    at::Tensor want = read_qwen35_logits(dir / p["logits"].get<std::string>(), T);
+    at::Tensor want = hearth::testing::read_golden_logits(dir / p["logits"].get<std::string>(), T);
     auto caches = model->make_cache();
     at::Tensor logits = model->forward(ids_tensor(ids), 0, &caches)[0];
     const double diff = (logits - want).abs().max().item<double>();
@@ -101,31 +93,13 @@ TEST_P(Qwen3_5Parity, LogitsAndGreedyMatchTransformers) {
 // 3.37e-4. Asserted: every prompt within kTol of float64 and Hearth's worst at most twice
 // transformers' worst — the same size of fp32 error as the reference's own (Gemma4Exact likewise).
 TEST(Qwen3_5Exact, Fp32LogitsAsCloseToFloat64AsTransformersFp32) {
-  double hearth_worst = 0, tf_worst = 0;
-  int checked = 0;
-  for (const std::string& v : qwen35_variants()) {
-    const fs::path dir = kQwen35Golden / v;
-    if (!fs::exists(dir / "exact.json")) continue;
-    const auto golden = hearth::io::read_json(dir / "golden.json");
-    const auto exact = hearth::io::read_json(dir / "exact.json");
-    ASSERT_EQ(exact["prompts"].size(), golden["prompts"].size()) << v;
-    auto model = hearth::models::load_model(dir, {at::kCPU, at::kFloat});
-    for (size_t i = 0; i < golden["prompts"].size(); ++i) {
-      const auto ids = golden["prompts"][i]["ids"].get<std::vector<int64_t>>();
-      const int64_t T = static_cast<int64_t>(ids.size());
-      const at::Tensor want = read_qwen35_logits(dir / exact["prompts"][i]["logits_exact"].get<std::string>(), T);
-      auto caches = model->make_cache();
-      const double d = (model->forward(ids_tensor(ids), 0, &caches)[0] - want).abs().max().item<double>();
-      EXPECT_LE(d, kTol) << v << " prompt of " << T << " tokens vs float64";
-      hearth_worst = std::max(hearth_worst, d);
-      tf_worst = std::max(tf_worst, exact["prompts"][i]["fp32_vs_exact"].get<double>());
-      ++checked;
-    }
-  }
-  if (checked == 0) GTEST_SKIP() << "no exact.json under " << kQwen35Golden;
-  EXPECT_GE(checked, 18);
-  EXPECT_LE(hearth_worst, 2.0 * tf_worst);
-  std::cout << "[qwen3_5 exact] fp32 vs float64, worst: hearth " << hearth_worst << ", transformers " << tf_worst << "\n";
+  std::vector<fs::path> dirs;
+  for (const std::string& v : qwen35_variants()) dirs.push_back(kQwen35Golden / v);
+  const hearth::testing::ExactWorst w = hearth::testing::compare_with_exact(dirs, kTol);
+  if (w.prompts == 0) GTEST_SKIP() << "no exact.json under " << kQwen35Golden;
+  EXPECT_GE(w.prompts, 18);
+  EXPECT_LE(w.hearth, 2.0 * w.transformers);
+  std::cout << "[qwen3_5 exact] fp32 vs float64, worst: hearth " << w.hearth << ", transformers " << w.transformers << "\n";
 }
 
 INSTANTIATE_TEST_SUITE_P(Golden, Qwen3_5Parity, ::testing::ValuesIn(qwen35_variants()),
