@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <limits>
 #include <vector>
 
@@ -165,14 +166,44 @@ at::Tensor attention_grouped(const at::Tensor& q, const at::Tensor& k, const at:
 // off; both accept GQA; checked for bf16/fp16, head dims 128 and 64), whose output, dk and dv are
 // bit-identical to the repeated call's (dq differs from run to run in either: atomics), so the
 // forward without a graph and its recomputation agree. Not inference (no grad: the repeated
-// call, as transformers makes it).
+// call, as transformers makes it). Head dims up to 256 only: neither flash nor cuDNN takes more and
+// the memory-efficient kernel (the one that takes Gemma 4's 512) has no GQA, so enable_gqa there
+// would fall back to the math path's [B, H, T, T] scores.
 bool sdpa_gqa_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   if (!compat::kHasSdpaGqa || !lean_grad_enabled() || !records_grad(q, k, v) || !q.is_cuda()) return false;
+  if (q.size(3) > 256) return false;
   const at::ScalarType st = q.scalar_type();
   return (st == at::kBFloat16 || st == at::kHalf) && k.scalar_type() == st && v.scalar_type() == st &&
          k.device() == q.device() && v.device() == q.device();
 }
 }  // namespace
+
+at::Tensor attention_sliding_blocked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const AttentionParams& p, int64_t block) {
+  const int64_t T = q.size(2), S = k.size(2);
+  if (!p.sliding_window || p.mask.defined() || block < 1 || T <= block) return {};
+  const int64_t W = *p.sliding_window;
+  // Query block [i0, i1) sits at absolute positions a..b; it sees keys at (a - W, b].
+  struct Span { int64_t i0, n, k0, kn; };
+  std::vector<Span> spans;
+  for (int64_t i0 = 0; i0 < T; i0 += block) {
+    const int64_t n = std::min(block, T - i0);
+    const int64_t a = p.q_pos0 + i0, b = a + n - 1;
+    const int64_t k0 = std::max<int64_t>(0, a - W + 1 - p.k_pos0), k1 = std::min<int64_t>(S, b - p.k_pos0 + 1);
+    // Every query of the block must see a key: its own position (or the last key before it) is in range.
+    if (a < p.k_pos0 || b - W + 1 > p.k_pos0 + S - 1 || k1 <= k0) return {};
+    spans.push_back({i0, n, k0, k1 - k0});
+  }
+  std::vector<at::Tensor> outs;
+  outs.reserve(spans.size());
+  for (const Span& sp : spans) {
+    AttentionParams pb = p;
+    pb.q_pos0 = p.q_pos0 + sp.i0;
+    pb.k_pos0 = p.k_pos0 + sp.k0;
+    outs.push_back(attention(q.narrow(2, sp.i0, sp.n), k.narrow(2, sp.k0, sp.kn), v.narrow(2, sp.k0, sp.kn), pb));
+  }
+  return at::cat(outs, 2);
+}
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionParams& p) {
   HEARTH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes() && q.size(0) == k.size(0) &&
@@ -186,6 +217,13 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   if (at::Tensor fast = attention_cpu(q, k, v, p); fast.defined()) return fast;
   if (at::Tensor fast = attention_decode_kernel(q, k, v, p); fast.defined()) return fast;
   if (at::Tensor grouped = attention_grouped(q, k, v, p, use_sdpa); grouped.defined()) return grouped;
+  // A long windowed block (Gemma's and Mistral's sliding layers at 8K+): by query blocks, not one
+  // [T, S] mask (at 128K tokens that mask alone is 32 GB in bf16).
+  constexpr int64_t kBlockedMinEntries = int64_t{1} << 24;
+  if (p.sliding_window && !p.mask.defined() && T * S >= kBlockedMinEntries && *p.sliding_window * 4 <= S)
+    if (at::Tensor blocked = attention_sliding_blocked(q, k, v, p, std::max<int64_t>(*p.sliding_window, 1024));
+        blocked.defined())
+      return blocked;
   if (use_sdpa) {
     // Like transformers' sdpa_attention_forward: is_causal when no explicit mask is needed beyond
     // square causality; otherwise an explicit mask.

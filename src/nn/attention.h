@@ -32,6 +32,18 @@ double mask_min(at::ScalarType dtype);
 /// q_pos0.. and keys at k_pos0..; undefined tensor when every key is visible to every query.
 at::Tensor attention_mask(int64_t T, int64_t S, const AttentionParams& p, at::ScalarType dtype, at::Device device);
 
+/// Sliding-window attention by query blocks of `block` positions, for long windowed prefills and
+/// training: each block of queries attends only the keys its windows can reach (at most block + W - 1
+/// of them, with a [block, keys] mask), so memory and work are O(T·(block + W)) instead of the [T, S]
+/// mask and scores of one call. q [B, H, T, D], k/v [B, Hkv, S, D] → [B, H, T, D], equal to
+/// attention() within rounding (a hidden key adds exactly 0 either way; the reductions are shorter)
+/// and differentiable. Undefined tensor when it does not apply: no window, an explicit mask,
+/// block < 1, T ≤ block, or a query with no visible key (attention() then gives it equal weights
+/// over all keys; the blocks cannot). Used by attention() when the [T, S] mask would pass 16M
+/// entries and the window is under a quarter of S (the prompts of the goldens stay unblocked).
+at::Tensor attention_sliding_blocked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const AttentionParams& p, int64_t block);
+
 /// softmax(q kᵀ · scale + mask) v for q [B, H, T, D], k/v [B, Hkv, S, D] (H % Hkv == 0)
 /// → [B, H, T, D]. Plain path: scores and softmax as transformers' eager path (softmax in fp32,
 /// cast back to q's dtype). Throws hearth::Error on shape mismatch or kSdpa without SDPA.

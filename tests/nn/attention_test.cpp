@@ -1,10 +1,13 @@
 // Attention: the plain path against a naive per-element loop in double, causal and sliding
-// masks by absolute position, GQA ≡ MHA with repeated KV heads, SDPA ≡ plain (PyTorch ≥ 2.1).
+// masks by absolute position, GQA ≡ MHA with repeated KV heads, SDPA ≡ plain (PyTorch ≥ 2.1),
+// sliding-window attention by query blocks ≡ one masked call (values and gradients).
 #include "nn/attention.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+
+#include <torch/csrc/autograd/autograd.h>
 
 #include "core/torch_compat.h"
 
@@ -109,4 +112,43 @@ TEST(Attention, SdpaMatchesPlain) {
   auto plain = attention(q, k.narrow(2, 0, 6), v.narrow(2, 0, 6), sq);
   sq.backend = AttentionBackend::kSdpa;
   EXPECT_TRUE(at::allclose(attention(q, k.narrow(2, 0, 6), v.narrow(2, 0, 6), sq), plain, 1e-5, 1e-5));
+}
+
+// Long windowed blocks go by query blocks (attention_sliding_blocked): the same values and
+// gradients as one masked call, for square training blocks and for a chunk of queries after cached
+// keys, with the last block shorter than the others. Inputs in double; the plain path's softmax is
+// fp32 (as transformers' eager), so both agree to its rounding (a wrongly masked key: ~0.1).
+TEST(Attention, SlidingBlocksEqualOneMaskedCall) {
+  at::manual_seed(5);
+  struct Case { int64_t T, S, q0, k0, W, block; };
+  for (const Case c : {Case{50, 50, 0, 0, 6, 8}, Case{23, 60, 37, 0, 9, 5}, Case{40, 40, 100, 100, 7, 7}}) {
+    auto opts = at::TensorOptions().dtype(at::kDouble);
+    auto q = at::randn({2, 4, c.T, 8}, opts).requires_grad_(true);
+    auto k = at::randn({2, 2, c.S, 8}, opts).requires_grad_(true);
+    auto v = at::randn({2, 2, c.S, 8}, opts).requires_grad_(true);
+    AttentionParams p;
+    p.scale = 0.4;
+    p.q_pos0 = c.q0;
+    p.k_pos0 = c.k0;
+    p.sliding_window = c.W;
+    p.backend = AttentionBackend::kPlain;
+    at::Tensor blocked = attention_sliding_blocked(q, k, v, p, c.block);
+    ASSERT_TRUE(blocked.defined()) << "T " << c.T;
+    at::Tensor whole = attention(q, k, v, p);
+    EXPECT_LT((blocked - whole).abs().max().item<double>(), 2e-6) << "T " << c.T;
+    EXPECT_LT((blocked - naive(q.detach(), k.detach(), v.detach(), p)).abs().max().item<double>(), 2e-6);
+    auto w = at::randn_like(whole);
+    auto gb = torch::autograd::grad({(blocked * w).sum()}, {q, k, v});
+    auto gw = torch::autograd::grad({(whole * w).sum()}, {q, k, v});
+    for (int i = 0; i < 3; ++i) EXPECT_LT((gb[i] - gw[i]).abs().max().item<double>(), 2e-6) << "grad " << i;
+  }
+  // Where it does not apply: no window, one block, queries before every key.
+  auto q = at::randn({1, 2, 16, 4}), k = at::randn({1, 2, 16, 4}), v = at::randn({1, 2, 16, 4});
+  AttentionParams p;
+  p.backend = AttentionBackend::kPlain;
+  EXPECT_FALSE(attention_sliding_blocked(q, k, v, p, 4).defined());
+  p.sliding_window = 3;
+  EXPECT_FALSE(attention_sliding_blocked(q, k, v, p, 16).defined());
+  p.k_pos0 = 5;
+  EXPECT_FALSE(attention_sliding_blocked(q, k, v, p, 4).defined());
 }
