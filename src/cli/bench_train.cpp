@@ -8,11 +8,13 @@
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
+#include <string>
 
 #include "cli/verb.h"
 #include "core/error.h"
@@ -40,6 +42,7 @@ struct BenchTrainArgs {
 
 struct Cell {
   bool oom = false;
+  std::string oom_what;  // the first line of the allocator's message (the size it tried)
   double tokens_per_s = 0;
   int64_t peak_bytes = 0;
   int64_t boundary_device_bytes = 0, boundary_host_bytes = 0;
@@ -133,8 +136,10 @@ Cell run_cell(hearth::models::Model& model, const BenchTrainArgs& a, int64_t T, 
     c.tokens_per_s = static_cast<double>(T * a.steps) / secs;
     c.peak_bytes = compat::peak_memory_bytes(dev);
   } catch (const c10::Error& e) {
-    if (std::string(e.what()).find("out of memory") == std::string::npos) throw;
+    const std::string what = e.what();
+    if (what.find("out of memory") == std::string::npos) throw;
     c.oom = true;
+    c.oom_what = what.substr(0, std::min(what.find('\n'), size_t{160}));
   }
   return c;
 }
@@ -191,7 +196,7 @@ std::function<int()> setup_bench_train(CLI::App& app) {
         std::ostringstream line;
         line << std::setw(7) << T << "  " << std::setw(7) << (seg == 0 ? std::string("off") : std::to_string(seg)) << "  ";
         if (c.oom) {
-          line << "OOM";
+          line << "OOM (" << c.oom_what << ")";
         } else if (c.partial && seg == 0) {
           line << "WHOLE BACKWARD (full backward: no segments to stop after): forward + loss head + backward "
                << std::fixed << std::setprecision(1) << c.forward_s << " s; peak " << gb(c.peak_bytes) << " GB";
