@@ -168,14 +168,17 @@ def mlx_quantize(w, bits, group):
     biases = torch.where(q0 == 0, torch.zeros_like(edge), edge)
     q = torch.clamp(torch.round((g - biases) / scales), 0, n_bins).to(torch.int64).reshape(out_f, in_f)
     # little-endian bit stream: bit j of element i lands at stream bit i*bits + j
+    # (integer ops and IEEE fp32 arithmetic: the same bits on a CUDA w as on the CPU, only faster)
     if 32 % bits == 0:  # whole values per word: element k of a word sits at bits*k
         per = 32 // bits
-        qs = q.numpy().astype(np.uint64).reshape(out_f, -1, per)
-        packed = (qs << (bits * np.arange(per, dtype=np.uint64))).sum(-1).astype(np.uint32)
+        shifts = bits * torch.arange(per, dtype=torch.int64, device=q.device)
+        packed = (q.reshape(out_f, -1, per) << shifts).sum(-1).cpu().numpy().astype(np.uint32)
     else:
-        bitsarr = ((q.numpy()[:, :, None] >> np.arange(bits)) & 1).reshape(out_f, -1, 32).astype(np.uint64)
+        q_np = q.cpu().numpy()
+        bitsarr = ((q_np[:, :, None] >> np.arange(bits)) & 1).reshape(out_f, -1, 32).astype(np.uint64)
         packed = (bitsarr << np.arange(32, dtype=np.uint64)).sum(-1).astype(np.uint32)
-    return packed, scales.reshape(out_f, -1).numpy(), biases.reshape(out_f, -1).numpy(), q
+    return (packed, scales.reshape(out_f, -1).cpu().numpy(), biases.reshape(out_f, -1).cpu().numpy(),
+            q.cpu())
 
 
 def make_mlx_q4(src_folder, model, tok):

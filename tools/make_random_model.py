@@ -112,7 +112,7 @@ def main():
             if key == "lm_head.weight" and cfg.tie_word_embeddings:
                 continue
             if module and w.dim() == 2 and w.shape[1] % 64 == 0:
-                packed, scales, biases, _ = mlx_quantize(w.float().cpu(), 4, 64)
+                packed, scales, biases, _ = mlx_quantize(w.float(), 4, 64)  # on the GPU when there is one
                 tensors[key] = packed
                 tensors[module + ".scales"] = torch.from_numpy(scales).to(dtype).float().numpy()
                 tensors[module + ".biases"] = torch.from_numpy(biases).to(dtype).float().numpy()
