@@ -11,11 +11,13 @@ unless logprobs were asked: then every token comes in a chunk of its own with it
 text or not. So each request asks for logprobs=0 (the sampled token's logprob, no alternatives: one
 value read per token) and TTFT stops at the first chunk with text or a logprobs token; with
 random-weight models the first tokens often decode to empty text, and a text-based TTFT would then
-be the whole latency. Same in bench/batching_load.mjs.
+be the whole latency. Same in bench/batching_load.mjs. `--no-logprobs` leaves them out (what most
+clients send: the server's cheapest path) — only for a model whose every token decodes to text
+(e.g. a random model with a real tokenizer and its vocabulary), or TTFT means nothing.
 
   python3 bench/batching_load.py --model DIR [--bin build/hearth] [--clients 1,8,32] [--requests 4]
                                  [--tokens 64] [--device cpu] [--max-num-seqs 32]
-                                 [--server-args "--no-cuda-graph-warmup ..."]
+                                 [--no-logprobs] [--server-args "--no-cuda-graph-warmup ..."]
 """
 import argparse
 import http.client
@@ -42,11 +44,13 @@ def carries_token(choice):
     return bool(choice.get("text")) or bool((choice.get("logprobs") or {}).get("tokens"))
 
 
-def one(url, i, max_tokens):
+def one(url, i, max_tokens, logprobs=True):
     """One streamed completion (stdlib http.client: it undoes the chunked encoding)."""
     t0 = time.perf_counter()
     body = {"prompt": f"Request {i}: the story of a small town by the sea,", "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, "logprobs": 0}
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    if logprobs:
+        body["logprobs"] = 0
     u = urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     try:
@@ -85,6 +89,7 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--max-num-seqs", default="32")
+    ap.add_argument("--no-logprobs", action="store_true", help="requests without logprobs (see above)")
     ap.add_argument("--server-args", default="", help="extra `hearth serve` flags, split on spaces")
     a = ap.parse_args()
     cmd = [a.bin, "serve", "--model", a.model, "--device", a.device, "--port", "0", "--max-num-seqs",
@@ -101,7 +106,7 @@ def main():
         m = re.search(r"http://[\d.]+:\d+", line)
         url = m.group(0) if m else None
     try:
-        one(url, -1, a.tokens)  # warmup
+        one(url, -1, a.tokens, not a.no_logprobs)  # warmup
         for C in [int(c) for c in a.clients.split(",")]:
             rss0 = rss_mib(proc.pid)
             results, failures, lock = [], [0], threading.Lock()
@@ -109,7 +114,7 @@ def main():
             def worker(c):
                 for r in range(a.requests):
                     try:
-                        out = one(url, c * 1000 + r, a.tokens)
+                        out = one(url, c * 1000 + r, a.tokens, not a.no_logprobs)
                         with lock:
                             results.append(out)
                     except Exception:  # counted, the run goes on

@@ -484,12 +484,24 @@ void DecodeSlots::decode(const std::vector<Sequence*>& rows) {
   at::Tensor host_logits;
   if (!host_rows.empty())
     host_logits = logits_.index_select(0, at::tensor(host_rows, at::TensorOptions().dtype(at::kLong)).to(device_)).to(at::kCPU);
+  // Greedy rows that want logprobs (no processors): their log-softmax rows in one op over all of
+  // them, their tokens the step's own argmax — not a log-softmax, an argmax and a host sync per row
+  // (Sequence::sample_and_emit; the same values: each row reduces alone either way).
+  std::vector<int64_t> lp_rows;
+  for (const Sequence* s : rows)
+    if (s->opts_.logprobs && greedy_without_processors(s->opts_.sampling)) lp_rows.push_back(s->slot_);
+  at::Tensor lp_all;
+  if (!lp_rows.empty()) {
+    const at::Tensor idx = at::tensor(lp_rows, at::TensorOptions().dtype(at::kLong)).to(device_);
+    lp_all = at::log_softmax(logits_.index_select(0, idx).to(at::kFloat), -1);
+  }
   const int64_t* next = next_host.data_ptr<int64_t>();
-  int64_t j = 0;
+  int64_t j = 0, k = 0;
   for (Sequence* s : rows) {
     s->offset_ += 1;
     s->result_.stats.cuda_graph = s->result_.stats.cuda_graph || graph;
     if (plain_greedy(s->opts_)) s->emit(next[s->slot_], at::Tensor());
+    else if (s->opts_.logprobs && greedy_without_processors(s->opts_.sampling)) s->emit(next[s->slot_], lp_all[k++]);
     else if (!s->opts_.logprobs && device_.is_cuda()) s->sample_and_emit(host_logits[j++]);
     else s->sample_and_emit(logits_[s->slot_]);
     if (s->done()) {
