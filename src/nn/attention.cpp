@@ -111,6 +111,82 @@ at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Ten
   return out.permute({0, 2, 1, 3});
 }
 
+// Decode-sized steps on the CPU under an explicit additive mask (the decode slots' [B, 1, 1, S]
+// over a length bucket): per (batch row, kv head), its n_rep query heads × T ≤ 8 queries as one
+// [R, D] block score only the keys from the first to the last visible one (a slot's bucket may be
+// twice its row's length) by single-threaded sgemm (nn/cpu_gemm.h), K and V read in place (no
+// repeat_kv copy); the mask's values still apply inside that span. Same softmax(q kᵀ·scale + mask) v
+// as the plain path up to summation order. Undefined tensor when it does not apply: not CPU fp32,
+// no mask or one of another shape, T > 8, autograd, q not contiguous [B, H, T, D], the fast GEMM
+// off, or a query row with no visible key.
+at::Tensor attention_decode_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const AttentionParams& p) {
+  const auto f32cpu = [](const at::Tensor& t) { return t.is_cpu() && t.scalar_type() == at::kFloat && t.stride(3) == 1; };
+  if (p.backend != AttentionBackend::kAuto || !p.mask.defined() || !f32cpu(q) || !f32cpu(k) || !f32cpu(v)) return {};
+  if (c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) return {};
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), Hkv = k.size(1), S = k.size(2);
+  const at::Tensor& m = p.mask;
+  if (T > 8 || S == 0 || D == 0 || !cpu::fast_gemm_enabled() || q.stride(2) != D || q.stride(1) != T * D || m.dim() != 4 || m.size(1) != 1 || m.size(3) != S ||
+      (m.size(0) != 1 && m.size(0) != B) || (m.size(2) != 1 && m.size(2) != T) || !m.is_cpu() ||
+      m.scalar_type() != at::kFloat)
+    return {};
+  const at::Tensor mask = m.contiguous();
+  const float* mp = mask.data_ptr<float>();
+  const int64_t mB = mask.size(0) == 1 ? 0 : S * mask.size(2), mT = mask.size(2) == 1 ? 0 : S;
+  // The visible span of every (row, query): mask values above half the lowest float.
+  const float hidden = std::numeric_limits<float>::lowest() / 2;
+  std::vector<int64_t> lo(static_cast<size_t>(B * T)), hi(static_cast<size_t>(B * T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const float* row = mp + b * mB + t * mT;
+      int64_t j0 = 0, j1 = S - 1;
+      while (j0 < S && row[j0] <= hidden) ++j0;
+      if (j0 == S) return {};  // nothing visible: the plain path's (uniform) answer
+      while (row[j1] <= hidden) --j1;
+      lo[b * T + t] = j0;
+      hi[b * T + t] = j1 + 1;
+    }
+  const int64_t n_rep = H / Hkv, R = n_rep * T;  // query rows per kv head: [R, D] in q, in place
+  at::Tensor out = at::empty({B, H, T, D}, q.options());
+  float* op = out.data_ptr<float>();
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  // At least ~256K multiply-adds per task: a small step runs on the calling thread instead of
+  // waking ATen's pool (whose spinning workers took the core from the server's other threads:
+  // 1-client serving at half speed with grain 1).
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, 2 * R * S * D));
+  at::parallel_for(0, B * Hkv, grain, [&](int64_t i0, int64_t i1) {
+    thread_local std::vector<float> buf;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t b = i / Hkv, hk = i % Hkv;
+      // The union of this row's query spans; each query's own mask hides the rest of it.
+      int64_t j0 = S, j1 = 0;
+      for (int64_t t = 0; t < T; ++t) {
+        j0 = std::min(j0, lo[b * T + t]);
+        j1 = std::max(j1, hi[b * T + t]);
+      }
+      const int64_t n = j1 - j0;
+      buf.resize(static_cast<size_t>(2 * R * n));
+      float* sc = buf.data();
+      const float* kh = kp + b * k.stride(0) + hk * k.stride(1) + j0 * k.stride(2);
+      const float* vh = vp + b * v.stride(0) + hk * v.stride(1) + j0 * v.stride(2);
+      cpu::sgemm_nt(R, n, D, qp + b * q.stride(0) + hk * n_rep * q.stride(1), D, kh, k.stride(2), sc, n,
+                    static_cast<float>(p.scale));
+      for (int64_t r = 0; r < R; ++r) {
+        const float* mrow = mp + b * mB + (r % T) * mT + j0;
+        float* x = sc + r * n;
+        for (int64_t j = 0; j < n; ++j) x[j] += mrow[j];
+      }
+      at::Tensor scores = at::from_blob(sc, {R, n}, at::TensorOptions().dtype(at::kFloat));
+      at::Tensor probs = at::from_blob(sc + R * n, {R, n}, at::TensorOptions().dtype(at::kFloat));
+      at::_softmax_out(probs, scores, 1, false);
+      cpu::sgemm_nn(R, D, n, sc + R * n, n, vh, v.stride(2), op + (b * H + hk * n_rep) * T * D, D);
+    }
+  });
+  return out;
+}
+
 // Decode-sized attention on CUDA with the fused path on: Hearth's split-K kernel
 // (nn/decode_attention.h) over k/v in place, the mask built from the positions unless given (only
 // once the cheap checks pass). Undefined tensor when it does not apply; attention_grouped and the
@@ -215,6 +291,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   HEARTH_CHECK(!use_sdpa || compat::kHasSdpa, "attention: SDPA requested but libtorch ", compat::torch_version(),
                " lacks it");
   if (at::Tensor fast = attention_cpu(q, k, v, p); fast.defined()) return fast;
+  if (at::Tensor fast = attention_decode_cpu(q, k, v, p); fast.defined()) return fast;
   if (at::Tensor fast = attention_decode_kernel(q, k, v, p); fast.defined()) return fast;
   if (at::Tensor grouped = attention_grouped(q, k, v, p, use_sdpa); grouped.defined()) return grouped;
   // A long windowed block (Gemma's and Mistral's sliding layers at 8K+): by query blocks, not one

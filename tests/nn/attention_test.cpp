@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include <torch/csrc/autograd/autograd.h>
 
@@ -151,4 +152,43 @@ TEST(Attention, SlidingBlocksEqualOneMaskedCall) {
   EXPECT_FALSE(attention_sliding_blocked(q, k, v, p, 16).defined());
   p.k_pos0 = 5;
   EXPECT_FALSE(attention_sliding_blocked(q, k, v, p, 4).defined());
+}
+
+// Decode steps under an explicit additive mask on the CPU (the decode slots' [B, 1, T, S] over a
+// length bucket) take attention_decode_cpu: only the span from each row's first to last visible
+// key, K/V read in place. Same as the plain path: rows of different lengths, a sliding window, a
+// hole inside the span, two queries per row, and a row with no visible key (plain's answer).
+TEST(Attention, MaskedDecodeOnCpuMatchesPlain) {
+  at::manual_seed(6);
+  const float low = std::numeric_limits<float>::lowest();
+  for (int64_t T : {1, 2}) {
+    auto q = at::randn({3, 4, T, 16}), k = at::randn({3, 2, 24, 16}), v = at::randn({3, 2, 24, 16});
+    at::Tensor mask = at::full({3, 1, T, 24}, low);
+    mask.index_put_({0, 0, at::indexing::Slice(), at::indexing::Slice(0, 5)}, 0.0f);    // a short row
+    mask.index_put_({1, 0, at::indexing::Slice(), at::indexing::Slice()}, 0.0f);        // the whole bucket
+    mask.index_put_({2, 0, at::indexing::Slice(), at::indexing::Slice(6, 13)}, 0.0f);   // a window
+    mask.index_put_({2, 0, at::indexing::Slice(), 9}, low);                              // a hole
+    if (T == 2) mask.index_put_({0, 0, 1, 5}, 0.0f);                                     // query 2 sees one more
+    AttentionParams p;
+    p.scale = 0.25;
+    p.mask = mask;
+    const at::Tensor fast = attention(q, k, v, p);
+    p.backend = AttentionBackend::kPlain;
+    const at::Tensor plain = attention(q, k, v, p);
+    EXPECT_LT((fast - plain).abs().max().item<float>(), 1e-5) << "T " << T;
+    // Row 0's keys past its span do not matter at all (they are not even read).
+    auto k2 = k.clone(), v2 = v.clone();
+    k2.narrow(2, 8, 16).fill_(1e30);
+    v2.narrow(2, 8, 16).fill_(1e30);
+    p.backend = AttentionBackend::kAuto;
+    EXPECT_TRUE(at::equal(attention(q, k2, v2, p)[0], fast[0])) << "T " << T;
+  }
+  // A row with nothing visible: the plain path's uniform weights, not a division by zero.
+  auto q = at::randn({1, 2, 1, 8}), k = at::randn({1, 1, 4, 8}), v = at::randn({1, 1, 4, 8});
+  AttentionParams p;
+  p.mask = at::full({1, 1, 1, 4}, low);
+  const at::Tensor got = attention(q, k, v, p);
+  p.backend = AttentionBackend::kPlain;
+  EXPECT_TRUE(at::allclose(got, attention(q, k, v, p)));
+  EXPECT_FALSE(got.isnan().any().item<bool>());
 }
