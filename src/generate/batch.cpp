@@ -7,11 +7,13 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 
 #include "core/error.h"
 #include "core/torch_compat.h"
 #include "generate/decode_slots.h"
 #include "generate/static_decode_util.h"
+#include "generate/step_trace.h"
 #include "nn/linear.h"
 
 namespace hearth::generate {
@@ -344,6 +346,11 @@ void Sequence::finish_stats(const models::Model& model) {
 
 void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t prefill_budget, DecodeSlots* slots) {
   c10::NoGradGuard no_grad;
+  int64_t decoding = 0;  // rows that decode this step, for StepTrace (counted when step() returns)
+  struct EndStep {
+    const int64_t& rows;
+    ~EndStep() { StepTrace::end_step(rows); }
+  } const end_step{decoding};
   for (Sequence* s : seqs) s->end_if_cancelled(model);  // a request whose client left ends here
   // Prompt chunks first: planned in order within the budget (at least one chunk), run in rounds.
   std::vector<std::vector<Chunk>> rounds;  // round k: the k-th planned chunk of each sequence
@@ -363,6 +370,8 @@ void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t pref
     }
   }
   const bool together = batch_prefill(model);
+  std::optional<StepTrace::Scope> prefill_time;
+  if (!rounds.empty()) prefill_time.emplace(StepTrace::kPrefill);
   for (const auto& round : rounds) {
     // Rows whose caches trim exactly may be padded; the others share a forward only at equal lengths.
     std::vector<Chunk> padded, same;
@@ -396,10 +405,12 @@ void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t pref
       Sequence::prefill_together(model, rows, lens);
     }
   }
+  prefill_time.reset();
   // One token for every decoding sequence (including one whose prefill just ended).
   std::vector<Sequence*> dec;
   for (Sequence* s : seqs)
     if (!s->done() && !s->prefilling() && s->pending_ >= 0) dec.push_back(s);
+  decoding = static_cast<int64_t>(dec.size());
   if (dec.empty()) return;
   {
     // Slotted rows decode together in place (decode_slots.h); the others take the ragged path.
@@ -443,6 +454,7 @@ void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t pref
       if (s->done()) s->finish_stats(model);
     }
   };
+  StepTrace::Scope ragged_time(StepTrace::kRagged);
   if (model.ragged_batches()) {
     feed(dec);
   } else {

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <typeinfo>
 
 #include "core/error.h"
@@ -16,6 +17,7 @@
 #include "generate/batch.h"
 #include "generate/sampler.h"
 #include "generate/static_decode_util.h"
+#include "generate/step_trace.h"
 #include "nn/linear.h"
 
 namespace hearth::generate {
@@ -473,11 +475,14 @@ void DecodeSlots::decode(const std::vector<Sequence*>& rows) {
   }
   const auto [b, len] = bucket_for(slots_, capacity_, top, longest);
   Bucket& bk = bucket(b, len);
+  std::optional<StepTrace::Scope> step_time(StepTrace::kSlotStep);
   run_step(bk, rows);
   const bool graph = bk.recorded && bk.recorded->captured();
   // Outputs to the host: the argmax of every row at once; on a GPU, the logits of the rows that
   // sample on the host (non-greedy, no logprobs) in one copy instead of one per row.
   at::Tensor next_host = next_.narrow(0, 0, bk.b).to(at::kCPU);
+  step_time.reset();
+  const StepTrace::Scope emit_time(StepTrace::kSlotEmit);
   std::vector<int64_t> host_rows;
   for (const Sequence* s : rows)
     if (!plain_greedy(s->opts_) && !s->opts_.logprobs && device_.is_cuda()) host_rows.push_back(s->slot_);

@@ -1,0 +1,50 @@
+// StepTrace: per-phase sums of generate::step's wall time, printed every 200 decoding steps.
+#include "generate/step_trace.h"
+
+#include <array>
+#include <cstdio>
+
+#include "core/env.h"
+
+namespace hearth::generate {
+
+namespace {
+struct Sums {
+  std::array<double, StepTrace::kPhases> seconds{};
+  int64_t steps = 0, rows = 0;
+};
+Sums& sums() {
+  static Sums s;
+  return s;
+}
+}  // namespace
+
+bool StepTrace::on() {
+  static const bool enabled = env_equals("HEARTH_STEP_TRACE", "1");
+  return enabled;
+}
+
+StepTrace::Scope::Scope(Phase p) : phase_(p) {
+  if (on()) t0_ = std::chrono::steady_clock::now();
+}
+
+StepTrace::Scope::~Scope() {
+  if (on()) sums().seconds[phase_] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+}
+
+void StepTrace::end_step(int64_t rows) {
+  if (!on() || rows == 0) return;
+  Sums& s = sums();
+  ++s.steps;
+  s.rows += rows;
+  if (s.steps < 200) return;
+  const double n = static_cast<double>(s.steps);
+  std::fprintf(stderr,
+               "hearth: step trace: %lld steps, %.1f rows/step; ms/step: prefill %.3f, slot_step %.3f, "
+               "slot_emit %.3f, ragged %.3f\n",
+               static_cast<long long>(s.steps), static_cast<double>(s.rows) / n, 1e3 * s.seconds[kPrefill] / n,
+               1e3 * s.seconds[kSlotStep] / n, 1e3 * s.seconds[kSlotEmit] / n, 1e3 * s.seconds[kRagged] / n);
+  s = Sums{};
+}
+
+}  // namespace hearth::generate

@@ -1,0 +1,36 @@
+// HEARTH_STEP_TRACE=1: where the scheduler's steps (generate::step, batch.h) spend their time, for
+// finding what a batched step pays per row. Not a profiler and not the server's /metrics.
+#pragma once
+#include <chrono>
+#include <cstdint>
+
+namespace hearth::generate {
+
+/// Wall time per phase of generate::step, summed over steps and printed to stderr every 200 steps
+/// that decoded rows, as milliseconds per step: prefill (prompt chunks, their first tokens),
+/// slot_step (the decode slots' step until its argmax reaches the host: on CUDA the graph replay
+/// and the wait for it), slot_emit (the slots' rows handed their tokens on the host: sampling,
+/// logprobs, the callbacks into the server), ragged (rows decoding outside the slots), with the
+/// mean rows per step. Off unless HEARTH_STEP_TRACE=1 (read once); then each phase costs two clock
+/// reads. Single-threaded use (the generating thread).
+class StepTrace {
+ public:
+  enum Phase { kPrefill, kSlotStep, kSlotEmit, kRagged, kPhases };
+  static bool on();
+  /// Times one phase from construction to destruction (nothing when off).
+  class Scope {
+   public:
+    explicit Scope(Phase p);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    Phase phase_;
+    std::chrono::steady_clock::time_point t0_;
+  };
+  /// One step ended with `rows` decoding rows (0: a prefill-only step, not counted).
+  static void end_step(int64_t rows);
+};
+
+}  // namespace hearth::generate
