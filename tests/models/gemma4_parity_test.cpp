@@ -11,8 +11,10 @@
 #include "exact_logits.h"
 #include "generate/generate.h"
 #include "io/hf_config.h"
+#include "io/safetensors.h"
 #include "models/gemma4/gemma4.h"
 #include "models/registry.h"
+#include "nn/param_source.h"
 #include "test_paths.h"
 
 namespace fs = std::filesystem;
@@ -197,4 +199,30 @@ TEST(Gemma4Modules, LinearModulesAndParameters) {
   auto q4 = hearth::models::load_model(kGemma4Golden / "gemma4_e_q4", {at::kCPU, at::kFloat});
   EXPECT_THROW(q4->named_parameters(), hearth::Error);
   EXPECT_LT(q4->weight_bytes(), e->weight_bytes() / 2);
+}
+
+// A per-layer table shorter than the vocabulary (vocab_size_per_layer_input < vocab_size): a token
+// past it looks up row 0 of that table (mlx-lm's and vLLM's Gemma 4), as a model whose full table
+// holds row 0 in that token's row; before, any such token (prompt or sampled) failed the request
+// with "index out of range in self" (a device-side assert on CUDA).
+TEST(Gemma4Embed, TokensPastThePerLayerTableUseRowZero) {
+  const fs::path dir = kGemma4Golden / "gemma4_e";
+  auto file = hearth::io::SafetensorsFile::open(dir / "model.safetensors");
+  const nlohmann::json cfg = hearth::io::read_json(dir / "config.json");
+  std::map<std::string, at::Tensor> small_w, same_w;
+  for (const auto& info : file->tensors()) small_w[info.name] = same_w[info.name] = file->tensor(info.name);
+  const std::string table = "model.embed_tokens_per_layer.weight";
+  small_w[table] = same_w[table].narrow(0, 0, 256).clone();
+  same_w[table] = same_w[table].clone();
+  same_w[table][300].copy_(same_w[table][0]);
+  nlohmann::json small_cfg = cfg;
+  small_cfg["vocab_size_per_layer_input"] = 256;
+  hearth::nn::TensorMapSource small_src(std::move(small_w), "model.safetensors"), same_src(std::move(same_w), "model.safetensors");
+  auto small = hearth::models::build_model({small_cfg, "config.json", small_src, std::nullopt, hearth::nn::LoadOptions{}});
+  auto same = hearth::models::build_model({cfg, "config.json", same_src, std::nullopt, hearth::nn::LoadOptions{}});
+  at::Tensor ids = at::tensor({5, 300, 17}, at::kLong).view({1, 3});
+  const auto pos = hearth::models::Positions::uniform(0);
+  at::Tensor got = small->head(small->forward_layers(small->embed(ids), 0, 6, pos, nullptr).hidden);
+  at::Tensor want = same->head(same->forward_layers(same->embed(ids), 0, 6, pos, nullptr).hidden);
+  EXPECT_TRUE(at::equal(got, want));
 }

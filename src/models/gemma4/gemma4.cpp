@@ -177,8 +177,13 @@ Boundary Gemma4Model::embed(const at::Tensor& input_ids) {
   Boundary b(h);
   if (c.hidden_size_per_layer_input > 0) {
     const int64_t B = ids.size(0), T = ids.size(1), L = c.num_hidden_layers, P = c.hidden_size_per_layer_input;
+    // A token past the per-layer table (vocab_size_per_layer_input < vocab_size) looks up row 0, as
+    // mlx-lm's and vLLM's Gemma 4 do (transformers' text model would index out of range).
+    const at::Tensor pl_ids = c.vocab_size_per_layer_input < c.vocab_size
+                                  ? at::where(ids < c.vocab_size_per_layer_input, ids, at::zeros_like(ids))
+                                  : ids;
     // get_per_layer_inputs, then project_per_layer_inputs.
-    at::Tensor tok = scaled(embed_tokens_per_layer_.forward(ids), P).reshape({B, T, L, P});
+    at::Tensor tok = scaled(embed_tokens_per_layer_.forward(pl_ids), P).reshape({B, T, L, P});
     at::Tensor proj = per_layer_model_projection_.forward(h) * std::pow(double(c.hidden_size), -0.5);
     proj = per_layer_projection_norm_.forward(proj.reshape({B, T, L, P}));
     b.set("per_layer_inputs", (proj + tok) * std::pow(2.0, -0.5));

@@ -123,7 +123,8 @@ class Gemma4Model : public Model {
   /// hidden = embed_tokens(ids) · √hidden_size (the scale cast to the weight dtype first, as
   /// Gemma4TextScaledWordEmbedding); with per-layer inputs also the stream "per_layer_inputs"
   /// [B, T, L, P] = (norm(per_layer_model_projection(hidden) · hidden^-0.5) +
-  /// embed_tokens_per_layer(ids) · √P) · 2^-0.5.
+  /// embed_tokens_per_layer(ids) · √P) · 2^-0.5, an id at or past vocab_size_per_layer_input
+  /// looking up row 0 there (mlx-lm's and vLLM's Gemma 4).
   Boundary embed(const at::Tensor& input_ids) override;
   /// Layers [begin, end). A KV donor (the last non-shared layer of a type that sharers read) sets
   /// the streams "shared_kv.<layer type>.k" / ".v" ([B, Hkv, S, D]) and ".pos0" (int64 scalar);
