@@ -236,7 +236,8 @@ class Engine {
   /// Bytes of cache state one sequence of `tokens` tokens may hold at most, at any moment of its
   /// generation (KV grows per token; a sliding window up to its window plus one prefill chunk;
   /// recurrent state is constant): what the admission budget (EngineLoopOptions::memory_budget)
-  /// counts. 0 = unknown (no budget applies). Any thread; constant after construction.
+  /// counts, saturating at INT64_MAX (never wrapping). 0 = unknown (no budget applies). Any thread;
+  /// constant after construction.
   virtual int64_t state_bytes(int64_t tokens) const { (void)tokens; return 0; }
   /// How state_bytes(tokens) is computed, for error messages, /metrics and logs, with R(n) = n
   /// rounded up to a multiple of round_to: fixed + per_token * R(tokens)

@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <limits>
 #include <list>
 #include <optional>
 
@@ -158,7 +159,9 @@ bool EngineLoop::prepare(Job& job) {
     req.max_tokens = limit <= 0 ? room : std::min(limit, room);
   }
   if (opts_.memory_budget > 0) {
-    const int64_t need = engine_.state_bytes(n_prompt + *req.max_tokens) * std::max(1, req.n);
+    int64_t need = 0;  // saturating, like state_bytes: an overflow is "more than any budget"
+    if (__builtin_mul_overflow(engine_.state_bytes(n_prompt + *req.max_tokens), int64_t{std::max(1, req.n)}, &need))
+      need = std::numeric_limits<int64_t>::max();
     if (need > opts_.memory_budget) {
       job.events.push(error_event(400, cat("This request needs ", need, " bytes of cache for its ", n_prompt,
                                            " prompt tokens and up to ", *req.max_tokens, " generated tokens",

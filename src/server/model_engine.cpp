@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cmath>
+#include <limits>
 
 #include "adapters/adapter.h"
 #include "adapters/full.h"
@@ -512,9 +513,19 @@ Finish ModelEngine::finish_sequence(ActiveSequence& a) {
 }
 
 int64_t ModelEngine::state_bytes(int64_t tokens) const {
-  auto rounded = [](int64_t n) { return (std::max<int64_t>(n, 1) + kStateRoundTo - 1) / kStateRoundTo * kStateRoundTo; };
-  return fixed_state_bytes_ + kv_bytes_per_token_ * rounded(tokens) +
-         window_bytes_per_token_ * rounded(std::min(tokens, window_tokens_));
+  // Saturating: a context of 2^62 tokens (a config's max_position_embeddings) must read as "more
+  // than any budget", not wrap to a small or negative charge that admits the request.
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  auto rounded = [](int64_t n) {
+    n = std::max<int64_t>(n, 1);
+    return n > kMax - kStateRoundTo ? kMax / kStateRoundTo * kStateRoundTo : (n + kStateRoundTo - 1) / kStateRoundTo * kStateRoundTo;
+  };
+  int64_t kv = 0, win = 0, sum = 0;
+  if (__builtin_mul_overflow(kv_bytes_per_token_, rounded(tokens), &kv) ||
+      __builtin_mul_overflow(window_bytes_per_token_, rounded(std::min(tokens, window_tokens_)), &win) ||
+      __builtin_add_overflow(fixed_state_bytes_, kv, &sum) || __builtin_add_overflow(sum, win, &sum))
+    return kMax;
+  return sum;
 }
 
 int64_t ModelEngine::held_bytes(const ActiveSequence& seq) const {

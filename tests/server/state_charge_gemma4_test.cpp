@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -55,6 +56,12 @@ TEST(StateChargeGemma4, TheChargeBoundsWhatTheCachesHoldAtEveryStep) {
     }
     EXPECT_EQ(most, charged);
     e.finish_sequence(*seq);
+    // A context of 2^62 tokens (a config's max_position_embeddings) saturates instead of wrapping
+    // to a small charge that a budget would admit.
+    constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+    EXPECT_EQ(e.state_bytes(int64_t{1} << 62), kMax);
+    EXPECT_EQ(e.state_bytes(kMax), kMax);
+    EXPECT_GT(e.state_bytes(int64_t{1} << 40), e.state_bytes(1 << 20));
   }
 }
 
