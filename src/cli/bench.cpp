@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "cli/threads_option.h"
 #include "cli/verb.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -95,6 +96,7 @@ std::function<int()> setup_bench(CLI::App& app) {
                  "(default 1: the single-sequence path); reports the aggregate decode tok/s")
       ->check(CLI::Range(1, 1024));
   app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
+  hearth::cli::add_threads_option(app);
   app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's torch_dtype on cuda, float32 on cpu)");
   return [a] {
     HEARTH_CHECK(a->prompt_tokens > 0 && a->gen_tokens > 0 && a->runs > 0,

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <string>
 
+#include "cli/threads_option.h"
 #include "cli/verb.h"
 #include "core/error.h"
 #include "core/torch_compat.h"
@@ -169,6 +170,7 @@ std::function<int()> setup_bench_train(CLI::App& app) {
                  "that, as segment size 0 (the full backward), runs its whole backward and says so (WHOLE BACKWARD) "
                  "(default 0 = whole timed steps)");
   app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
+  hearth::cli::add_threads_option(app);
   app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's torch_dtype on cuda, float32 on cpu)");
   return [a] {
     HEARTH_CHECK(a->steps >= 1, "--steps must be >= 1, got ", a->steps);

@@ -6,6 +6,7 @@
 
 #include <iostream>
 
+#include "cli/threads_option.h"
 #include "cli/verb.h"
 #include "core/error.h"
 #include "server/model_engine.h"
@@ -88,6 +89,7 @@ std::function<int()> setup_chat(CLI::App& app) {
   app.add_option("--top-p", a->top_p, "Nucleus sampling threshold (0 = off)");
   app.add_option("--seed", a->seed, "Sampling seed (default 0)");
   app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
+  hearth::cli::add_threads_option(app);
   app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's torch_dtype on cuda, float32 on cpu)");
   return [a] { return run_chat(*a); };
 }

@@ -10,6 +10,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "cli/threads_option.h"
 #include "cli/verb.h"
 #include "core/error.h"
 #include "eval/chunk_task.h"
@@ -119,6 +120,7 @@ std::function<int()> setup_eval(CLI::App& app) {
   chunk->add_option("--max-tokens", a->max_tokens, "Generation limit per example (default 1024)");
   chunk->add_option("--out", a->out, "Write per-example results (jsonl)");
   chunk->add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
+  hearth::cli::add_threads_option(*chunk);
   chunk->add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's torch_dtype on cuda, float32 on cpu)");
   chunk->add_flag("--quiet", a->quiet, "No per-example progress on stderr");
   return [a] { return run_eval_chunk(*a); };

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <iterator>
 
+#include "cli/threads_option.h"
 #include "cli/verb.h"
 #include "core/error.h"
 #include "server/model_engine.h"
@@ -35,6 +36,7 @@ std::function<int()> setup_generate(CLI::App& app) {
   app.add_option("--frequency-penalty", a->sampling.frequency_penalty, "Subtract per occurrence in the last 20 (off)");
   app.add_option("--seed", a->sampling.seed, "Sampling seed (default 0)");
   app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
+  hearth::cli::add_threads_option(app);
   app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's torch_dtype on cuda, float32 on cpu)");
   app.add_option("--adapter-path,--adapter", a->adapter_path, "LoRA adapter (mlx-lm or PEFT layout) or full fine-tune folder to apply");
   return [a] {

@@ -7,9 +7,11 @@
 #include <map>
 
 #include "cli/starter.h"
+#include "cli/threads_option.h"
 #include "cli/verb.h"
 #include "core/error.h"
 #include "core/host_malloc.h"
+#include "core/threads.h"
 
 namespace hearth::cli {
 std::vector<Verb>& verbs() {
@@ -41,6 +43,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   try {
+    apply_threads(cli::threads_option());  // physical cores unless --threads / OMP_NUM_THREADS say otherwise
     for (auto& [name, sub] : subs)
       if (sub->parsed()) return actions[name]();
     return cli::run_starter();

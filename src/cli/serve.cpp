@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "cli/serve.h"
+#include "cli/threads_option.h"
 #include "cli/verb.h"
 #include "core/device_memory.h"
 #include "core/error.h"
@@ -185,6 +186,7 @@ std::function<int()> setup_serve(CLI::App& app) {
   app.add_option("--max-tokens", a->server.default_max_tokens,
                  "Default generated-token limit for chat requests that set none (0 = context length)");
   app.add_option("--device", a->engine.device, "cpu | cuda (default: cuda when available)");
+  hearth::cli::add_threads_option(app);
   app.add_option("--dtype", a->engine.dtype, "float32 | bfloat16 | float16 (default: the checkpoint's torch_dtype on cuda, float32 on cpu)");
   app.add_option("--context-length,--max-model-len", a->engine.context_length,
                  "Prompt + output token cap (default or 0: the model's max_position_embeddings; above the model's "

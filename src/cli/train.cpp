@@ -11,6 +11,7 @@
 
 #include "cli/launch.h"
 #include "cli/output_folder.h"
+#include "cli/threads_option.h"
 #include "cli/verb.h"
 #include "core/error.h"
 #include "core/torch_compat.h"
@@ -212,6 +213,7 @@ std::function<int()> setup_train(CLI::App& app) {
                  "checkpoint that saves only the MLP input, recomputing each chunk in the backward: about one more "
                  "MLP forward per step); 0 = off (default). Needs --lora-dropout 0");
   app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
+  hearth::cli::add_threads_option(app);
   app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default float32)");
   app.add_option("--adapter-format", c.adapter_format, "mlx | peft (default mlx)");
   hearth::cli::add_dist_options(app, a->dist);
