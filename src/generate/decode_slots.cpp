@@ -26,6 +26,8 @@ namespace {
 // Sampling that is a plain argmax of the raw logits, with nothing handed to the callback: the row's
 // token is the step's own argmax (one device-to-host copy for every such row together).
 bool plain_greedy(const GenerateOptions& o) { return !o.logprobs && greedy_without_processors(o.sampling); }
+// The same argmax, with the step's log-probabilities handed to the callback.
+bool greedy_with_logprobs(const GenerateOptions& o) { return o.logprobs && greedy_without_processors(o.sampling); }
 
 // The smallest entry of `ladder` (ascending) that is >= need; the last one when none is.
 int64_t pick_bucket(const std::vector<int64_t>& ladder, int64_t need) {
@@ -494,7 +496,7 @@ void DecodeSlots::decode(const std::vector<Sequence*>& rows) {
   // (Sequence::sample_and_emit; the same values: each row reduces alone either way).
   std::vector<int64_t> lp_rows;
   for (const Sequence* s : rows)
-    if (s->opts_.logprobs && greedy_without_processors(s->opts_.sampling)) lp_rows.push_back(s->slot_);
+    if (greedy_with_logprobs(s->opts_)) lp_rows.push_back(s->slot_);
   at::Tensor lp_all;
   if (!lp_rows.empty()) {
     const at::Tensor idx = at::tensor(lp_rows, at::TensorOptions().dtype(at::kLong)).to(device_);
@@ -506,7 +508,7 @@ void DecodeSlots::decode(const std::vector<Sequence*>& rows) {
     s->offset_ += 1;
     s->result_.stats.cuda_graph = s->result_.stats.cuda_graph || graph;
     if (plain_greedy(s->opts_)) s->emit(next[s->slot_], at::Tensor());
-    else if (s->opts_.logprobs && greedy_without_processors(s->opts_.sampling)) s->emit(next[s->slot_], lp_all[k++]);
+    else if (greedy_with_logprobs(s->opts_)) s->emit(next[s->slot_], lp_all[k++]);
     else if (!s->opts_.logprobs && device_.is_cuda()) s->sample_and_emit(host_logits[j++]);
     else s->sample_and_emit(logits_[s->slot_]);
     if (s->done()) {

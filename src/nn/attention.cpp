@@ -55,6 +55,9 @@ at::Tensor attention_mask(int64_t T, int64_t S, const AttentionParams& p, at::Sc
 }
 
 namespace {
+// CPU fp32 with a contiguous last dim: what the CPU paths below read through raw pointers.
+bool f32cpu(const at::Tensor& t) { return t.is_cpu() && t.scalar_type() == at::kFloat && t.stride(3) == 1; }
+
 // The CPU fp32 prefill path: one (batch row, head) pair per task on ATen's threads; per pair the
 // scores q kᵀ · scale by a single-threaded sgemm (nn/cpu_gemm.h), hidden keys set to -inf, softmax
 // (ATen's vectorized kernel, inline in the parallel region), then P v by sgemm straight into the
@@ -63,7 +66,6 @@ namespace {
 // does not apply: not CPU fp32, an explicit mask, T < 2 (decode steps), autograd, inner dims not
 // contiguous or the fast GEMM off.
 at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionParams& p) {
-  const auto f32cpu = [](const at::Tensor& t) { return t.is_cpu() && t.scalar_type() == at::kFloat && t.stride(3) == 1; };
   if (p.backend != AttentionBackend::kAuto || p.mask.defined() || !f32cpu(q) || !f32cpu(k) || !f32cpu(v)) return {};
   if (c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) return {};
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), Hkv = k.size(1), S = k.size(2);
@@ -121,7 +123,6 @@ at::Tensor attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Ten
 // off, or a query row with no visible key.
 at::Tensor attention_decode_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const AttentionParams& p) {
-  const auto f32cpu = [](const at::Tensor& t) { return t.is_cpu() && t.scalar_type() == at::kFloat && t.stride(3) == 1; };
   if (p.backend != AttentionBackend::kAuto || !p.mask.defined() || !f32cpu(q) || !f32cpu(k) || !f32cpu(v)) return {};
   if (c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) return {};
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), Hkv = k.size(1), S = k.size(2);
