@@ -172,6 +172,61 @@ bool trim_all(Caches& caches, int64_t n) {
   return exact;
 }
 
+// RowsCache::group's view: the rows' own KVCaches appended one by one, read back side by side.
+class RowsCache::Group final : public KVCacheBase {
+ public:
+  Group(std::vector<KVCache*> rows, int64_t begin) : rows_(std::move(rows)), begin_(begin) {}
+  KVView update(const at::Tensor& k, const at::Tensor& v) override {
+    const int64_t n = static_cast<int64_t>(rows_.size());
+    HEARTH_CHECK(k.size(0) == n && v.size(0) == n, "RowsCache: a group of ", n, " rows got k/v of ", k.size(0),
+                 " rows");
+    std::vector<at::Tensor> keys, values;
+    for (int64_t r = 0; r < n; ++r) {
+      KVView one = rows_[r]->update(k.narrow(0, r, 1), v.narrow(0, r, 1));
+      keys.push_back(one.keys);
+      values.push_back(one.values);
+    }
+    return {at::cat(keys, 0), at::cat(values, 0), 0};
+  }
+  int64_t offset() const override { return rows_.front()->offset(); }
+  int64_t trim(int64_t) override { throw Error("RowsCache: trim each row's own cache"); }
+  int64_t nbytes() const override { return 0; }  // the rows' caches hold the memory
+  std::string kind() const override { return "rows_group"; }
+  std::unique_ptr<LayerCache> clone() const override { throw Error("RowsCache: clone each row's own cache"); }
+  int64_t begin() const { return begin_; }
+  int64_t count() const { return static_cast<int64_t>(rows_.size()); }
+
+ private:
+  std::vector<KVCache*> rows_;
+  int64_t begin_;
+};
+
+RowsCache::RowsCache(std::vector<LayerCache*> rows) : rows_(std::move(rows)) {}
+RowsCache::~RowsCache() = default;
+
+bool grouped_kv(const LayerCache* c, int64_t begin, int64_t count) {
+  const auto* rc = dynamic_cast<const RowsCache*>(c);
+  if (!rc || begin < 0 || count < 1 || begin + count > static_cast<int64_t>(rc->rows().size())) return false;
+  const auto* first = dynamic_cast<const KVCache*>(rc->rows()[begin]);
+  if (!first) return false;
+  for (int64_t r = begin; r < begin + count; ++r) {
+    const auto* kv = dynamic_cast<const KVCache*>(rc->rows()[r]);
+    if (!kv || kv->offset() != first->offset()) return false;
+  }
+  return true;
+}
+
+KVCacheBase* RowsCache::group(int64_t begin, int64_t count) {
+  for (const auto& g : groups_)
+    if (g->begin() == begin && g->count() == count) return g.get();
+  HEARTH_CHECK(grouped_kv(this, begin, count), "RowsCache: rows [", begin, ", ", begin + count,
+               ") are not growing KV caches at one offset");
+  std::vector<KVCache*> rows;
+  for (int64_t r = begin; r < begin + count; ++r) rows.push_back(static_cast<KVCache*>(rows_[r]));
+  groups_.push_back(std::make_unique<Group>(std::move(rows), begin));
+  return groups_.back().get();
+}
+
 int64_t RowsCache::offset() const {
   throw Error("RowsCache: a ragged batch has no single offset (each row's cache has its own)");
 }

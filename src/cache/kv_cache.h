@@ -114,17 +114,30 @@ using Caches = std::vector<std::unique_ptr<LayerCache>>;
 /// sequence's own state, so offset(), trim() and clone() throw hearth::Error.
 class RowsCache : public LayerCache {
  public:
-  explicit RowsCache(std::vector<LayerCache*> rows) : rows_(std::move(rows)) {}
+  explicit RowsCache(std::vector<LayerCache*> rows);
+  ~RowsCache() override;
   int64_t offset() const override;
   int64_t trim(int64_t n) override;
   int64_t nbytes() const override;
   std::string kind() const override { return "rows"; }
   std::unique_ptr<LayerCache> clone() const override;
   const std::vector<LayerCache*>& rows() const { return rows_; }
+  /// Rows [begin, begin + count) as one KV cache of `count` rows (owned by this view, valid while it
+  /// lives): update(k, v) with k/v [count, Hkv, T, D] appends row r's slice to row r's own cache
+  /// and returns their keys/values side by side [count, Hkv, offset + T, D] (a copy; pos0 0), so a
+  /// family attends to them in one call. Requires every row to be a KVCache at the same offset
+  /// (see grouped_kv); throws hearth::Error otherwise or when the range is outside the rows.
+  KVCacheBase* group(int64_t begin, int64_t count);
 
  private:
+  class Group;
   std::vector<LayerCache*> rows_;
+  std::vector<std::unique_ptr<Group>> groups_;  // made by group(), reused per (begin, count)
 };
+
+/// Whether rows [begin, begin + count) of `c` (a RowsCache) can be one group() view: all of them
+/// KVCache (growing, not sliding-window) at the same offset. False for any other cache kind.
+bool grouped_kv(const LayerCache* c, int64_t begin, int64_t count);
 
 /// Sum of nbytes() over the layers.
 int64_t total_bytes(const Caches& caches);

@@ -39,7 +39,7 @@ double median(std::vector<double> v) {
 int bench_batch(hearth::models::Model& model, const std::vector<int64_t>& prompt,
                 const hearth::generate::GenerateOptions& opts, int64_t batch, int runs) {
   using Clock = std::chrono::steady_clock;
-  std::vector<double> rates;
+  std::vector<double> rates, prefill_ms;
   std::unique_ptr<hearth::generate::DecodeSlots> slots;
   std::string why = "HEARTH_DECODE_SLOTS=0";
   if (hearth::env_switch_on("HEARTH_DECODE_SLOTS"))
@@ -55,7 +55,11 @@ int bench_batch(hearth::models::Model& model, const std::vector<int64_t>& prompt
     auto prefilling = [&] {
       return std::any_of(live.begin(), live.end(), [](auto* s) { return s->prefilling(); });
     };
+    hearth::compat::synchronize(model.placement().device);
+    const auto p0 = Clock::now();
     while (prefilling()) hearth::generate::step(model, live, opts.prefill_step_size, slots.get());
+    hearth::compat::synchronize(model.placement().device);
+    if (r > 0) prefill_ms.push_back(1e3 * std::chrono::duration<double>(Clock::now() - p0).count());
     int64_t before = 0;
     for (auto* s : live) before += static_cast<int64_t>(s->result().tokens.size());
     hearth::compat::synchronize(model.placement().device);
@@ -75,6 +79,8 @@ int bench_batch(hearth::models::Model& model, const std::vector<int64_t>& prompt
   std::printf("batch %lld: prompt %lld tokens each, generate %lld tokens each, median of %d runs\n",
               static_cast<long long>(batch), static_cast<long long>(prompt.size()),
               static_cast<long long>(opts.max_tokens), runs);
+  std::printf("prefill (every prompt, batched steps, their first tokens and the first decode step): %.2f ms\n",
+              median(prefill_ms));
   if (slots)
     std::printf("decode (aggregate over the batch, decode slots, %s): %.1f tok/s\n",
                 slots->graph_steps() > 0 ? "CUDA graphs" : "eager static step", median(rates));

@@ -215,10 +215,11 @@ void Sequence::prefill_alone(models::Model& model, int64_t len) {
     nn::ActiveAdapters scope(adapters_);
     logits = model.forward(ids, offset_, &caches_, /*logits_to_keep=*/1);
   }
+  StepTrace::prefill_forward(1);
   end_chunk(model, len, last ? logits[0][-1] : at::Tensor());
 }
 
-void Sequence::end_chunk(models::Model& model, int64_t len, const at::Tensor& last_logits) {
+void Sequence::end_chunk(models::Model& model, int64_t len, const at::Tensor& last_logits, int64_t greedy) {
   const int64_t n = static_cast<int64_t>(prompt_.size());
   offset_ += len;
   ++result_.stats.prefill_chunks;
@@ -238,7 +239,8 @@ void Sequence::end_chunk(models::Model& model, int64_t len, const at::Tensor& la
     done_ = true;
     return;
   }
-  sample_and_emit(last_logits);
+  if (greedy >= 0) emit(greedy, at::Tensor());
+  else sample_and_emit(last_logits);
   t1_ = Clock::now();
   st.ttft_s = seconds(t0_, t1_);
   st.prompt_tps = prefilled / std::max(st.ttft_s, 1e-9);
@@ -270,6 +272,7 @@ void Sequence::prefill_together(models::Model& model, const std::vector<Sequence
     nn::RowAdapters scope(adapters);
     hidden = model.forward_layers(model.embed(x), 0, model.num_layers(), pos, &view).hidden;
   }
+  StepTrace::prefill_forward(B);
   for (int64_t b = 0; b < B; ++b)
     HEARTH_CHECK(T == lens[b] || cache::trim_all(rows[b]->caches_, T - lens[b]),
                  "generate: a padded prefill could not trim its padding from a cache");
@@ -289,10 +292,22 @@ void Sequence::prefill_together(models::Model& model, const std::vector<Sequence
     nn::RowAdapters scope(std::move(last_adapters));
     logits = model.head(last);
   }
+  // Plain-greedy rows take their first token from one argmax over every completing row and one
+  // copy to the host, not an argmax and a host sync each (the same ids: each row reduces alone).
+  at::Tensor greedy;  // [E] int64 on the host
+  for (int64_t b : last_rows)
+    if (plain_greedy(rows[b]->opts_) && rows[b]->forks_.empty()) {
+      greedy = logits.select(1, 0).to(at::kFloat).argmax(-1).to(at::kCPU);
+      break;
+    }
   size_t e = 0;
   for (int64_t b = 0; b < B; ++b) {
     const bool completes = e < last_rows.size() && last_rows[e] == b;
-    rows[b]->end_chunk(model, lens[b], completes ? logits[static_cast<int64_t>(e++)][0] : at::Tensor());
+    const int64_t i = static_cast<int64_t>(e);
+    const int64_t id = completes && greedy.defined() && plain_greedy(rows[b]->opts_) && rows[b]->forks_.empty()
+                           ? greedy.data_ptr<int64_t>()[i]
+                           : -1;
+    rows[b]->end_chunk(model, lens[b], completes ? logits[static_cast<int64_t>(e++)][0] : at::Tensor(), id);
     if (rows[b]->done()) rows[b]->finish_stats(model);
   }
 }
@@ -415,11 +430,13 @@ void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t pref
   {
     // Slotted rows decode together in place (decode_slots.h); the others take the ragged path.
     std::vector<Sequence*> slotted, ragged;
+    std::optional<StepTrace::Scope> admit_time(StepTrace::kAdmit);
     for (Sequence* s : dec) {
       if (s->slots_ && s->slots_ != slots) s->slots_->release(*s, /*read_back=*/true);  // another pool's
       if (slots && !s->slots_ && slots->fits(*s)) slots->admit(*s);
       (s->slots_ ? slotted : ragged).push_back(s);
     }
+    admit_time.reset();
     if (slots) slots->decode(slotted);
     dec.swap(ragged);
     if (dec.empty()) return;

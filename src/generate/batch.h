@@ -104,8 +104,9 @@ class Sequence {
   // One forward of this sequence alone for its next `len` prompt tokens, then end_chunk.
   void prefill_alone(models::Model& model, int64_t len);
   // After `len` prompt tokens went into the caches: snapshots, and when the prompt is complete the
-  // forks and the first token from last_logits [V] (undefined while the prompt is incomplete).
-  void end_chunk(models::Model& model, int64_t len, const at::Tensor& last_logits);
+  // forks and the first token from last_logits [V] (undefined while the prompt is incomplete) —
+  // `greedy` when >= 0: the caller's argmax of them for a plain-greedy sequence without forks.
+  void end_chunk(models::Model& model, int64_t len, const at::Tensor& last_logits, int64_t greedy = -1);
   // One padded forward for the next lens[b] prompt tokens of rows[b] (batch.cpp explains).
   static void prefill_together(models::Model& model, const std::vector<Sequence*>& rows,
                                const std::vector<int64_t>& lens);

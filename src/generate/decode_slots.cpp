@@ -23,12 +23,6 @@
 namespace hearth::generate {
 
 namespace {
-// Sampling that is a plain argmax of the raw logits, with nothing handed to the callback: the row's
-// token is the step's own argmax (one device-to-host copy for every such row together).
-bool plain_greedy(const GenerateOptions& o) { return !o.logprobs && greedy_without_processors(o.sampling); }
-// The same argmax, with the step's log-probabilities handed to the callback.
-bool greedy_with_logprobs(const GenerateOptions& o) { return o.logprobs && greedy_without_processors(o.sampling); }
-
 // The smallest entry of `ladder` (ascending) that is >= need; the last one when none is.
 int64_t pick_bucket(const std::vector<int64_t>& ladder, int64_t need) {
   for (int64_t v : ladder)
@@ -512,7 +506,7 @@ void DecodeSlots::decode(const std::vector<Sequence*>& rows) {
     else if (!s->opts_.logprobs && device_.is_cuda()) s->sample_and_emit(host_logits[j++]);
     else s->sample_and_emit(logits_[s->slot_]);
     if (s->done()) {
-      release(*s, /*read_back=*/true);
+      release(*s, /*read_back=*/s->opts_.keep_caches);
       s->finish_stats(model_);
     }
   }

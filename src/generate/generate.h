@@ -20,6 +20,10 @@ struct GenerateOptions {
   SamplingParams sampling;
   std::vector<int64_t> eos_ids;      // stop (EOS not emitted to the callback, not counted)
   bool logprobs = false;             // hand StepCallback the step's log-probabilities
+  /// Whether anyone reads the caches once the sequence has ended (Sequence::caches(), the prompt
+  /// cache, generate()'s caller). false lets a decode slot (decode_slots.h) free the ended
+  /// sequence's rows without reading them back; Sequence::caches() is then empty.
+  bool keep_caches = true;
   /// Polled at the start of every step() (batch.h) and before each prompt chunk: once it returns
   /// true the sequence ends where it is (done, stats.cancelled; the caches hold what was computed),
   /// so a request whose client left stops at the next chunk boundary instead of after its whole

@@ -3,6 +3,7 @@
 // own argmax. Internal to src/generate/; not the paths themselves.
 #pragma once
 #include "core/env.h"
+#include "generate/generate.h"
 #include "generate/sampler.h"
 
 namespace hearth::generate {
@@ -14,6 +15,14 @@ using hearth::env_equals;  // HEARTH_CUDA_GRAPHS=0 | nocapture, HEARTH_STATIC_DE
 inline bool greedy_without_processors(const SamplingParams& s) {
   return s.temperature == 0.0 && (s.repetition_penalty == 0.0 || s.repetition_penalty == 1.0) &&
          s.presence_penalty == 0.0 && s.frequency_penalty == 0.0 && s.logit_bias.empty() && !s.constraint;
+}
+
+/// Sampling that is a plain argmax of the raw logits, with nothing handed to the callback: a row's
+/// token can be its step's own argmax (one device-to-host copy for every such row together).
+inline bool plain_greedy(const GenerateOptions& o) { return !o.logprobs && greedy_without_processors(o.sampling); }
+/// The same argmax, with the step's log-probabilities handed to the callback.
+inline bool greedy_with_logprobs(const GenerateOptions& o) {
+  return o.logprobs && greedy_without_processors(o.sampling);
 }
 
 }  // namespace hearth::generate

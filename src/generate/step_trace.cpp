@@ -11,7 +11,7 @@ namespace hearth::generate {
 namespace {
 struct Sums {
   std::array<double, StepTrace::kPhases> seconds{};
-  int64_t steps = 0, rows = 0;
+  int64_t steps = 0, rows = 0, prefill_forwards = 0, prefill_rows = 0;
 };
 Sums& sums() {
   static Sums s;
@@ -32,6 +32,12 @@ StepTrace::Scope::~Scope() {
   if (on()) sums().seconds[phase_] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
 }
 
+void StepTrace::prefill_forward(int64_t rows) {
+  if (!on()) return;
+  ++sums().prefill_forwards;
+  sums().prefill_rows += rows;
+}
+
 void StepTrace::end_step(int64_t rows) {
   if (!on() || rows == 0) return;
   Sums& s = sums();
@@ -40,10 +46,13 @@ void StepTrace::end_step(int64_t rows) {
   if (s.steps < 200) return;
   const double n = static_cast<double>(s.steps);
   std::fprintf(stderr,
-               "hearth: step trace: %lld steps, %.1f rows/step; ms/step: prefill %.3f, slot_step %.3f, "
-               "slot_emit %.3f, ragged %.3f\n",
-               static_cast<long long>(s.steps), static_cast<double>(s.rows) / n, 1e3 * s.seconds[kPrefill] / n,
-               1e3 * s.seconds[kSlotStep] / n, 1e3 * s.seconds[kSlotEmit] / n, 1e3 * s.seconds[kRagged] / n);
+               "hearth: step trace: %lld steps, %.1f rows/step, %.2f prefill forwards/step of %.1f rows; ms/step: "
+               "prefill %.3f, admit %.3f, slot_step %.3f, slot_emit %.3f, ragged %.3f\n",
+               static_cast<long long>(s.steps), static_cast<double>(s.rows) / n,
+               static_cast<double>(s.prefill_forwards) / n,
+               s.prefill_forwards ? static_cast<double>(s.prefill_rows) / static_cast<double>(s.prefill_forwards) : 0.0,
+               1e3 * s.seconds[kPrefill] / n, 1e3 * s.seconds[kAdmit] / n, 1e3 * s.seconds[kSlotStep] / n,
+               1e3 * s.seconds[kSlotEmit] / n, 1e3 * s.seconds[kRagged] / n);
   s = Sums{};
 }
 

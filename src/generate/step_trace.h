@@ -8,14 +8,15 @@ namespace hearth::generate {
 
 /// Wall time per phase of generate::step, summed over steps and printed to stderr every 200 steps
 /// that decoded rows, as milliseconds per step: prefill (prompt chunks, their first tokens),
-/// slot_step (the decode slots' step until its argmax reaches the host: on CUDA the graph replay
-/// and the wait for it), slot_emit (the slots' rows handed their tokens on the host: sampling,
-/// logprobs, the callbacks into the server), ragged (rows decoding outside the slots), with the
-/// mean rows per step. Off unless HEARTH_STEP_TRACE=1 (read once); then each phase costs two clock
-/// reads. Single-threaded use (the generating thread).
+/// admit (prefilled rows copied into decode slots), slot_step (the decode slots' step until its
+/// argmax reaches the host: on CUDA the graph replay and the wait for it), slot_emit (the slots'
+/// rows handed their tokens on the host: sampling, logprobs, the callbacks into the server, rows
+/// that ended read back), ragged (rows decoding outside the slots), with the mean rows per step and
+/// the prefill forwards and their rows per step. Off unless HEARTH_STEP_TRACE=1 (read once); then
+/// each phase costs two clock reads. Single-threaded use (the generating thread).
 class StepTrace {
  public:
-  enum Phase { kPrefill, kSlotStep, kSlotEmit, kRagged, kPhases };
+  enum Phase { kPrefill, kAdmit, kSlotStep, kSlotEmit, kRagged, kPhases };
   static bool on();
   /// Times one phase from construction to destruction (nothing when off).
   class Scope {
@@ -29,6 +30,8 @@ class StepTrace {
     Phase phase_;
     std::chrono::steady_clock::time_point t0_;
   };
+  /// One prefill forward of `rows` rows ran.
+  static void prefill_forward(int64_t rows);
   /// One step ended with `rows` decoding rows (0: a prefill-only step, not counted).
   static void end_step(int64_t rows);
 };

@@ -13,7 +13,7 @@ bool is_ragged_view(const cache::Caches* caches) {
 }
 }  // namespace
 
-std::vector<RowGroup> row_groups(const Positions& pos, const cache::Caches* caches, const char* who) {
+std::vector<RowGroup> row_groups(const Positions& pos, const cache::Caches* caches, const char* who, bool merge) {
   if (!is_ragged_view(caches)) return {RowGroup{0, pos.batch(), pos.common(who)}};
   for (const auto& c : *caches) {
     if (!c) continue;
@@ -22,13 +22,25 @@ std::vector<RowGroup> row_groups(const Positions& pos, const cache::Caches* cach
     HEARTH_CHECK(static_cast<int64_t>(rows->rows().size()) == pos.batch(), who, ": a ragged view of ",
                  rows->rows().size(), " rows for a batch of ", pos.batch());
   }
+  // Rows b and b + 1 share a group when merging and both sit at one position with growing KV
+  // caches in every layer (a null entry, a layer without state, is no obstacle).
+  auto joins = [&](const RowGroup& g, int64_t b) {
+    if (!merge || pos.offsets[b] != g.offset) return false;
+    for (const auto& c : *caches)
+      if (c && !cache::grouped_kv(c.get(), b - 1, 2)) return false;  // row b - 1 is in g: pairwise suffices
+    return true;
+  };
   std::vector<RowGroup> groups;
-  for (int64_t b = 0; b < pos.batch(); ++b) groups.push_back(RowGroup{b, 1, pos.offsets[b]});
+  for (int64_t b = 0; b < pos.batch(); ++b) {
+    if (!groups.empty() && joins(groups.back(), b)) ++groups.back().count;
+    else groups.push_back(RowGroup{b, 1, pos.offsets[b]});
+  }
   return groups;
 }
 
 cache::LayerCache* group_cache(cache::LayerCache* c, const RowGroup& g) {
-  if (auto* rows = dynamic_cast<cache::RowsCache*>(c)) return rows->rows().at(static_cast<size_t>(g.begin));
+  if (auto* rows = dynamic_cast<cache::RowsCache*>(c))
+    return g.count == 1 ? rows->rows().at(static_cast<size_t>(g.begin)) : rows->group(g.begin, g.count);
   return c;
 }
 

@@ -43,13 +43,18 @@ struct RowGroup {
 };
 
 /// The row groups of a forward: one group of all rows at pos.common() unless `caches` is a ragged view
-/// (cache::rows_view: entries are cache::RowsCache), then one group per row at its own position.
-/// Throws hearth::Error when rows differ in position without a ragged view, or the view's row count
-/// is not the batch.
-std::vector<RowGroup> row_groups(const Positions& pos, const cache::Caches* caches, const char* who);
+/// (cache::rows_view: entries are cache::RowsCache), then one group per row at its own position —
+/// or, with `merge`, one group per run of consecutive rows at the same position whose caches are
+/// growing KV caches in every layer (cache::grouped_kv), so a padded batch of prompt chunks (the
+/// scheduler's batched prefill) attends in one call per run instead of one per row. Throws
+/// hearth::Error when rows differ in position without a ragged view, or the view's row count is not
+/// the batch.
+std::vector<RowGroup> row_groups(const Positions& pos, const cache::Caches* caches, const char* who,
+                                 bool merge = false);
 
-/// The cache a row group reads and appends to in layer entry `c`: its row's cache when `c` is a
-/// cache::RowsCache, else `c` itself (may be null).
+/// The cache a row group reads and appends to in layer entry `c`: when `c` is a cache::RowsCache,
+/// its row's cache (a one-row group) or the rows' RowsCache::group view; else `c` itself (may be
+/// null).
 cache::LayerCache* group_cache(cache::LayerCache* c, const RowGroup& g);
 
 class Model {

@@ -365,6 +365,7 @@ std::unique_ptr<ActiveSequence> ModelEngine::start_choice(const Prompt& prompt, 
   if (choice > 0 && req.sampling.seed) o.sampling.seed = static_cast<uint64_t>(*choice_seed(req.sampling.seed, choice));
   o.eos_ids = eos_ids_;
   o.logprobs = req.logprobs;
+  o.keep_caches = prompt_cache_ != nullptr;  // finish() stores them in the prompt cache, nothing else reads them
   o.prefill_step_size = opts_.prefill_step_size;
   if (const std::atomic<bool>* flag = req.cancelled)
     o.cancelled = [flag] { return flag->load(std::memory_order_relaxed); };

@@ -94,3 +94,36 @@ TEST(KVCache, RotatingCacheBoundsMemoryAndTrims) {
   EXPECT_EQ(view.keys.size(2), 4);
   EXPECT_EQ(view.keys[0][0][3][0].item<float>(), 100.f);
 }
+
+// RowsCache::group: rows of a ragged view at one offset, appended as one batch, each into its own
+// cache, read back side by side; other kinds or offsets are not groupable.
+TEST(KVCache, RowsGroupAppendsEachRowToItsOwnCache) {
+  using namespace hearth::cache;
+  at::manual_seed(3);
+  KVCache a, b, c;
+  RotatingKVCache r(4);
+  const at::Tensor past = at::randn({3, 2, 2, 4});
+  a.update(past[0].unsqueeze(0), past[0].unsqueeze(0));
+  b.update(past[1].unsqueeze(0), past[1].unsqueeze(0));
+  c.update(past[2].unsqueeze(0).narrow(2, 0, 1), past[2].unsqueeze(0).narrow(2, 0, 1));  // offset 1
+  r.update(past[0].unsqueeze(0), past[0].unsqueeze(0));
+  RowsCache rows({&a, &b, &c, &r});
+  EXPECT_TRUE(grouped_kv(&rows, 0, 2));
+  EXPECT_FALSE(grouped_kv(&rows, 1, 2));  // offsets 2 and 1
+  EXPECT_FALSE(grouped_kv(&rows, 2, 2));  // a sliding-window cache
+  EXPECT_FALSE(grouped_kv(&rows, 3, 2));  // past the rows
+  EXPECT_THROW(rows.group(1, 2), hearth::Error);
+  const at::Tensor k = at::randn({2, 2, 3, 4}), v = at::randn({2, 2, 3, 4});
+  KVCacheBase* g = rows.group(0, 2);
+  EXPECT_EQ(rows.group(0, 2), g);  // made once
+  EXPECT_EQ(g->offset(), 2);
+  KVView view = g->update(k, v);
+  EXPECT_EQ(a.offset(), 5);
+  EXPECT_EQ(b.offset(), 5);
+  EXPECT_EQ(view.keys.sizes(), (std::vector<int64_t>{2, 2, 5, 4}));
+  EXPECT_TRUE(at::equal(view.keys[1].narrow(1, 0, 2), past[1]));
+  EXPECT_TRUE(at::equal(view.keys[1].narrow(1, 2, 3), k[1]));
+  EXPECT_TRUE(at::equal(view.values[0].narrow(1, 2, 3), v[0]));
+  EXPECT_TRUE(at::equal(a.keys_buffer().narrow(2, 2, 3)[0], k[0]));
+  EXPECT_THROW(g->update(k.narrow(0, 0, 1), v.narrow(0, 0, 1)), hearth::Error);  // one row for a group of two
+}

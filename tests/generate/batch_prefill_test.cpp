@@ -214,6 +214,51 @@ TEST_F(BatchPrefill, RowsOfDifferentLengthsPrefixesAdaptersAndSnapshotsEqualEach
   EXPECT_EQ(model->forwards[4], (std::vector<int64_t>{6, 1}));  // the first decode step
 }
 
+// Plain-greedy rows without logprobs take their first token from the batch's one argmax (and the
+// rows at one position attend in one call): the same tokens and caches as each alone.
+TEST_F(BatchPrefill, PlainGreedyRowsWithoutLogprobsEqualEachAlone) {
+  auto model = prefill_shapes_llama(nlohmann::json::object(), 23);
+  const std::vector<std::vector<int64_t>> prompts{prefill_prompt(5, 1), prefill_prompt(8, 2), prefill_prompt(8, 3),
+                                                  prefill_prompt(3, 4)};
+  auto run = [&](bool together) {
+    GenerateOptions o = prefill_options(5);
+    o.logprobs = false;
+    std::vector<std::unique_ptr<Sequence>> seqs;
+    std::vector<Sequence*> all;
+    for (const auto& p : prompts) {
+      seqs.push_back(std::make_unique<Sequence>(p, o, cache::Caches{}, std::vector<std::string>{}, StepCallback{}));
+      all.push_back(seqs.back().get());
+    }
+    auto drive = [&](const std::vector<Sequence*>& group) {
+      for (;;) {
+        std::vector<Sequence*> live;
+        for (Sequence* s : group)
+          if (!s->done()) live.push_back(s);
+        if (live.empty()) return;
+        step(*model, live, 256);
+      }
+    };
+    if (together) drive(all);
+    else
+      for (Sequence* s : all) drive({s});
+    std::vector<std::pair<std::vector<int64_t>, at::Tensor>> out;
+    for (Sequence* s : all) {
+      auto* kv = dynamic_cast<cache::KVCache*>(s->caches()[0].get());
+      out.emplace_back(s->result().tokens, kv->keys_buffer().narrow(2, 0, kv->offset()).clone());
+    }
+    return out;
+  };
+  const auto want = run(false);
+  model->forwards.clear();
+  const auto got = run(true);
+  EXPECT_EQ(model->forwards.front(), (std::vector<int64_t>{4, 8}));  // one padded prefill forward
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(got[i].first, want[i].first) << "sequence " << i;
+    EXPECT_EQ(got[i].first.size(), 5u);
+    EXPECT_TRUE(at::allclose(got[i].second, want[i].second, 0.0, 1e-5)) << "sequence " << i;
+  }
+}
+
 TEST_F(BatchPrefill, OneForwardPerChunkRoundNotPerSequence) {
   auto model = prefill_shapes_llama(nlohmann::json::object(), 22);
   // Eight requests arriving together, each prompt one chunk: ONE prefill forward, then one decode.

@@ -174,8 +174,10 @@ TEST(Batch, HybridStateRowsOfQwen3_5EqualEachAlone) {
     auto got = batched(*model, prompts, opts, {0, 0, 3}, {{}, {}, {}}, &together);
     EXPECT_GE(together, 3);
     // These random models' logits are large (|logit| ~ 8): PyTorch 2.11's CPU kernels (MKL) put
-    // batched rows 3.3e-5 from alone ones (libtorch 1.13 + OpenBLAS: < 1e-5); tokens stay identical.
-    expect_same(got, want, 1e-4);
+    // batched rows 3.3e-5 from alone ones (libtorch 1.13 + OpenBLAS on an AVX-512 Intel: < 1e-5;
+    // on an AMD EPYC without AVX-512: 1.4e-4, OpenBLAS picking other kernels per row count); tokens
+    // stay identical. A row reading another's state would be off by ~1.
+    expect_same(got, want, 3e-4);
   }
 }
 

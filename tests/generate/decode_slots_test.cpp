@@ -278,6 +278,29 @@ TEST(DecodeSlots, ADroppedSequenceFreesItsSlot) {
   EXPECT_EQ(b.result().tokens.size(), 3u);
 }
 
+// A sequence that ends in a slot is read back only when its options keep the caches (the server
+// keeps them only for its prompt cache): the other ends with none, the slot freed either way, and
+// the tokens are the same.
+TEST(DecodeSlots, AnEndedSequenceIsReadBackOnlyWhenItKeepsItsCaches) {
+  auto model = random_llama(tiny_llama_config(), at::kFloat, 4);
+  auto slots = DecodeSlots::create(*model, 2, 64);
+  ASSERT_TRUE(slots);
+  GenerateOptions keep = slot_options(4, /*logprobs=*/false), drop = keep;
+  drop.keep_caches = false;
+  Sequence a(slot_prompt(5, 1, 64), keep, {}, {}, {}), b(slot_prompt(5, 1, 64), drop, {}, {}, {});
+  while (!a.done() || !b.done()) {
+    std::vector<Sequence*> live;
+    for (Sequence* s : {&a, &b})
+      if (!s->done()) live.push_back(s);
+    step(*model, live, 64, slots.get());
+  }
+  EXPECT_EQ(slots->occupied(), 0);
+  EXPECT_EQ(a.result().tokens, b.result().tokens);
+  EXPECT_EQ(a.result().tokens.size(), 4u);
+  EXPECT_EQ(cache::offset_of(a.caches()), 5 + 3);  // the prompt and the tokens fed back
+  EXPECT_TRUE(b.caches().empty());
+}
+
 TEST(DecodeSlots, ASlidingWindowLlamaTakesSlotsAndEqualsEachAlone) {
   // Mistral-style: every layer a RotatingKVCache of 6 tokens; the slots hold them by absolute
   // position and the family's window mask (per row, from its own position) hides the rest.

@@ -178,8 +178,10 @@ Boundary LlamaModel::forward_layers(const Boundary& in, int64_t begin, int64_t e
   if (caches && begin < end)
     if (auto* sc = dynamic_cast<cache::StaticKVCache*>((*caches)[begin].get()))
       return forward_static(in, begin, end, *sc->state(), *caches);
-  const std::vector<RowGroup> rows = row_groups(pos, caches, "LlamaModel");
   const int64_t T = hidden.size(1);
+  // Prompt chunks (T > 1) of rows at one position attend together; one-token rows go through
+  // decode_rows, which takes one group per row.
+  const std::vector<RowGroup> rows = row_groups(pos, caches, "LlamaModel", /*merge=*/T > 1);
   std::vector<AttentionRows> groups;
   for (const RowGroup& g : rows) {
     auto [cos, sin] = rotary_emb_.cos_sin(g.offset, T, hidden.scalar_type());
