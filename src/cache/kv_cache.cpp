@@ -216,6 +216,10 @@ bool grouped_kv(const LayerCache* c, int64_t begin, int64_t count) {
   return true;
 }
 
+LayerCache* RowsCache::row(int64_t b) { return rows_.at(static_cast<size_t>(b)); }
+
+bool RowsCache::groupable(int64_t begin, int64_t count) const { return grouped_kv(this, begin, count); }
+
 KVCacheBase* RowsCache::group(int64_t begin, int64_t count) {
   for (const auto& g : groups_)
     if (g->begin() == begin && g->count() == count) return g.get();

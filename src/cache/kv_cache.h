@@ -122,12 +122,18 @@ class RowsCache : public LayerCache {
   std::string kind() const override { return "rows"; }
   std::unique_ptr<LayerCache> clone() const override;
   const std::vector<LayerCache*>& rows() const { return rows_; }
+  /// Rows of the batch this view covers.
+  virtual int64_t batch() const { return static_cast<int64_t>(rows_.size()); }
+  /// Row b's cache of this layer (may be null: a layer without state). Throws when b is out of range.
+  virtual LayerCache* row(int64_t b);
+  /// Whether rows [begin, begin + count) can be one group() view (grouped_kv here).
+  virtual bool groupable(int64_t begin, int64_t count) const;
   /// Rows [begin, begin + count) as one KV cache of `count` rows (owned by this view, valid while it
   /// lives): update(k, v) with k/v [count, Hkv, T, D] appends row r's slice to row r's own cache
   /// and returns their keys/values side by side [count, Hkv, offset + T, D] (a copy; pos0 0), so a
   /// family attends to them in one call. Requires every row to be a KVCache at the same offset
   /// (see grouped_kv); throws hearth::Error otherwise or when the range is outside the rows.
-  KVCacheBase* group(int64_t begin, int64_t count);
+  virtual KVCacheBase* group(int64_t begin, int64_t count);
 
  private:
   class Group;

@@ -248,10 +248,11 @@ void Sequence::end_chunk(models::Model& model, int64_t len, const at::Tensor& la
 }
 
 void Sequence::prefill_together(models::Model& model, const std::vector<Sequence*>& rows,
-                                const std::vector<int64_t>& lens) {
+                                const std::vector<int64_t>& lens, DecodeSlots* slots) {
   // Row b's lens[b] tokens, right-padded to T with token 0. Causal attention keeps the padding out
   // of every real token's output; its keys/values, appended to the row's caches by the forward, are
-  // trimmed right after (step() pads only rows whose caches trim exactly).
+  // trimmed right after (step() pads only rows whose caches trim exactly) — or, for rows in decode
+  // slots, left past the row's prompt, hidden by the decode step's masks until overwritten.
   const int64_t B = static_cast<int64_t>(rows.size()), T = *std::max_element(lens.begin(), lens.end());
   std::vector<int64_t> ids(static_cast<size_t>(B * T), 0);
   models::Positions pos;
@@ -268,12 +269,12 @@ void Sequence::prefill_together(models::Model& model, const std::vector<Sequence
   at::Tensor x = at::tensor(ids, at::TensorOptions().dtype(at::kLong)).view({B, T}).to(device);
   at::Tensor hidden;  // [B, T, C]
   {
-    cache::Caches view = cache::rows_view(caches);
+    cache::Caches view = slots ? slots->prefill_view(rows) : cache::rows_view(caches);
     nn::RowAdapters scope(adapters);
     hidden = model.forward_layers(model.embed(x), 0, model.num_layers(), pos, &view).hidden;
   }
   StepTrace::prefill_forward(B);
-  for (int64_t b = 0; b < B; ++b)
+  for (int64_t b = 0; b < B && !slots; ++b)
     HEARTH_CHECK(T == lens[b] || cache::trim_all(rows[b]->caches_, T - lens[b]),
                  "generate: a padded prefill could not trim its padding from a cache");
   // Logits only where a prompt completes, at its last real token.
@@ -369,13 +370,15 @@ void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t pref
   for (Sequence* s : seqs) s->end_if_cancelled(model);  // a request whose client left ends here
   // Prompt chunks first: planned in order within the budget (at least one chunk), run in rounds.
   std::vector<std::vector<Chunk>> rounds;  // round k: the k-th planned chunk of each sequence
+  const bool together = batch_prefill(model);
   int64_t spent = 0;
   for (Sequence* s : seqs) {
     if (!s->prefilling()) continue;
     if (spent > 0 && spent >= prefill_budget) break;  // nothing more fits
     if (!s->started_) s->check_prompt(model);
     const int64_t n = static_cast<int64_t>(s->prompt_.size());
-    for (int64_t at = s->offset_, k = 0; at < n; ++k) {
+    int64_t at = s->offset_;
+    for (int64_t k = 0; at < n; ++k) {
       const int64_t len = s->chunk_at(at);
       if (spent > 0 && spent + len > prefill_budget) break;
       if (static_cast<int64_t>(rounds.size()) <= k) rounds.emplace_back();
@@ -383,16 +386,23 @@ void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t pref
       spent += len;
       at += len;
     }
+    // A prompt that ends in this step may prefill straight into a decode slot: it decodes in this
+    // step's decode, so no decode step sees its slot half filled (DecodeSlots::fits_prefill).
+    if (at == n && together && slots && slots->fits_prefill(*s)) slots->admit(*s);
   }
-  const bool together = batch_prefill(model);
   std::optional<StepTrace::Scope> prefill_time;
   if (!rounds.empty()) prefill_time.emplace(StepTrace::kPrefill);
   for (const auto& round : rounds) {
-    // Rows whose caches trim exactly may be padded; the others share a forward only at equal lengths.
-    std::vector<Chunk> padded, same;
+    // Rows whose caches trim exactly may be padded; the others share a forward only at equal lengths;
+    // rows in decode slots go together, padded up to their slot's capacity.
+    std::vector<Chunk> padded, same, slotted;
     for (const Chunk& c : round) {
       Sequence* s = c.seq;
       if (s->end_if_cancelled(model)) continue;  // done, or cancelled since its last chunk
+      if (s->slots_) {
+        slotted.push_back({s, c.len, s->slots_->capacity() - s->offset_});
+        continue;
+      }
       if (!together) {
         s->prefill_alone(model, c.len);
         if (s->done()) s->finish_stats(model);
@@ -405,11 +415,11 @@ void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t pref
       const int64_t end = static_cast<int64_t>(s->prompt_.size()) + std::max<int64_t>(s->opts_.max_tokens, 0);
       padded.push_back({s, c.len, pad_room(s->caches_, end)});
     }
-    for (const std::vector<Chunk>& group : forward_groups(padded, same, prefill_budget)) {
-      if (group.size() == 1) {
+    auto run = [&](const std::vector<Chunk>& group, DecodeSlots* in_slots) {
+      if (group.size() == 1 && !in_slots) {
         group[0].seq->prefill_alone(model, group[0].len);
         if (group[0].seq->done()) group[0].seq->finish_stats(model);
-        continue;
+        return;
       }
       std::vector<Sequence*> rows;
       std::vector<int64_t> lens;
@@ -417,10 +427,15 @@ void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t pref
         rows.push_back(c.seq);
         lens.push_back(c.len);
       }
-      Sequence::prefill_together(model, rows, lens);
-    }
+      Sequence::prefill_together(model, rows, lens, in_slots);
+    };
+    for (const std::vector<Chunk>& group : forward_groups(padded, same, prefill_budget)) run(group, nullptr);
+    for (const std::vector<Chunk>& group : forward_groups(slotted, {}, prefill_budget)) run(group, slots);
   }
   prefill_time.reset();
+  // A slotted sequence that ended (its first token an EOS or its last, or cancelled) frees its slot.
+  for (Sequence* s : seqs)
+    if (s->done() && s->slots_) s->slots_->release(*s, /*read_back=*/s->opts_.keep_caches);
   // One token for every decoding sequence (including one whose prefill just ended).
   std::vector<Sequence*> dec;
   for (Sequence* s : seqs)

@@ -107,9 +107,10 @@ class Sequence {
   // forks and the first token from last_logits [V] (undefined while the prompt is incomplete) —
   // `greedy` when >= 0: the caller's argmax of them for a plain-greedy sequence without forks.
   void end_chunk(models::Model& model, int64_t len, const at::Tensor& last_logits, int64_t greedy = -1);
-  // One padded forward for the next lens[b] prompt tokens of rows[b] (batch.cpp explains).
+  // One padded forward for the next lens[b] prompt tokens of rows[b] (batch.cpp explains); with
+  // `slots`, rows that are in those decode slots, written straight into them.
   static void prefill_together(models::Model& model, const std::vector<Sequence*>& rows,
-                               const std::vector<int64_t>& lens);
+                               const std::vector<int64_t>& lens, DecodeSlots* slots = nullptr);
   void sample_and_emit(const at::Tensor& last_logits);  // last_logits [V]; a throw ends only this sequence
   void emit(int64_t next, const at::Tensor& logprobs);  // a sampled token: EOS, callback, limit
   void finish_stats(const models::Model& model);

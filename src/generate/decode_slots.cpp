@@ -16,6 +16,7 @@
 #include "core/torch_compat.h"
 #include "generate/batch.h"
 #include "generate/sampler.h"
+#include "generate/slot_rows_cache.h"
 #include "generate/static_decode_util.h"
 #include "generate/step_trace.h"
 #include "nn/linear.h"
@@ -180,6 +181,8 @@ std::unique_ptr<DecodeSlots> DecodeSlots::create(models::Model& model, int64_t s
   p->full_state_ = std::make_shared<cache::StaticState>();
   p->full_state_->positions = p->positions_;
   p->full_state_->capacity = capacity;
+  p->prefill_in_slots_ = env_switch_on("HEARTH_SLOT_PREFILL") && !layers.empty() &&
+                         std::all_of(layers.begin(), layers.end(), [](const LayerProto& l) { return l.kind == Kind::kKV; });
   for (const LayerProto& l : layers) {
     p->kinds_.push_back(l.kind);
     p->windows_.push_back(l.window);
@@ -276,18 +279,46 @@ bool DecodeSlots::fits(const Sequence& s) const {
   return s.offset_ + remaining <= capacity_;
 }
 
+bool DecodeSlots::fits_prefill(const Sequence& s) const {
+  if (!prefill_in_slots_ || s.slots_ || s.done_ || !s.prefilling() || s.parent_ || !s.forks_.empty() ||
+      s.on_snapshot_ || s.caches_.size() != full_.size() || s.opts_.max_tokens < 1)
+    return false;
+  if (std::find(occupant_.begin(), occupant_.end(), nullptr) == occupant_.end()) return false;
+  for (const auto& c : s.caches_) {
+    if (!c || typeid(*c) != typeid(cache::KVCache)) return false;
+    const auto& kv = static_cast<const cache::KVCache&>(*c);
+    if (kv.offset() > 0 && kv.keys_buffer().size(0) != 1) return false;
+  }
+  // As fits() once the prompt is in and the first token sampled: the last token is never fed.
+  return static_cast<int64_t>(s.prompt_.size()) + s.opts_.max_tokens - 1 <= capacity_;
+}
+
+cache::Caches DecodeSlots::prefill_view(const std::vector<Sequence*>& rows) {
+  std::vector<int64_t> slots, offsets;
+  for (const Sequence* s : rows) {
+    HEARTH_CHECK(s->slots_ == this, "decode slots: a prefill row is not in this pool");
+    slots.push_back(s->slot_);
+    offsets.push_back(s->offset_);
+  }
+  cache::Caches view;
+  for (const auto& [keys, values] : buffers_) view.push_back(std::make_unique<SlotRowsCache>(keys, values, slots, offsets));
+  return view;
+}
+
 void DecodeSlots::admit(Sequence& s) {
   const int64_t slot = std::find(occupant_.begin(), occupant_.end(), nullptr) - occupant_.begin();
-  HEARTH_CHECK(slot < slots_ && fits(s), "decode slots: admit of a sequence that does not fit");
+  HEARTH_CHECK(slot < slots_ && (fits(s) || fits_prefill(s)), "decode slots: admit of a sequence that does not fit");
   // Every length bucket this sequence can reach reads finite values in every row (before its own
-  // tokens are written: the fill covers all rows).
+  // tokens are written: the fill covers all rows). A prefilling one reaches its whole prompt first.
   const int64_t remaining = s.opts_.max_tokens - static_cast<int64_t>(s.result_.tokens.size());
-  ensure_zeroed(pick_bucket(length_buckets(capacity_), s.offset_ + remaining));
+  const int64_t fed = std::max<int64_t>(s.offset_, static_cast<int64_t>(s.prompt_.size()));
+  ensure_zeroed(pick_bucket(length_buckets(capacity_), fed + remaining));
   for (size_t i = 0; i < full_.size(); ++i) {
     const cache::LayerCache* c = s.caches_[i].get();
     switch (kinds_[i]) {
       case Kind::kShared: break;
       case Kind::kKV:
+        if (c->offset() == 0) break;  // a prompt not prefilled yet: prefill_view writes it
         static_cast<cache::StaticKVCache&>(*full_[i]).write_row(slot, static_cast<const cache::KVCache&>(*c));
         break;
       case Kind::kWindow:
@@ -309,6 +340,7 @@ void DecodeSlots::admit(Sequence& s) {
   occupant_[static_cast<size_t>(slot)] = &s;
   s.slots_ = this;
   s.slot_ = slot;
+  if (s.prefilling()) ++prefilled_in_slots_;
   s.caches_.clear();
   s.result_.stats.static_decode = true;
 }

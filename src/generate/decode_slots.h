@@ -79,6 +79,9 @@ class DecodeSlots {
   /// Steps replayed from a captured CUDA graph / run eagerly (on CPU every step is eager).
   int64_t graph_steps() const { return graph_steps_; }
   int64_t eager_steps() const { return eager_steps_; }
+  /// Sequences that took a slot before their prefill and wrote their prompt straight into it
+  /// (fits_prefill); the others were admitted after a prefill into growing caches.
+  int64_t prefilled_in_slots() const { return prefilled_in_slots_; }
   /// Batch buckets for S slots: 1, 2, 4, … below S, then S. Length buckets for C: 128, 256, …
   /// below C, then C.
   static std::vector<int64_t> batch_buckets(int64_t slots);
@@ -129,8 +132,19 @@ class DecodeSlots {
 
   /// Whether `s` (decoding, not in a slot) can take a slot now.
   bool fits(const Sequence& s) const;
-  /// Moves `s` into the lowest free slot (fits(s) must hold).
+  /// Whether `s`, still prefilling, can take a slot now and prefill straight into it (step() asks
+  /// only for a sequence whose whole remaining prompt runs in this step, so it decodes in the same
+  /// step and no decode step sees a slot half filled): every layer of the pool a plain KV layer
+  /// (prefill_view), HEARTH_SLOT_PREFILL not "0", no snapshots or shared prefill, its caches one
+  /// row of growing KV caches (a prompt-cache prefix, copied in by admit), prompt + tokens to
+  /// generate within the capacity.
+  bool fits_prefill(const Sequence& s) const;
+  /// Moves `s` into the lowest free slot (fits(s) or fits_prefill(s) must hold).
   void admit(Sequence& s);
+  /// The caches of a prefill forward over slotted `rows` (each at its own offset_): one
+  /// SlotRowsCache per layer over the pool's buffers (slot_rows_cache.h). Throws hearth::Error when
+  /// a row is not in this pool.
+  cache::Caches prefill_view(const std::vector<Sequence*>& rows);
   /// Frees `s`'s slot; with `read_back`, its caches are first read back into s.caches_.
   void release(Sequence& s, bool read_back);
   /// One decode step over the slotted sequences `rows`: feeds each one's pending token, samples
@@ -163,8 +177,9 @@ class DecodeSlots {
   compat::GraphPool graph_pool_;  // shared by every bucket's graph (declared first: outlives them)
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Bucket>> buckets_;
   bool capture_ = true;
+  bool prefill_in_slots_ = false;  // every layer kKV and HEARTH_SLOT_PREFILL not "0" (fits_prefill)
   int64_t zeroed_ = 0;  // tokens [0, zeroed_) of every KV row hold finite values
-  int64_t graph_steps_ = 0, eager_steps_ = 0;
+  int64_t graph_steps_ = 0, eager_steps_ = 0, prefilled_in_slots_ = 0;
 };
 
 }  // namespace hearth::generate

@@ -19,15 +19,15 @@ std::vector<RowGroup> row_groups(const Positions& pos, const cache::Caches* cach
     if (!c) continue;
     const auto* rows = dynamic_cast<const cache::RowsCache*>(c.get());
     HEARTH_CHECK(rows, who, ": a ragged batch mixes row views with a shared cache");
-    HEARTH_CHECK(static_cast<int64_t>(rows->rows().size()) == pos.batch(), who, ": a ragged view of ",
-                 rows->rows().size(), " rows for a batch of ", pos.batch());
+    HEARTH_CHECK(rows->batch() == pos.batch(), who, ": a ragged view of ", rows->batch(), " rows for a batch of ",
+                 pos.batch());
   }
   // Rows b and b + 1 share a group when merging and both sit at one position with growing KV
   // caches in every layer (a null entry, a layer without state, is no obstacle).
   auto joins = [&](const RowGroup& g, int64_t b) {
     if (!merge || pos.offsets[b] != g.offset) return false;
     for (const auto& c : *caches)
-      if (c && !cache::grouped_kv(c.get(), b - 1, 2)) return false;  // row b - 1 is in g: pairwise suffices
+      if (c && !static_cast<const cache::RowsCache&>(*c).groupable(b - 1, 2)) return false;  // b - 1 is in g
     return true;
   };
   std::vector<RowGroup> groups;
@@ -40,7 +40,7 @@ std::vector<RowGroup> row_groups(const Positions& pos, const cache::Caches* cach
 
 cache::LayerCache* group_cache(cache::LayerCache* c, const RowGroup& g) {
   if (auto* rows = dynamic_cast<cache::RowsCache*>(c))
-    return g.count == 1 ? rows->rows().at(static_cast<size_t>(g.begin)) : rows->group(g.begin, g.count);
+    return g.count == 1 ? rows->row(g.begin) : rows->group(g.begin, g.count);
   return c;
 }
 

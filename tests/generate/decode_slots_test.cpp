@@ -8,7 +8,10 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <cstdlib>
 #include <iostream>
+#include <optional>
+#include <string>
 
 #include "../models/random_llama.h"
 #include "cache/recurrent_cache.h"
@@ -276,6 +279,80 @@ TEST(DecodeSlots, ADroppedSequenceFreesItsSlot) {
   EXPECT_FALSE(b.in_slot());
   step(*model, {&b}, 64, nullptr);
   EXPECT_EQ(b.result().tokens.size(), 3u);
+}
+
+// Sets an environment variable for one scope, then restores it.
+class EnvScope {
+ public:
+  EnvScope(const char* name, const char* value) : name_(name) {
+    if (const char* v = std::getenv(name)) saved_ = v;
+    setenv(name, value, 1);
+  }
+  ~EnvScope() {
+    if (saved_) setenv(name_, saved_->c_str(), 1);
+    else unsetenv(name_);
+  }
+  EnvScope(const EnvScope&) = delete;
+  EnvScope& operator=(const EnvScope&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> saved_;
+};
+
+// With batched prefill on (the GPU's default), a prompt that ends in the step it starts takes its
+// slot first and is written straight into it: prompts of several chunks, a LoRA row, one whose
+// first token ends it, one joining while others decode, one after a prompt-cache prefix — the same
+// tokens and logprobs as each alone, with slot prefill on and off (HEARTH_SLOT_PREFILL=0: prefill
+// into growing caches, then admit).
+TEST(DecodeSlots, PromptsPrefilledStraightIntoSlotsEqualEachAlone) {
+  auto model = random_llama(tiny_llama_config({{"max_position_embeddings", 256}}), at::kFloat, 6);
+  at::manual_seed(12);
+  for (auto& [name, lin] : model->linear_modules()) {
+    if (name == "lm_head") continue;
+    lin->add_adapter("a", nn::LoraAdapter{at::randn({4, lin->in_features()}) * 0.3,
+                                          at::randn({lin->out_features(), 4}) * 0.3, 0.8});
+  }
+  const int64_t V = model->vocab_size();
+  std::vector<std::vector<int64_t>> prompts{slot_prompt(5, 1, V), slot_prompt(21, 2, V), slot_prompt(13, 3, V),
+                                            slot_prompt(9, 4, V), slot_prompt(30, 5, V)};
+  std::vector<GenerateOptions> opts{slot_options(12), slot_options(10), slot_options(1), slot_options(9),
+                                    slot_options(8, false)};
+  std::vector<std::vector<std::string>> adapters{{}, {}, {}, {"a"}, {}};
+  std::vector<SlotTrace> want;
+  for (size_t i = 0; i < prompts.size(); ++i) want.push_back(slot_alone(*model, prompts[i], opts[i], adapters[i]));
+  // A prompt-cache hit: 7 of its 19 tokens already in growing caches; admit copies them in.
+  const std::vector<int64_t> hit = slot_prompt(19, 6, V);
+  const SlotTrace hit_want = slot_alone(*model, hit, slot_options(6));
+  EnvScope batched("HEARTH_BATCH_PREFILL", "1");
+  for (const char* mode : {"1", "0"}) {
+    SCOPED_TRACE(std::string("HEARTH_SLOT_PREFILL=") + mode);
+    EnvScope slot_prefill("HEARTH_SLOT_PREFILL", mode);
+    auto slots = DecodeSlots::create(*model, 4, 64);
+    ASSERT_TRUE(slots);
+    auto got = slot_batched(*model, slots.get(), prompts, opts, {0, 0, 0, 0, 3}, adapters);
+    expect_same_slots(got, want, 1e-5);
+    EXPECT_EQ(slots->prefilled_in_slots(), std::string(mode) == "1" ? 5 : 0);
+    EXPECT_EQ(slots->occupied(), 0);
+    EXPECT_EQ(got[2].tokens.size(), 1u);
+
+    c10::NoGradGuard no_grad;
+    cache::Caches prefix = model->make_cache();
+    model->forward(at::tensor(std::vector<int64_t>(hit.begin(), hit.begin() + 7), at::TensorOptions().dtype(at::kLong))
+                       .view({1, 7}),
+                   0, &prefix);
+    std::vector<at::Tensor> lps;
+    Sequence s(hit, slot_options(6), std::move(prefix), {}, [&](int64_t, const at::Tensor& lp) {
+      lps.push_back(lp.clone());
+      return true;
+    });
+    while (!s.done()) step(*model, {&s}, 64, slots.get());
+    EXPECT_EQ(s.result().tokens, hit_want.tokens);
+    EXPECT_EQ(s.result().stats.cached_tokens, 7);
+    ASSERT_EQ(lps.size(), hit_want.logprobs.size());
+    for (size_t t = 0; t < lps.size(); ++t) EXPECT_LE((lps[t] - hit_want.logprobs[t]).abs().max().item<double>(), 1e-5);
+    EXPECT_EQ(slots->prefilled_in_slots(), std::string(mode) == "1" ? 6 : 0);
+  }
 }
 
 // A sequence that ends in a slot is read back only when its options keep the caches (the server
