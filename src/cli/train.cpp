@@ -217,6 +217,10 @@ std::function<int()> setup_train(CLI::App& app) {
   app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default float32)");
   app.add_option("--adapter-format", c.adapter_format, "mlx | peft (default mlx)");
   hearth::cli::add_dist_options(app, a->dist);
+  app.add_flag("!--no-overlap-grad-reduce", c.overlap_grad_reduce,
+               "Data-parallel: sum the gradients over the processes after the whole backward, instead of starting "
+               "each --segment-size segment's all-reduce as soon as the last micro-batch's backward is done with it "
+               "(overlapping the earlier segments' backward; the default). Same gradients; for A/B timing");
   app.add_option("--mixed-precision", c.mixed_precision,
                  "none | bf16 (default none). bf16: the model computes in bfloat16 while the optimizer keeps fp32 "
                  "master weights, gradients and state; the loss is taken in fp32. LoRA: fp32 A/B over a bf16 base. "

@@ -49,6 +49,21 @@ bool nccl_built() {
 
 namespace {
 
+// A collective that was done before its handle was made.
+class DoneWork final : public CollectiveWork {
+ public:
+  void wait() override {}
+};
+
+}  // namespace
+
+std::unique_ptr<CollectiveWork> Collectives::all_reduce_sum_async(std::vector<at::Tensor>& tensors) {
+  all_reduce_sum(tensors);
+  return std::make_unique<DoneWork>();
+}
+
+namespace {
+
 // Runs `f`, turning c10d's and gloo's exceptions into one hearth::Error line naming `what`.
 template <class F>
 auto guarded(const std::string& what, F&& f) -> decltype(f()) {
@@ -63,6 +78,25 @@ auto guarded(const std::string& what, F&& f) -> decltype(f()) {
   }
 }
 
+// c10d Work objects (one per tensor) behind CollectiveWork; keeps the tensors alive until waited.
+class C10dWork final : public CollectiveWork {
+ public:
+  C10dWork(std::string what, std::vector<c10::intrusive_ptr<c10d::Work>> works, std::vector<at::Tensor> tensors)
+      : what_(std::move(what)), works_(std::move(works)), tensors_(std::move(tensors)) {}
+  void wait() override {
+    guarded(what_, [&] {
+      for (auto& w : works_) w->wait();
+    });
+    works_.clear();
+    tensors_.clear();
+  }
+
+ private:
+  std::string what_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+  std::vector<at::Tensor> tensors_;
+};
+
 // PG is ProcessGroupGloo or ProcessGroupNCCL (c10d::ProcessGroup in 1.13, c10d::Backend in 2.x:
 // both have allreduce / broadcast returning a Work to wait on).
 template <class PG>
@@ -72,8 +106,10 @@ class C10dCollectives final : public Collectives {
       : store_(std::move(store)), pg_(std::move(pg)), name_(std::move(name)), device_(dev) {}
   std::string backend() const override { return name_; }
   at::Device device() const override { return device_; }
-  void all_reduce_sum(std::vector<at::Tensor>& tensors) override {
-    guarded(name_ + " all_reduce", [&] {
+  void all_reduce_sum(std::vector<at::Tensor>& tensors) override { all_reduce_sum_async(tensors)->wait(); }
+  std::unique_ptr<CollectiveWork> all_reduce_sum_async(std::vector<at::Tensor>& tensors) override {
+    const std::string what = name_ + " all_reduce";
+    return guarded(what, [&] {
       std::vector<c10::intrusive_ptr<c10d::Work>> works;
       for (auto& t : tensors) {
         std::vector<at::Tensor> one{t};
@@ -81,7 +117,7 @@ class C10dCollectives final : public Collectives {
         o.reduceOp = c10d::ReduceOp::SUM;
         works.push_back(pg_->allreduce(one, o));
       }
-      for (auto& w : works) w->wait();
+      return std::make_unique<C10dWork>(what, std::move(works), tensors);
     });
   }
   void broadcast(std::vector<at::Tensor>& tensors, int64_t root) override {

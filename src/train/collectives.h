@@ -25,9 +25,21 @@ struct RendezvousSpec {
   std::chrono::milliseconds timeout{1800000};  // store connect and every collective
 };
 
+/// A collective in flight (Collectives::all_reduce_sum_async). Destroying one that was not waited
+/// for leaves the collective to finish on its own (its tensors stay alive until it does).
+class CollectiveWork {
+ public:
+  virtual ~CollectiveWork() = default;
+  /// Blocks until the collective is done on this rank; the tensors it was given then hold the
+  /// result. Throws hearth::Error (naming the backend) when a peer is gone or the timeout passes.
+  /// A second call returns at once.
+  virtual void wait() = 0;
+};
+
 /// The collectives data-parallel training needs, on one process group of world_size ranks.
-/// Every call blocks until done on this rank and throws hearth::Error (naming the backend) when
-/// a peer is gone or the timeout passes.
+/// Every blocking call returns when done on this rank and throws hearth::Error (naming the
+/// backend) when a peer is gone or the timeout passes. Every rank must issue the same collectives
+/// (same kinds, tensor sizes and dtypes) in the same order, blocking and asynchronous alike.
 class Collectives {
  public:
   virtual ~Collectives() = default;
@@ -38,6 +50,11 @@ class Collectives {
   /// Sums each tensor over the ranks, in place (all issued, then all waited for). Contiguous
   /// tensors on device().
   virtual void all_reduce_sum(std::vector<at::Tensor>& tensors) = 0;
+  /// all_reduce_sum started and not waited for: returns at once (c10d: the backend's own threads
+  /// or streams run it; Gloo has 2 worker threads per group) while this thread keeps computing.
+  /// The tensors must not be read or written until the handle's wait() returns. This default
+  /// runs all_reduce_sum before returning (for a group with nothing asynchronous, e.g. a fake).
+  virtual std::unique_ptr<CollectiveWork> all_reduce_sum_async(std::vector<at::Tensor>& tensors);
   /// Replaces each tensor by rank `root`'s, in place. Contiguous tensors on device().
   virtual void broadcast(std::vector<at::Tensor>& tensors, int64_t root) = 0;
 };

@@ -28,43 +28,60 @@ int64_t env_int(const char* name, const char* v) {
   return out;
 }
 
-// Flattens `ts` (same dtype) into buckets of about `bucket_bytes` on `dev` in `dtype`, runs `op`
-// on all buckets at once, and copies the results back into `ts` when `write_back`.
-void bucketed(const std::vector<at::Tensor>& ts, at::ScalarType dtype, const at::Device& dev, int64_t bucket_bytes,
-              const std::function<void(std::vector<at::Tensor>&)>& op) {
-  std::vector<std::vector<at::Tensor>> groups(1);
+// Tensors of one dtype flattened into buckets of about `bucket_bytes` each (in the wire dtype, on
+// the collectives' device), and where each tensor's values sit in them.
+struct Buckets {
+  std::vector<at::Tensor> flat;                 // [n_k] per bucket
+  std::vector<std::vector<size_t>> members;     // indices into the flattened list, per bucket
+};
+
+// Flattens `ts` (same dtype, each defined) into buckets of about `bucket_bytes` on `dev` in `dtype`.
+Buckets flatten(const std::vector<at::Tensor>& ts, at::ScalarType dtype, const at::Device& dev, int64_t bucket_bytes) {
+  Buckets b;
+  std::vector<std::vector<size_t>> groups(1);
   const int64_t elem = static_cast<int64_t>(at::elementSize(dtype));
   int64_t bytes = 0;
-  for (const auto& t : ts) {
-    if (bytes > 0 && bytes + t.numel() * elem > bucket_bytes) {
+  for (size_t i = 0; i < ts.size(); ++i) {
+    if (bytes > 0 && bytes + ts[i].numel() * elem > bucket_bytes) {
       groups.emplace_back();
       bytes = 0;
     }
-    groups.back().push_back(t);
-    bytes += t.numel() * elem;
+    groups.back().push_back(i);
+    bytes += ts[i].numel() * elem;
   }
-  std::vector<at::Tensor> flat;
-  for (const auto& g : groups) {
+  for (auto& g : groups) {
     if (g.empty()) continue;
     std::vector<at::Tensor> pieces;
-    for (const auto& t : g) pieces.push_back(t.detach().reshape({-1}).to(dev, dtype));
-    flat.push_back(at::cat(pieces).contiguous());
+    for (size_t i : g) pieces.push_back(ts[i].detach().reshape({-1}).to(dev, dtype));
+    b.flat.push_back(at::cat(pieces).contiguous());
+    b.members.push_back(std::move(g));
   }
-  if (flat.empty()) return;
-  op(flat);
+  return b;
+}
+
+// Copies the buckets' values back: tensor i of the flattened list into dst(i) (skipped when that
+// is undefined).
+void unflatten(const Buckets& b, const std::vector<at::Tensor>& ts, const std::function<at::Tensor(size_t)>& dst) {
   c10::NoGradGuard no_grad;
-  size_t k = 0;
-  for (const auto& g : groups) {
-    if (g.empty()) continue;
+  for (size_t k = 0; k < b.flat.size(); ++k) {
     int64_t off = 0;
-    for (const auto& t : g) {
-      const int64_t n = t.numel();
-      at::Tensor dst = t;
-      dst.copy_(flat[k].narrow(0, off, n).view(t.sizes()));
+    for (size_t i : b.members[k]) {
+      const int64_t n = ts[i].numel();
+      at::Tensor d = dst(i);
+      if (d.defined()) d.copy_(b.flat[k].narrow(0, off, n).view(ts[i].sizes()));
       off += n;
     }
-    ++k;
   }
+}
+
+// Flattens `ts` (same dtype) into buckets of about `bucket_bytes` on `dev` in `dtype`, runs `op`
+// on all buckets at once, and copies the results back into `ts`.
+void bucketed(const std::vector<at::Tensor>& ts, at::ScalarType dtype, const at::Device& dev, int64_t bucket_bytes,
+              const std::function<void(std::vector<at::Tensor>&)>& op) {
+  Buckets b = flatten(ts, dtype, dev, bucket_bytes);
+  if (b.flat.empty()) return;
+  op(b.flat);
+  unflatten(b, ts, [&](size_t i) { return ts[i]; });
 }
 
 // The dtype a tensor of `t`'s type is reduced in (fp16/bf16 in fp32).
@@ -186,6 +203,73 @@ void DataParallel::all_reduce_grads(const std::vector<at::Tensor>& params, int64
     });
 }
 
+namespace {
+
+// all_reduce_grads_async's handle: the flags and buckets in flight, and where they go back.
+class AsyncGradReduce final : public PendingGradReduce {
+ public:
+  struct Group {
+    std::vector<size_t> params;    // indices into params_ of this dtype's tensors
+    std::vector<at::Tensor> src;   // their gradients as flattened (zeros where undefined here)
+    Buckets buckets;
+    std::unique_ptr<CollectiveWork> work;
+  };
+  AsyncGradReduce(std::vector<at::Tensor> params, at::Tensor has, std::unique_ptr<CollectiveWork> has_work,
+                  std::vector<Group> groups)
+      : params_(std::move(params)), has_(std::move(has)), has_work_(std::move(has_work)), groups_(std::move(groups)) {}
+  void wait() override {
+    if (done_) return;
+    done_ = true;
+    if (has_work_) has_work_->wait();
+    for (auto& g : groups_) g.work->wait();
+    if (params_.empty()) return;
+    const at::Tensor has = has_.cpu();
+    const auto h = has.accessor<double, 1>();
+    for (auto& g : groups_)
+      unflatten(g.buckets, g.src, [&](size_t i) -> at::Tensor {
+        const size_t p = g.params[i];
+        if (h[static_cast<int64_t>(p)] < 0.5) return {};  // undefined on every rank: stays so
+        at::Tensor t = params_[p];
+        if (!t.grad().defined()) t.mutable_grad() = at::zeros_like(t);
+        return t.grad();
+      });
+  }
+
+ private:
+  std::vector<at::Tensor> params_;
+  at::Tensor has_;  // [n] fp64 on the collectives' device: ranks whose gradient was defined
+  std::unique_ptr<CollectiveWork> has_work_;
+  std::vector<Group> groups_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<PendingGradReduce> DataParallel::all_reduce_grads_async(const std::vector<at::Tensor>& params,
+                                                                        int64_t bucket_bytes) {
+  if (params.empty()) return std::make_unique<AsyncGradReduce>(params, at::Tensor(), nullptr,
+                                                               std::vector<AsyncGradReduce::Group>{});
+  at::Tensor has = at::zeros({static_cast<int64_t>(params.size())}, at::kDouble);
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i].grad().defined()) has[i] = 1.0;
+  std::vector<at::Tensor> hv{has.to(comm_->device())};
+  auto has_work = comm_->all_reduce_sum_async(hv);
+  std::map<at::ScalarType, AsyncGradReduce::Group> by_dtype;  // by the parameter's dtype: the same on every rank
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
+    auto& g = by_dtype[p.scalar_type()];
+    g.params.push_back(i);
+    g.src.push_back(p.grad().defined() ? p.grad() : at::zeros_like(p));
+  }
+  std::vector<AsyncGradReduce::Group> groups;
+  for (auto& [dtype, g] : by_dtype) {
+    g.buckets = flatten(g.src, wire_dtype(dtype), comm_->device(), bucket_bytes);
+    g.work = comm_->all_reduce_sum_async(g.buckets.flat);
+    groups.push_back(std::move(g));
+  }
+  return std::make_unique<AsyncGradReduce>(params, hv[0], std::move(has_work), std::move(groups));
+}
+
 void DataParallel::broadcast_from_rank0(const std::vector<at::Tensor>& tensors, int64_t bucket_bytes) {
   std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
   for (const auto& t : tensors) by_dtype[t.scalar_type()].push_back(t);
@@ -193,6 +277,34 @@ void DataParallel::broadcast_from_rank0(const std::vector<at::Tensor>& tensors, 
     bucketed(ts, wire_dtype(dtype), comm_->device(), bucket_bytes, [&](std::vector<at::Tensor>& flat) {
       comm_->broadcast(flat, 0);
     });
+}
+
+StepGradReduce::StepGradReduce(DataParallel& dp, std::vector<at::Tensor> params, int64_t bucket_bytes)
+    : dp_(dp), params_(std::move(params)), bucket_bytes_(bucket_bytes), started_(params_.size(), false) {
+  for (size_t i = 0; i < params_.size(); ++i) index_.emplace(params_[i].unsafeGetTensorImpl(), i);
+}
+
+void StepGradReduce::start(const std::vector<at::Tensor>& ready) {
+  std::vector<at::Tensor> now;
+  for (const auto& t : ready) {
+    auto it = index_.find(t.unsafeGetTensorImpl());
+    if (it == index_.end() || started_[it->second]) continue;
+    started_[it->second] = true;
+    now.push_back(params_[it->second]);
+  }
+  n_started_ += static_cast<int64_t>(now.size());
+  if (!now.empty()) pending_.push_back(dp_.all_reduce_grads_async(now, bucket_bytes_));
+}
+
+void StepGradReduce::finish() {
+  std::vector<at::Tensor> rest;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!started_[i]) rest.push_back(params_[i]);
+  dp_.all_reduce_grads(rest, bucket_bytes_);  // issued behind the started pieces, summed while they finish
+  for (auto& p : pending_) p->wait();
+  pending_.clear();
+  started_.assign(params_.size(), false);
+  n_started_ = 0;
 }
 
 }  // namespace hearth::train

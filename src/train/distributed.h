@@ -1,7 +1,8 @@
 // Data-parallel training over torch.distributed (collectives.h): the torchrun environment, each
 // rank's share of a global batch, and the gradient all-reduce (bucketed, token-weighted by the
-// caller's scale) that makes N ranks step exactly as one process over the global batch. Follows
-// PyTorch's DistributedDataParallel (25 MB buckets, parameters broadcast from rank 0 at start).
+// caller's scale, blocking or started as the backward goes) that makes N ranks step exactly as one
+// process over the global batch. Follows PyTorch's DistributedDataParallel (25 MB buckets,
+// parameters broadcast from rank 0 at start, reduction overlapped with the backward).
 // Not the process launcher (cli/launch.h) or the training loop (trainer.h).
 #pragma once
 #include <ATen/ATen.h>
@@ -12,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "train/collectives.h"
@@ -48,6 +50,16 @@ void check_data_parallel(int64_t batch_size, const std::string& method, int64_t 
 /// "auto" → "nccl" on a CUDA device, else "gloo"; "gloo" / "nccl" pass; throws naming --backend otherwise.
 std::string resolve_backend(const std::string& backend, const at::Device& device);
 
+/// A gradient all-reduce in flight (DataParallel::all_reduce_grads_async).
+class PendingGradReduce {
+ public:
+  virtual ~PendingGradReduce() = default;
+  /// Blocks until the sums are in, then writes them into the parameters' .grad as
+  /// all_reduce_grads would (undefined on every rank: stays undefined; on some: zeros + the sum).
+  /// Throws as Collectives (hearth::Error naming the backend). A second call does nothing.
+  virtual void wait() = 0;
+};
+
 /// One rank's view of a data-parallel job.
 class DataParallel {
  public:
@@ -83,12 +95,56 @@ class DataParallel {
   /// undefined on every rank stays undefined (the optimizer skips it, as one process would); one
   /// defined on some ranks only gets zeros where it was undefined before the sum.
   void all_reduce_grads(const std::vector<at::Tensor>& params, int64_t bucket_bytes = 25 << 20);
+  /// all_reduce_grads started and not waited for: flattens the gradients into buckets now and
+  /// returns while the backend sums them (Gloo's worker threads, NCCL's stream), so this thread
+  /// can keep computing. The .grad of `params` must be final and untouched until the handle's
+  /// wait(), which writes the sums back. It skips all_reduce_grads' blocking first round (which
+  /// gradients exist anywhere): a gradient undefined on this rank travels as zeros, beside a
+  /// defined-flag per parameter reduced asynchronously too, so the collectives issued (one flags
+  /// vector, then the buckets per dtype, by the parameters' dtype) depend only on the parameters'
+  /// shapes and dtypes, the same on every rank. Empty `params`: issues nothing.
+  std::unique_ptr<PendingGradReduce> all_reduce_grads_async(const std::vector<at::Tensor>& params,
+                                                            int64_t bucket_bytes = 25 << 20);
   /// Copies rank 0's values of `tensors` into every rank's (no grad; bucketed as above).
   void broadcast_from_rank0(const std::vector<at::Tensor>& tensors, int64_t bucket_bytes = 25 << 20);
 
  private:
   std::unique_ptr<Collectives> comm_;
   int64_t rank_, world_;
+};
+
+/// One optimizer step's gradient all-reduce over `params` (every tensor the optimizer steps),
+/// started in pieces as the backward makes gradients final and finished before the optimizer:
+/// PyTorch DDP's overlap of communication with the backward of earlier layers. The trainer starts
+/// each backward segment's parameters on the last micro-batch of a step (BackwardOptions::
+/// on_segment_grads); the rest (embedding, head, and everything when nothing was started) is
+/// reduced by finish(). Every rank must start the same pieces in the same order (the trainer's
+/// segment plan is the same on every rank).
+class StepGradReduce {
+ public:
+  /// `dp` must outlive this object.
+  StepGradReduce(DataParallel& dp, std::vector<at::Tensor> params, int64_t bucket_bytes = 25 << 20);
+  /// Starts all_reduce_grads_async of those of `ready` that are among the params and not started
+  /// since the last finish() (others are ignored); returns at once. Their .grad must be final for
+  /// the step and stay untouched until finish().
+  void start(const std::vector<at::Tensor>& ready);
+  /// all_reduce_grads of the params not started, then waits for the started ones and writes their
+  /// sums: every param's .grad is then what all_reduce_grads(params) alone would leave (the same
+  /// elementwise sums: bit-for-bit with 2 ranks, where a sum is one addition; with more, a
+  /// backend's summation order may depend on an element's place in its bucket, so the last bit
+  /// may differ). Ready for the next step. Throws as Collectives.
+  void finish();
+  /// Parameters started since the last finish().
+  int64_t started() const { return n_started_; }
+
+ private:
+  DataParallel& dp_;
+  std::vector<at::Tensor> params_;
+  int64_t bucket_bytes_;
+  std::unordered_map<const void*, size_t> index_;  // a param's TensorImpl → its place in params_
+  std::vector<bool> started_;
+  int64_t n_started_ = 0;
+  std::vector<std::unique_ptr<PendingGradReduce>> pending_;
 };
 
 }  // namespace hearth::train

@@ -20,6 +20,7 @@ MasterWeights::MasterWeights(const std::vector<TrainableParam>& params, bool ena
                              const std::map<std::string, at::Tensor>& init)
     : model_(params), masters_(params) {
   own_.assign(params.size(), false);
+  for (size_t i = 0; i < params.size(); ++i) index_.emplace(params[i].tensor.unsafeGetTensorImpl(), i);
   if (!enabled) return;
   c10::NoGradGuard no_grad;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -46,17 +47,31 @@ std::vector<at::Tensor> MasterWeights::tensors() const {
   return out;
 }
 
+void MasterWeights::accumulate(size_t i) {
+  if (!own_[i]) return;
+  at::Tensor m = model_[i].tensor, g = m.grad();
+  if (!g.defined()) return;
+  at::Tensor master = masters_[i].tensor;
+  if (master.grad().defined()) master.mutable_grad().add_(g);
+  else master.mutable_grad() = g.to(at::kFloat);
+  m.mutable_grad() = at::Tensor();
+}
+
 void MasterWeights::accumulate_grads() {
   c10::NoGradGuard no_grad;
-  for (size_t i = 0; i < model_.size(); ++i) {
-    if (!own_[i]) continue;
-    at::Tensor m = model_[i].tensor, g = m.grad();
-    if (!g.defined()) continue;
-    at::Tensor master = masters_[i].tensor;
-    if (master.grad().defined()) master.mutable_grad().add_(g);
-    else master.mutable_grad() = g.to(at::kFloat);
-    m.mutable_grad() = at::Tensor();
+  for (size_t i = 0; i < model_.size(); ++i) accumulate(i);
+}
+
+std::vector<at::Tensor> MasterWeights::accumulate_grads_of(const std::vector<at::Tensor>& model_tensors) {
+  c10::NoGradGuard no_grad;
+  std::vector<at::Tensor> out;
+  for (const auto& t : model_tensors) {
+    auto it = index_.find(t.unsafeGetTensorImpl());
+    if (it == index_.end()) continue;
+    accumulate(it->second);
+    out.push_back(masters_[it->second].tensor);
   }
+  return out;
 }
 
 void MasterWeights::copy_to_model() {

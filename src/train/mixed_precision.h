@@ -6,6 +6,7 @@
 
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -39,6 +40,11 @@ class MasterWeights {
   /// After a micro-batch's backward: adds each model tensor's .grad into its master's fp32 .grad
   /// and clears the model tensor's .grad (so micro-batches accumulate in fp32). No device sync.
   void accumulate_grads();
+  /// accumulate_grads for `model_tensors` alone (tensors of the params given at construction,
+  /// matched by identity; others are skipped): returns their masters, in order (a tensor that is
+  /// its own master, itself). The same additions as accumulate_grads, so doing a subset now and
+  /// the rest later gives the same values. No device sync.
+  std::vector<at::Tensor> accumulate_grads_of(const std::vector<at::Tensor>& model_tensors);
   /// After an optimizer step (or a checkpoint load into the masters): model tensor ← master,
   /// rounded to the model tensor's dtype. No device sync.
   void copy_to_model();
@@ -46,6 +52,8 @@ class MasterWeights {
  private:
   std::vector<TrainableParam> model_, masters_;
   std::vector<bool> own_;  // masters_[i] is a separate fp32 copy
+  std::unordered_map<const void*, size_t> index_;  // a model tensor's TensorImpl → i
+  void accumulate(size_t i);
 };
 
 /// Turns each tensor of `params` into fp32 in place (the same tensor object, so every holder —

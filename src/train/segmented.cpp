@@ -133,13 +133,25 @@ Cotangents vjp(const Boundary& y, const Boundary& x, const std::vector<at::Tenso
   return dx;
 }
 
+// The segments a backward runs: plan_segments, or the whole stack as one for the full backward.
+std::vector<std::pair<int64_t, int64_t>> backward_plan(const LayerStack& model, const BackwardOptions& opts) {
+  if (opts.segment_size > 0) return plan_segments(model.num_layers, opts.segment_size, opts.isolate);
+  return {{0, model.num_layers}};
+}
+
 }  // namespace
 
 BackwardResult backward(const LayerStack& model, const at::Tensor& input_ids, const at::Tensor& targets,
                         const BackwardOptions& opts) {
   HEARTH_CHECK(input_ids.dim() == 2, "backward: input_ids must be [B, T], got ", input_ids.sizes());
   const int64_t n_tokens = targets.ne(kIgnoreIndex).sum().item<int64_t>();
-  if (n_tokens == 0) return BackwardResult{};
+  if (n_tokens == 0) {
+    if (opts.on_segment_grads) {  // the same calls as a backward that ran (see segmented.h)
+      const auto plan = backward_plan(model, opts);
+      for (size_t s = plan.size(); s-- > 0;) opts.on_segment_grads(plan[s].first, plan[s].second);
+    }
+    return BackwardResult{};
+  }
   const double scale = opts.scale != 0.0 ? opts.scale : 1.0 / static_cast<double>(n_tokens);
   BackwardResult res = backward_with_head(
       model, input_ids,
@@ -162,8 +174,7 @@ BackwardResult backward_with_head(const LayerStack& model, const at::Tensor& inp
   if (opts.mlp_chunk > 0) mlp_chunk.emplace(opts.mlp_chunk);
   BackwardResult res;
   const bool segmented = opts.segment_size > 0;
-  const auto plan = segmented ? plan_segments(model.num_layers, opts.segment_size, opts.isolate)
-                              : std::vector<std::pair<int64_t, int64_t>>{{0, model.num_layers}};
+  const auto plan = backward_plan(model, opts);
   const bool train_embed = !model.embed_params.empty();
 
   // Forward without a graph: the input edge of every segment goes to the store (on the device or
@@ -206,6 +217,7 @@ BackwardResult backward_with_head(const LayerStack& model, const at::Tensor& inp
       if (s > 0) store.prefetch(s - 1);  // copied back while this segment recomputes
       Boundary y = model.layers(x, plan[s].first, plan[s].second);
       d = vjp(y, x, model.layer_params(plan[s].first, plan[s].second), d);
+      if (opts.on_segment_grads) opts.on_segment_grads(plan[s].first, plan[s].second);
     }
     res.boundary_device_bytes = store.peak_device_bytes();
     res.boundary_host_bytes = store.peak_host_bytes();
@@ -221,6 +233,7 @@ BackwardResult backward_with_head(const LayerStack& model, const at::Tensor& inp
     res.loss = head.loss;
     res.n_tokens = head.n_tokens;
     d = vjp(out, x, model.layer_params(0, model.num_layers), {{"", head.grad_hidden}});
+    if (opts.on_segment_grads) opts.on_segment_grads(0, model.num_layers);
   }
   if (train_embed && !d.empty()) {
     // The embedding's own graph, with the cotangents of every field it produced.

@@ -67,6 +67,15 @@ struct BackwardOptions {
   /// Called before each segment's forward and again before its recompute with the segment index,
   /// so stochastic layers (LoRA dropout) can replay the same randomness; may be empty.
   std::function<void(size_t segment, bool recompute)> on_segment;
+  /// Called right after each segment's VJP, last segment first, with the segment's layer range
+  /// [begin, end): the .grad of every tensor in LayerStack::layer_params(begin, end) then holds
+  /// all this call adds to it (a later segment, the loss head or the embedding adds nothing more),
+  /// so a caller can start using it (data-parallel: start its all-reduce while the earlier
+  /// segments compute; train/distributed.h). The full backward is one segment [0, num_layers),
+  /// called after its VJP and before the embedding's. Called for every segment of the plan even
+  /// when there is nothing to differentiate (no supervised token), so every data-parallel rank sees
+  /// the same calls in the same order. May be empty; what it throws propagates.
+  std::function<void(int64_t begin, int64_t end)> on_segment_grads;
   /// Segmented: keep the saved boundaries' floating fields in host memory (pinned on CUDA) between
   /// the forward and the backward, each brought back one segment ahead of its recompute
   /// (train/boundary_store.h). Same gradients; costs a device↔host copy of each boundary per step

@@ -416,6 +416,15 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
   int64_t start = 0;
   if (!cfg.resume.empty()) start = load_checkpoint(cfg, batcher, opt, mw.masters());
   if (dp) dp->broadcast_from_rank0(tensors);  // as DDP: every rank starts from rank 0's values
+  // The step's gradient all-reduce. Overlapped only when every rank asks for it: the ranks must
+  // issue the same collectives in the same order.
+  std::optional<StepGradReduce> reduce;
+  if (dp) reduce.emplace(*dp, tensors);
+  const bool overlap = dp && dp->sum(static_cast<int64_t>(cfg.overlap_grad_reduce)) == dp->world_size();
+  if (dp)
+    note(overlap ? "data-parallel: each backward segment's gradient all-reduce starts as soon as the step's last "
+                   "micro-batch is done with it (--no-overlap-grad-reduce: after the whole backward)"
+                 : "data-parallel: gradients are all-reduced after the whole backward");
   if (!cfg.resume.empty() || dp) mw.copy_to_model();
   res.steps_done = start;
   const auto metrics = cfg.adapter_path / "metrics.jsonl";
@@ -501,6 +510,14 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
         at::manual_seed(seed);
         LoraRun::reseed(seed);
       };
+      // The last micro-batch: a segment's gradients are final for the step once its VJP is done
+      // (the same fp32 additions into the masters as mw.accumulate_grads below, done early), so
+      // their all-reduce starts while the earlier segments compute.
+      bopt.on_segment_grads = nullptr;
+      if (overlap && m + 1 == cfg.grad_accumulation_steps)
+        bopt.on_segment_grads = [&](int64_t begin, int64_t end) {
+          reduce->start(mw.accumulate_grads_of(stack.layer_params(begin, end)));
+        };
       if (pref) {
         const auto idx = dp ? dp->share(batcher.next_indices()) : batcher.next_indices();
         PreferenceBatch pb = make_preference_batch(*ptrain, idx);
@@ -532,8 +549,11 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
       const int64_t ntok = dp ? dp->sum(own) : own;  // the global batch's target tokens
       if (ntok == 0) continue;  // a batch of prompts only: nothing to learn from
       bopt.scale = 1.0 / (static_cast<double>(ntok) * static_cast<double>(cfg.grad_accumulation_steps));
-      BackwardResult r =
-          own > 0 ? backward(stack, to_device_async(batch.input_ids, device), targets, bopt) : BackwardResult{};
+      // A share with no target token still runs backward() when it starts reductions: it then calls
+      // on_segment_grads for every segment, as the other ranks' backward does.
+      BackwardResult r = own > 0 || bopt.on_segment_grads
+                             ? backward(stack, to_device_async(batch.input_ids, device), targets, bopt)
+                             : BackwardResult{};
       mw.accumulate_grads();
       // The token mean over the global batch: data-parallel ranks sum their shares (a sync they
       // make anyway for the token count); one process keeps it on the device.
@@ -551,7 +571,7 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
     if (window_metrics.empty()) window_metrics = step_metrics;
     else
       for (size_t i = 0; i < step_metrics.size(); ++i) window_metrics[i].second += step_metrics[i].second;
-    if (dp && counted > 0) dp->all_reduce_grads(tensors);  // Σ of token-weighted shares = the global gradient
+    if (dp && counted > 0) reduce->finish();  // Σ of token-weighted shares = the global gradient
     if (cfg.grad_clip > 0) clip_grad_norm_async(tensors, cfg.grad_clip);
     const double lr = sched.lr(step);
     opt.set_lr(lr);

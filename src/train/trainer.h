@@ -80,6 +80,11 @@ struct TrainConfig {
   std::function<void(const std::string&)> checkpoint_hook;
   /// Data-parallel rank (distributed.h); null = one process. batch_size stays the global batch.
   std::shared_ptr<DataParallel> data_parallel;
+  /// Data-parallel: start each backward segment's gradient all-reduce as soon as the last
+  /// micro-batch's backward is done with it, overlapping the earlier segments' backward
+  /// (StepGradReduce); false (--no-overlap-grad-reduce): reduce every gradient after the backward.
+  /// The same gradients either way. On only when every rank asks for it.
+  bool overlap_grad_reduce = true;
 };
 
 /// One progress report (also a metrics.jsonl line).
@@ -158,9 +163,11 @@ int64_t start_step(const TrainConfig& cfg);
 /// config, data or checkpoint.
 /// With cfg.data_parallel (distributed.h), each rank trains on its share of every global batch of
 /// cfg.batch_size, scaled by the global normalizer (SFT: 1 / global target tokens; DPO: 1 / ranks
-/// per share's pair mean), gradients summed over the ranks after the last micro-batch, so the steps
+/// per share's pair mean), gradients summed over the ranks on the last micro-batch (each backward
+/// segment's as soon as its VJP is done, overlapping the earlier segments, unless
+/// cfg.overlap_grad_reduce is off; the embedding's and head's after the backward), so the steps
 /// equal one process's; validation is split and reduced; the stop flag is OR-reduced per step; rank 0
-/// alone writes files. Throws for a batch not divisible by the ranks and for ORPO.
+/// alone writes files. Throws for a batch not divisible by the ranks.
 TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tokenizer::Tokenizer& tok,
                          const std::function<void(const Report&)>& on_report = {});
 

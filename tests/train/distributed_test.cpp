@@ -1,6 +1,8 @@
 // Data-parallel pieces without the CLI: the torchrun environment and its errors, batch shares,
-// the bucketed gradient all-reduce (on a fake group), and a real Gloo group of two ranks as two
-// threads of this process (all-reduce, broadcast, and a rendezvous that times out).
+// the bucketed gradient all-reduce, blocking, asynchronous and in a step's pieces (on a fake
+// group), and a real Gloo group of two ranks as two threads of this process (all-reduce,
+// broadcast, the overlapped step reduction against the blocking one, and a rendezvous that times out).
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -134,6 +136,64 @@ TEST(DataParallel, AllReduceGradsBucketsAndKeepsUndefinedGrads) {
   EXPECT_EQ(sizes, (std::vector<int64_t>{4, 4, 5, 2}));
 }
 
+// The asynchronous all-reduce: the same sums and undefined-gradient rules as the blocking one,
+// without its first round: a gradient undefined here travels as zeros beside a flags vector.
+TEST(DataParallel, AllReduceGradsAsyncMatchesTheBlockingOne) {
+  std::vector<int64_t> sizes;
+  DataParallel dp(std::make_unique<SameOnEveryRank>(3, &sizes), 0, 3);
+  at::Tensor a = at::zeros({2, 2}).requires_grad_(true), b = at::zeros({3}).requires_grad_(true),
+             c = at::zeros({5}).requires_grad_(true), h = at::zeros({2}, at::kBFloat16).requires_grad_(true);
+  a.mutable_grad() = at::arange(4, at::kFloat).view({2, 2});
+  c.mutable_grad() = at::ones({5});
+  h.mutable_grad() = at::full({2}, 0.5, at::kBFloat16);
+  auto w = dp.all_reduce_grads_async({a, b, c, h}, /*bucket_bytes=*/16);
+  // the flags (4), then fp32 buckets of <= 16 bytes: [a], [b's zeros], [c], then bf16 in fp32: [h]
+  EXPECT_EQ(sizes, (std::vector<int64_t>{4, 4, 3, 5, 2}));
+  EXPECT_TRUE(at::equal(a.grad(), at::arange(4, at::kFloat).view({2, 2})));  // nothing written before wait()
+  w->wait();
+  w->wait();  // a second wait does nothing
+  EXPECT_TRUE(at::equal(a.grad(), at::arange(4, at::kFloat).view({2, 2}) * 3));
+  EXPECT_FALSE(b.grad().defined());  // undefined on every rank: stays so
+  EXPECT_TRUE(at::equal(c.grad(), at::full({5}, 3.0)));
+  EXPECT_EQ(h.grad().scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::equal(h.grad(), at::full({2}, 1.5, at::kBFloat16)));
+  sizes.clear();
+  dp.all_reduce_grads_async({}, 16)->wait();
+  EXPECT_TRUE(sizes.empty());
+}
+
+// A step's reduction in pieces: started ones once (unknown tensors and repeats ignored), the rest
+// by finish() as all_reduce_grads; then ready for the next step.
+TEST(DataParallel, StepGradReduceStartsPiecesAndFinishesTheRest) {
+  std::vector<int64_t> sizes;
+  DataParallel dp(std::make_unique<SameOnEveryRank>(2, &sizes), 0, 2);
+  at::Tensor a = at::zeros({4}).requires_grad_(true), b = at::zeros({3}).requires_grad_(true),
+             c = at::zeros({5}).requires_grad_(true), h = at::zeros({2}, at::kBFloat16).requires_grad_(true),
+             other = at::zeros({7}).requires_grad_(true);
+  hearth::train::StepGradReduce step(dp, {a, b, c, h});
+  for (int rep = 0; rep < 2; ++rep) {
+    sizes.clear();
+    a.mutable_grad() = at::full({4}, 1.0);
+    b.mutable_grad() = at::Tensor();
+    c.mutable_grad() = at::full({5}, 2.0);
+    h.mutable_grad() = at::full({2}, 0.25, at::kBFloat16);
+    other.mutable_grad() = at::full({7}, 1.0);
+    step.start({c, other, c});
+    step.start({a, c});
+    EXPECT_EQ(step.started(), 2);
+    step.finish();
+    EXPECT_EQ(step.started(), 0);
+    // [c]: flags (1) + c (5); [a]: flags (1) + a (4); the rest {b, h}: the blocking flags (2), then h
+    // (b is undefined everywhere: not sent)
+    EXPECT_EQ(sizes, (std::vector<int64_t>{1, 5, 1, 4, 2, 2})) << "step " << rep;
+    EXPECT_TRUE(at::equal(a.grad(), at::full({4}, 2.0)));
+    EXPECT_FALSE(b.grad().defined());
+    EXPECT_TRUE(at::equal(c.grad(), at::full({5}, 4.0)));
+    EXPECT_TRUE(at::equal(h.grad(), at::full({2}, 0.5, at::kBFloat16)));
+    EXPECT_TRUE(at::equal(other.grad(), at::full({7}, 1.0)));  // not a param of the step: untouched
+  }
+}
+
 int free_port() {
   int s = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -191,6 +251,68 @@ TEST(Gloo, TwoRanksAllReduceAndBroadcast) {
     EXPECT_EQ(sums[r], (std::vector<double>{3, 6, 9})) << "rank " << r;
     EXPECT_EQ(bcast[r], (std::vector<double>{100, 100, 100})) << "rank " << r;
     EXPECT_DOUBLE_EQ(scalar[r], 0.75) << "rank " << r;
+  }
+}
+
+// Two real ranks: the overlapped reduction (pieces started asynchronously, the rest by finish)
+// leaves every gradient bit-equal to the blocking all_reduce_grads, including a gradient defined on
+// one rank only (zeros + the sum), one defined on none (stays undefined) and a bf16 one.
+TEST(Gloo, StepGradReduceEqualsAllReduceGradsBitForBit) {
+  HEARTH_REQUIRE_GLOO();
+  auto server = hearth::train::StoreServer::start(std::chrono::seconds(20));
+  std::vector<std::string> errors(2), mismatches(2);
+  std::vector<std::vector<double>> only0(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r) {
+    ts.emplace_back([&, r] {
+      try {
+        hearth::train::DistEnv env;
+        env.rank = r;
+        env.world_size = 2;
+        env.master_addr = "127.0.0.1";
+        env.master_port = server->port();
+        env.agent_store = true;
+        auto dp = DataParallel::join(env, "gloo", at::Device(at::kCPU), std::chrono::seconds(20));
+        // Per set: 6 "layer" tensors (two per segment), a head, one defined on rank 0 only, one on none.
+        const auto make = [&] {
+          at::Generator gen = at::detail::createCPUGenerator(100 + r);
+          std::vector<at::Tensor> ps;
+          for (int i = 0; i < 6; ++i) {
+            at::Tensor p = at::zeros({97 + i}, i == 5 ? at::kBFloat16 : at::kFloat).requires_grad_(true);
+            p.mutable_grad() = at::randn({97 + i}, gen).to(p.scalar_type());
+            ps.push_back(p);
+          }
+          at::Tensor head = at::zeros({33}).requires_grad_(true);
+          head.mutable_grad() = at::randn({33}, gen);
+          at::Tensor half = at::zeros({8}).requires_grad_(true), none = at::zeros({8}).requires_grad_(true);
+          if (r == 0) half.mutable_grad() = at::arange(8, at::kFloat);
+          ps.insert(ps.end(), {head, half, none});
+          return ps;
+        };
+        const auto x = make(), y = make();
+        dp->all_reduce_grads(y, /*bucket_bytes=*/400);
+        hearth::train::StepGradReduce step(*dp, x, /*bucket_bytes=*/400);
+        step.start({x[4], x[5]});
+        step.start({x[2], x[3], x[7], x[8]});
+        step.start({x[0], x[1]});
+        step.finish();
+        for (size_t i = 0; i < x.size(); ++i) {
+          if (x[i].grad().defined() != y[i].grad().defined() ||
+              (x[i].grad().defined() && !at::equal(x[i].grad(), y[i].grad())))
+            mismatches[r] += " " + std::to_string(i);
+        }
+        EXPECT_FALSE(x[8].grad().defined());
+        for (int i = 0; i < 8; ++i) only0[r].push_back(x[7].grad()[i].item<double>());
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(mismatches[r], "") << "rank " << r << ": these gradients differ";
+    EXPECT_EQ(only0[r], (std::vector<double>{0, 1, 2, 3, 4, 5, 6, 7})) << "rank " << r;
   }
 }
 

@@ -218,3 +218,43 @@ TEST(SegmentedBackward, OnlyBoundariesAreKept) {
   EXPECT_EQ(r.boundary_device_bytes, 3 * 9 * 16 * 4);  // one [1, 9, 16] fp32 boundary per segment
   EXPECT_EQ(r.boundary_host_bytes, 0);
 }
+
+// BackwardOptions::on_segment_grads: called once per segment, last first, with its layer range,
+// when that segment's gradients are already final (bit-equal to the ones the call ends with, Gemma
+// 4-like shared streams and trainable ends included); the full backward is one segment; a batch
+// with no supervised token still makes every call (data-parallel ranks stay in step).
+TEST(SegmentedBackward, SegmentGradsHookSeesFinalGrads) {
+  using P = std::vector<std::pair<int64_t, int64_t>>;
+  Toy toy(7, 16, 23, /*train_ends=*/true, /*streams=*/true);
+  at::Tensor ids = at::randint(0, 23, {2, 11}, at::kLong);
+  at::Tensor targets = shift_labels(ids);
+  struct Case { int64_t seg; std::vector<int64_t> iso; P calls; };
+  for (const Case& c : std::vector<Case>{{0, {3}, {{0, 7}}},
+                                         {1, {}, {{6, 7}, {5, 6}, {4, 5}, {3, 4}, {2, 3}, {1, 2}, {0, 1}}},
+                                         {3, {1, 5}, {{6, 7}, {5, 6}, {2, 5}, {1, 2}, {0, 1}}}}) {
+    for (bool empty : {false, true}) {
+      toy.zero_grad();
+      LayerStack s = toy.stack();
+      P calls;
+      std::vector<std::vector<at::Tensor>> seen;  // each call's layer_params(begin, end) and their .grad then
+      std::vector<std::vector<at::Tensor>> seen_grads;
+      BackwardOptions o;
+      o.segment_size = c.seg;
+      o.isolate = c.iso;
+      o.loss_chunk = 5;
+      o.on_segment_grads = [&](int64_t b, int64_t e) {
+        calls.emplace_back(b, e);
+        seen.push_back(s.layer_params(b, e));
+        seen_grads.emplace_back();
+        for (const auto& p : seen.back()) seen_grads.back().push_back(p.grad().defined() ? p.grad().clone() : p.grad());
+      };
+      backward(s, ids, empty ? at::full_like(targets, kIgnoreIndex) : targets, o);
+      EXPECT_EQ(calls, c.calls) << "segment " << c.seg << (empty ? " no tokens" : "");
+      for (size_t k = 0; k < seen.size(); ++k)
+        for (size_t i = 0; i < seen[k].size(); ++i) {
+          ASSERT_EQ(seen_grads[k][i].defined(), !empty) << "segment " << c.seg << " call " << k;
+          if (!empty) EXPECT_TRUE(at::equal(seen_grads[k][i], seen[k][i].grad())) << "segment " << c.seg << " call " << k;
+        }
+    }
+  }
+}
