@@ -108,9 +108,10 @@ TEST(StaticDecodeGemma4, GreedyEqualsTheEagerLoopAndTheCachesCarryOn) {
     // Same ops, but the static attention reads the whole capacity under a mask (another summation
     // order than the window's keys), and the differences feed back through the caches over 300
     // steps: measured on libtorch 1.13 + OpenBLAS (CPU) 1.2e-4 at worst (gemma4_keqv, no softcap;
-    // logprobs span ~30), 3.7e-5 within the first 10 tokens (the first static step bit-identical).
+    // logprobs span ~30), 3.7e-5 within the first 10 tokens (the first static step bit-identical);
+    // on an AMD EPYC without AVX-512 (other BLAS kernels) 1.07e-4 within the first 10 (gemma4_keqv).
     // A wrong position, mask or RoPE row is O(1).
-    EXPECT_LE(first, 1e-4);
+    EXPECT_LE(first, 2e-4);
     EXPECT_LE(worst, 5e-4);
     std::set<int64_t> distinct(eager.tokens.begin(), eager.tokens.end());
     EXPECT_GE(distinct.size(), 5u) << "a continuation of one repeated token checks little";

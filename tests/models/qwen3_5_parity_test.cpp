@@ -147,7 +147,10 @@ TEST(Qwen3_5Prefill, ChunkedPrefillEqualsTokenByToken) {
     for (int64_t i = 1; i < static_cast<int64_t>(ids.size()); ++i) every.push_back(i);
     at::Tensor steps = prefill_in_pieces(*model, ids, every);
     const double diff = (one - steps).abs().max().item<double>();
-    EXPECT_LE(diff, kTol) << v;
+    // The chunked rule (a unit-triangular solve per 64-token chunk) against 111 one-token steps:
+    // 2.4e-4 at worst on an AVX-512 Intel (OpenBLAS), 5.4e-4 on an AMD EPYC without AVX-512 (other
+    // BLAS kernels) — 7e-5 relative on these logits of ~8; a wrong state or decay is O(1).
+    EXPECT_LE(diff, 1e-3) << v;
     std::cout << "[qwen3_5 prefill] " << v << " T=" << ids.size() << " chunked vs recurrent max|d| = " << diff << "\n";
   }
 }
