@@ -6,6 +6,8 @@
 // decode_slots_gemma4_test.cpp).
 #include <gtest/gtest.h>
 
+#include <c10/core/GradMode.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <cstdlib>
