@@ -97,10 +97,12 @@ int64_t lean_mem_status(const char* key) {
   return -1;
 }
 
-// A llama model for the memory case: C 4096, 2 heads (1 KV) of 64, intermediate 4096, bf16 —
-// wide rows (where the norms' fp32 copies live) and few heads (the CPU's eager attention is O(T²)).
+// A llama model for the memory case: C 4096, 2 heads (1 KV) of 64, intermediate 1024, bf16 —
+// wide rows (where the norms' fp32 copies live), few heads (the CPU's eager attention is O(T²)) and
+// a narrow MLP (a CPU without native bf16 matmuls, e.g. an AMD EPYC without AVX-512, took over 300 s
+// for one pass of this layer at intermediate 4096 and T 2048).
 std::unique_ptr<hearth::models::Model> lean_mem_model() {
-  const int64_t C = 4096, H = 2, Hkv = 1, D = 64, I = 4096, V = 97;
+  const int64_t C = 4096, H = 2, Hkv = 1, D = 64, I = 1024, V = 97;
   nlohmann::json cfg = {{"model_type", "llama"}, {"vocab_size", V}, {"hidden_size", C},
                         {"intermediate_size", I}, {"num_hidden_layers", 1}, {"num_attention_heads", H},
                         {"num_key_value_heads", Hkv}, {"head_dim", D}, {"rms_norm_eps", 1e-5},
