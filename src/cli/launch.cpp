@@ -4,6 +4,7 @@
 
 #include <c10/util/Exception.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -95,11 +96,13 @@ int launch_workers(const DistOptions& o) {
   std::fflush(stdout);
   std::fflush(stderr);
 
-  struct sigaction sa {}, old_int {}, old_term {};
+  struct sigaction sa {}, old_int {}, old_term {}, old_hup {};
   sa.sa_handler = on_launcher_signal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
+  sigaction(SIGHUP, &sa, &old_hup);  // a closed terminal: the workers stop as on SIGTERM
+  const pid_t launcher = getpid();
   std::vector<pid_t> pids;
   const auto kill_all = [&](int sig) {
     for (pid_t p : pids)
@@ -123,6 +126,10 @@ int launch_workers(const DistOptions& o) {
     argv.push_back(nullptr);
     const pid_t pid = fork();
     if (pid == 0) {
+      // A launcher that dies however it dies (SIGKILL included) takes its workers with it: they
+      // get SIGTERM (checkpoint, then exit) instead of training on as orphans.
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != launcher) _exit(1);  // it died before the line above
       execve("/proc/self/exe", argv.data(), envp.data());
       _exit(127);
     }
@@ -138,7 +145,7 @@ int launch_workers(const DistOptions& o) {
   std::optional<std::chrono::steady_clock::time_point> kill_at;
   int64_t alive = n;
   while (alive > 0) {
-    if (const int sig = g_forward.exchange(0)) kill_all(sig);
+    if (const int sig = g_forward.exchange(0)) kill_all(sig == SIGHUP ? SIGTERM : sig);
     if (kill_at && std::chrono::steady_clock::now() >= *kill_at) {
       kill_all(SIGKILL);
       kill_at.reset();
@@ -164,6 +171,7 @@ int launch_workers(const DistOptions& o) {
   }
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
+  sigaction(SIGHUP, &old_hup, nullptr);
   return first_failure;
 }
 

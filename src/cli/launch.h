@@ -33,7 +33,8 @@ void check_dist_options(const DistOptions& o);
 /// MASTER_ADDR (kept when set, else 127.0.0.1) and MASTER_PORT (kept when set and rank 0 then serves
 /// the store; else this process serves it on a free port and sets torchrun's
 /// TORCHELASTIC_USE_AGENT_STORE=True). The children inherit stdout/stderr (rank 0 prints, the
-/// others print only errors, prefixed "rank N:"). SIGINT/SIGTERM are forwarded to them. Returns 0
+/// others print only errors, prefixed "rank N:"). SIGINT/SIGTERM are forwarded to them (SIGHUP as
+/// SIGTERM), and a worker gets SIGTERM when the launcher dies, even by SIGKILL (PR_SET_PDEATHSIG). Returns 0
 /// when all exit 0; else the exit code of the first to fail (128 + signal for a killed one), after
 /// sending the others SIGTERM and, 5 s later, SIGKILL. Throws hearth::Error when it cannot start.
 int launch_workers(const DistOptions& o);
