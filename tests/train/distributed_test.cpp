@@ -21,6 +21,18 @@ namespace {
 
 using hearth::train::Collectives;
 using hearth::train::DataParallel;
+
+// Rank r of a 2-rank Gloo job on this machine whose store the test serves on `port`.
+std::shared_ptr<DataParallel> join_gloo(int r, int64_t port) {
+  hearth::train::DistEnv env;
+  env.rank = r;
+  env.world_size = 2;
+  env.master_addr = "127.0.0.1";
+  env.master_port = port;
+  env.agent_store = true;
+  return DataParallel::join(env, "gloo", at::Device(at::kCPU), std::chrono::seconds(20));
+}
+
 using hearth::train::dist_env_from;
 
 std::function<const char*(const char*)> env_of(const std::map<std::string, std::string>& m) {
@@ -226,13 +238,7 @@ TEST(Gloo, TwoRanksAllReduceAndBroadcast) {
   for (int r = 0; r < 2; ++r) {
     ts.emplace_back([&, r] {
       try {
-        hearth::train::DistEnv env;
-        env.rank = r;
-        env.world_size = 2;
-        env.master_addr = "127.0.0.1";
-        env.master_port = server->port();
-        env.agent_store = true;
-        auto dp = DataParallel::join(env, "gloo", at::Device(at::kCPU), std::chrono::seconds(20));
+        auto dp = join_gloo(r, server->port());
         at::Tensor p = at::full({3}, 100.0 * (r + 1)).requires_grad_(true);
         p.mutable_grad() = at::tensor({1.0f, 2.0f, 3.0f}) * static_cast<float>(r + 1);
         dp->all_reduce_grads({p});
@@ -266,13 +272,7 @@ TEST(Gloo, StepGradReduceEqualsAllReduceGradsBitForBit) {
   for (int r = 0; r < 2; ++r) {
     ts.emplace_back([&, r] {
       try {
-        hearth::train::DistEnv env;
-        env.rank = r;
-        env.world_size = 2;
-        env.master_addr = "127.0.0.1";
-        env.master_port = server->port();
-        env.agent_store = true;
-        auto dp = DataParallel::join(env, "gloo", at::Device(at::kCPU), std::chrono::seconds(20));
+        auto dp = join_gloo(r, server->port());
         // Per set: 6 "layer" tensors (two per segment), a head, one defined on rank 0 only, one on none.
         const auto make = [&] {
           at::Generator gen = at::detail::createCPUGenerator(100 + r);
