@@ -22,6 +22,7 @@
 
 #include <cstdint>
 
+#include "pdl.cuh"
 #include "decode_attention.h"
 #include "dtype.cuh"
 
@@ -127,6 +128,8 @@ __global__ void __launch_bounds__(kDaThreads, Wide ? 3 : 4) decode_attention_spl
     da_cp_async_commit();
   };
 
+  pdl_launch_dependents();
+  pdl_wait();  // the newest key and value, q and the mask come from earlier kernels
   load_tile(0, 0);
   // Query rows as float32 (row r: head g·n_rep + r/T, token r%T), running max and sum.
   for (int idx = tid; idx < R * D; idx += kDaThreads) {
@@ -291,6 +294,8 @@ __global__ void __launch_bounds__(kDaThreads, Wide ? 3 : 4) decode_attention_spl
 // Merge: one block per (b·Hkv, row); thread x owns columns x, x + 64, ... of D.
 template <typename T, int D>
 __global__ void __launch_bounds__(kDaMergeThreads) decode_attention_merge_kernel(const DecodeAttentionArgs a) {
+  pdl_launch_dependents();
+  pdl_wait();
   constexpr int kPer = D / kDaMergeThreads;
   const int64_t n_rep = a.H / a.Hkv;
   const int nT = static_cast<int>(a.T);
@@ -325,15 +330,12 @@ const char* da_launch(const DecodeAttentionArgs& a) {
   const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
   const int64_t R = a.H / a.Hkv * a.T;
   const dim3 grid(static_cast<unsigned>(a.plan.n_split), static_cast<unsigned>(a.B * a.Hkv));
-  if (R <= 8)
-    decode_attention_split_kernel<T, D, false><<<grid, kDaThreads, 0, stream>>>(a);
-  else
-    decode_attention_split_kernel<T, D, true><<<grid, kDaThreads, 0, stream>>>(a);
-  cudaError_t e = cudaGetLastError();
+  cudaError_t e = R <= 8 ? launch_kernel(decode_attention_split_kernel<T, D, false>, grid, dim3(kDaThreads), 0, stream, a)
+                          : launch_kernel(decode_attention_split_kernel<T, D, true>, grid, dim3(kDaThreads), 0, stream, a);
   if (e != cudaSuccess) return cudaGetErrorString(e);
   if (a.plan.n_split > 1) {
-    decode_attention_merge_kernel<T, D><<<static_cast<unsigned>(a.B * a.Hkv * R), kDaMergeThreads, 0, stream>>>(a);
-    e = cudaGetLastError();
+    e = launch_kernel(decode_attention_merge_kernel<T, D>, dim3(static_cast<unsigned>(a.B * a.Hkv * R)),
+                      dim3(kDaMergeThreads), 0, stream, a);
     if (e != cudaSuccess) return cudaGetErrorString(e);
   }
   return nullptr;

@@ -22,6 +22,7 @@
 
 #include "dtype.cuh"
 #include "gemv.h"
+#include "pdl.cuh"
 
 namespace hearth::kernels {
 namespace {
@@ -153,6 +154,7 @@ __global__ void __launch_bounds__(kThreads)
   // kStride] when x_in_smem.
   extern __shared__ float gemv_smem[];
   float* const gemv_chunk_sums = gemv_smem;
+  pdl_launch_dependents();  // the next kernel may launch and start its own weight loads
   const unsigned bid = blockIdx.x;
   const int si = (bid >= segs.block_end[0]) + (bid >= segs.block_end[1]);
   const unsigned first = pick(si, 0u, segs.block_end[0], segs.block_end[1]);
@@ -191,6 +193,7 @@ __global__ void __launch_bounds__(kThreads)
   // The first tile's loads go out before the chunk sums are staged, so the barrier does not delay
   // the weight stream (most layer matrices need one tile per lane).
   if (t < chunks) load_tile(t);
+  pdl_wait();  // x (and y's buffer) belong to earlier kernels: only weights were read above
   float* const xs_smem = gemv_smem + (sums_in_smem ? (M * chunks + 3) / 4 * 4 : 0);  // 16-byte aligned
   if constexpr (x_smem_capable<TX, Kind>()) {
     if (x_in_smem) {  // 16 bytes of x per step: kPer values into their chunk's padded slot
@@ -295,10 +298,9 @@ const char* launch_m(const GemvArgs& a, const Segs& segs, unsigned blocks) {
   const int64_t x_bytes = a.M * chunks * smem_chunk_stride<TX, Kind>() * int64_t{4};
   const bool xs = x_smem_capable<TX, Kind>() && used + x_bytes <= 48 * 1024;
   const size_t smem = static_cast<size_t>(used + (xs ? x_bytes : 0));
-  gemv_kernel<TX, TS, Kind, MaxM><<<blocks, kThreads, smem, static_cast<cudaStream_t>(a.stream)>>>(
-      static_cast<const TX*>(a.x), segs, static_cast<int>(a.M), static_cast<int>(a.in), group_shift, sums ? 1 : 0,
-      xs ? 1 : 0);
-  const cudaError_t e = cudaGetLastError();
+  const cudaError_t e = launch_kernel(gemv_kernel<TX, TS, Kind, MaxM>, dim3(blocks), dim3(kThreads), smem,
+                                      static_cast<cudaStream_t>(a.stream), static_cast<const TX*>(a.x), segs,
+                                      static_cast<int>(a.M), static_cast<int>(a.in), group_shift, sums ? 1 : 0, xs ? 1 : 0);
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
 

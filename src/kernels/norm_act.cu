@@ -7,6 +7,7 @@
 
 #include "dtype.cuh"
 #include "norm_act.h"
+#include "pdl.cuh"
 
 namespace hearth::kernels {
 namespace {
@@ -71,12 +72,18 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const NormOperan
   float ss = 0.f;
   constexpr int kRegs = kPerThread > 0 ? kPerThread : 1;
   float hv[kRegs], wv[kRegs], ev[kRegs];  // ev: gate / add_after, loaded before the reduction too
+  pdl_launch_dependents();
   if constexpr (kPerThread > 0) {
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {  // the weight is a constant: read before the wait
+      const int64_t i = threadIdx.x + static_cast<int64_t>(k) * kNormThreads;
+      wv[k] = i < C ? norm_weight(p, i) : 0.f;
+    }
+    pdl_wait();
 #pragma unroll
     for (int k = 0; k < kPerThread; ++k) {
       const int64_t i = threadIdx.x + static_cast<int64_t>(k) * kNormThreads;
       hv[k] = i < C ? to_f32(xr[i]) : 0.f;
-      wv[k] = i < C ? norm_weight(p, i) : 0.f;
       ev[k] = i < C ? norm_extra(p, row * C + i) : 0.f;
       if (rr && i < C) hv[k] += to_f32(rr[i]);
     }
@@ -91,6 +98,7 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const NormOperan
       ss += hv[k] * hv[k];
     }
   } else {
+    pdl_wait();
     for (int64_t i = threadIdx.x; i < C; i += kNormThreads) {
       float h = to_f32(xr[i]);
       if (rr) {
@@ -123,6 +131,8 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const NormOperan
 
 template <typename T>
 __global__ void silu_mul_kernel(const T* __restrict__ g, const T* __restrict__ u, T* __restrict__ y, int64_t n) {
+  pdl_launch_dependents();
+  pdl_wait();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float a = to_f32(g[i]);
@@ -141,11 +151,10 @@ const char* launch_norm(const RmsNormArgs& a) {
                           a.x_stride > 0 ? a.x_stride : a.C, a.eps,
                           1.f / static_cast<float>(a.C),   a.weight_offset,
                           a.mode};
-  auto go = [&](auto kernel) { kernel<<<static_cast<unsigned>(a.N), kNormThreads, 0, s>>>(p); };
-  if (a.C <= kNormThreads * 4) go(rms_norm_kernel<T, 4>);
-  else if (a.C <= kNormThreads * 16) go(rms_norm_kernel<T, 16>);
-  else go(rms_norm_kernel<T, 0>);
-  const cudaError_t e = cudaGetLastError();
+  auto go = [&](auto kernel) { return launch_kernel(kernel, dim3(static_cast<unsigned>(a.N)), dim3(kNormThreads), 0, s, p); };
+  const cudaError_t e = a.C <= kNormThreads * 4    ? go(rms_norm_kernel<T, 4>)
+                        : a.C <= kNormThreads * 16 ? go(rms_norm_kernel<T, 16>)
+                                                   : go(rms_norm_kernel<T, 0>);
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
 
@@ -153,10 +162,9 @@ template <typename T>
 const char* launch_silu(const void* g, const void* u, void* y, int64_t n, void* stream) {
   const int threads = 256;
   const int64_t blocks = (n + threads - 1) / threads;
-  silu_mul_kernel<T><<<static_cast<unsigned>(blocks < 65535 * 4 ? blocks : 65535 * 4), threads, 0,
-                       static_cast<cudaStream_t>(stream)>>>(static_cast<const T*>(g), static_cast<const T*>(u),
-                                                            static_cast<T*>(y), n);
-  const cudaError_t e = cudaGetLastError();
+  const cudaError_t e = launch_kernel(silu_mul_kernel<T>, dim3(static_cast<unsigned>(blocks < 65535 * 4 ? blocks : 65535 * 4)),
+                                      dim3(threads), 0, static_cast<cudaStream_t>(stream), static_cast<const T*>(g),
+                                      static_cast<const T*>(u), static_cast<T*>(y), n);
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "dtype.cuh"
+#include "pdl.cuh"
 #include "rope_cache.h"
 
 namespace hearth::kernels {
@@ -26,6 +27,8 @@ __device__ __forceinline__ T rope_at(const T* x, const T* c, const T* s, int64_t
 
 template <typename T>
 __global__ void __launch_bounds__(kRopeThreads) rope_cache_kernel(RopeCacheArgs a) {
+  pdl_launch_dependents();
+  pdl_wait();  // q, k, v come from the kernel before
   const int64_t heads = a.Hq + a.Hk;
   const int64_t b = blockIdx.x / heads, h = blockIdx.x % heads;
   const T* c = static_cast<const T*>(a.cos) + b * a.rot;
@@ -51,9 +54,8 @@ __global__ void __launch_bounds__(kRopeThreads) rope_cache_kernel(RopeCacheArgs 
 
 template <typename T>
 const char* launch(const RopeCacheArgs& a) {
-  rope_cache_kernel<T><<<static_cast<unsigned>(a.B * (a.Hq + a.Hk)), kRopeThreads, 0,
-                         static_cast<cudaStream_t>(a.stream)>>>(a);
-  const cudaError_t e = cudaGetLastError();
+  const cudaError_t e = launch_kernel(rope_cache_kernel<T>, dim3(static_cast<unsigned>(a.B * (a.Hq + a.Hk))),
+                                      dim3(kRopeThreads), 0, static_cast<cudaStream_t>(a.stream), a);
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
 
