@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "core/error.h"
 #include "models/dense_params.h"
@@ -106,12 +107,24 @@ at::Tensor LlamaAttention::decode_rows(const at::Tensor& q, const at::Tensor& k,
 }
 
 at::Tensor LlamaDecoderLayer::forward(const at::Tensor& x, const std::vector<AttentionRows>& groups) const {
-  at::Tensor residual = x;
-  at::Tensor h = input_layernorm.forward(x);
+  auto [sum, delta] = forward_unadded(x, at::Tensor(), groups);
+  return sum + delta;
+}
+
+std::pair<at::Tensor, at::Tensor> LlamaDecoderLayer::forward_unadded(const at::Tensor& x, const at::Tensor& pending,
+                                                                     const std::vector<AttentionRows>& groups) const {
+  at::Tensor residual, h;
+  if (pending.defined()) std::tie(residual, h) = input_layernorm.forward_add(pending, x);  // x + pending, then the norm
+  else residual = x, h = input_layernorm.forward(x);
   h = self_attn.forward(h, groups);
   auto [sum, normed] = post_attention_layernorm.forward_add(h, residual);  // residual + h, then the norm
-  return sum + mlp.forward(normed);
+  return {sum, mlp.forward(normed)};
 }
+
+namespace {
+// The hidden state after layers whose last residual add was left pending (forward_unadded).
+at::Tensor add_pending(const at::Tensor& h, const at::Tensor& pending) { return pending.defined() ? h + pending : h; }
+}  // namespace
 
 LlamaModel::LlamaModel(LlamaConfig config, const nn::ParamSource& w, const std::optional<io::QuantizationConfig>& quant,
                        const nn::LoadOptions& placement)
@@ -187,7 +200,7 @@ Boundary LlamaModel::forward_layers(const Boundary& in, int64_t begin, int64_t e
     auto [cos, sin] = rotary_emb_.cos_sin(g.offset, T, hidden.scalar_type());
     groups.push_back(AttentionRows{g, cos, sin, nullptr, {}, {}});
   }
-  at::Tensor h = hidden;
+  at::Tensor h = hidden, pending;
   for (int64_t i = begin; i < end; ++i) {
     for (AttentionRows& g : groups) {
       if (!caches) break;
@@ -197,9 +210,9 @@ Boundary LlamaModel::forward_layers(const Boundary& in, int64_t begin, int64_t e
       HEARTH_CHECK(g.cache->offset() == g.rows.offset, "LlamaModel: layer ", i, " cache offset ", g.cache->offset(),
                    " != forward offset ", g.rows.offset);
     }
-    h = layers_[i].forward(h, groups);
+    std::tie(h, pending) = layers_[i].forward_unadded(h, pending, groups);
   }
-  return Boundary(h);
+  return Boundary(add_pending(h, pending));
 }
 
 Boundary LlamaModel::forward_static(const Boundary& in, int64_t begin, int64_t end, cache::StaticState& st,
@@ -234,13 +247,13 @@ Boundary LlamaModel::forward_static(const Boundary& in, int64_t begin, int64_t e
     at::Tensor w = allowed.logical_and(kp > qp - *window);
     g.mask_window = at::where(w, zero, low).view({B, 1, 1, S});
   }
-  at::Tensor h = hidden;
+  at::Tensor h = hidden, pending;
   for (int64_t i = begin; i < end; ++i) {
     g.cache = dynamic_cast<cache::StaticKVCache*>(caches[i].get());
     HEARTH_CHECK(g.cache, "LlamaModel: layer ", i, " is not a static cache in a static step");
-    h = layers_[i].forward(h, {g});
+    std::tie(h, pending) = layers_[i].forward_unadded(h, pending, {g});
   }
-  return Boundary(h);
+  return Boundary(add_pending(h, pending));
 }
 
 at::Tensor LlamaModel::head(const at::Tensor& hidden) { return lm_head_.forward(norm_.forward(hidden)); }

@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "models/llama/config.h"
@@ -56,7 +57,15 @@ struct LlamaDecoderLayer {
   nn::RMSNorm input_layernorm, post_attention_layernorm;
   LlamaAttention self_attn;
   nn::GatedMLP mlp;
+  /// x [B, T, C] → [B, T, C] (LlamaDecoderLayer.forward): forward_unadded's sum + delta.
   at::Tensor forward(const at::Tensor& x, const std::vector<AttentionRows>& groups) const;
+  /// The layer with its last residual add left to the caller (vLLM's residual passing): returns
+  /// {sum, delta}, the layer's output being sum + delta ([B, T, C] each). `pending`, when defined,
+  /// is the previous layer's delta not yet added to x: the input norm adds it in its own kernel
+  /// (nn::RMSNorm::forward_add), so consecutive layers skip one elementwise launch each. The same
+  /// values as adding first (an addition rounds the same in either order).
+  std::pair<at::Tensor, at::Tensor> forward_unadded(const at::Tensor& x, const at::Tensor& pending,
+                                                    const std::vector<AttentionRows>& groups) const;
 };
 
 class LlamaModel : public Model {
