@@ -4,6 +4,7 @@
 #include "core/error.h"
 
 #ifdef HEARTH_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -92,6 +93,43 @@ bool RecordedStep::captured() const {
 #else
   return false;
 #endif
+}
+
+struct HostReadback::Impl {
+  at::Tensor host;
+  bool started = false;
+#ifdef HEARTH_WITH_CUDA
+  std::unique_ptr<at::cuda::CUDAEvent> done;  // recorded after the copy when the source is on a GPU
+#endif
+};
+
+HostReadback::HostReadback() : impl_(std::make_unique<Impl>()) {}
+HostReadback::~HostReadback() = default;
+
+void HostReadback::start(const at::Tensor& src) {
+  Impl& m = *impl_;
+  m.started = true;
+#ifdef HEARTH_WITH_CUDA
+  if (src.is_cuda()) {
+    if (!m.host.defined() || m.host.sizes() != src.sizes() || m.host.scalar_type() != src.scalar_type())
+      m.host = at::empty(src.sizes(), src.options().device(at::kCPU).pinned_memory(true));
+    m.host.copy_(src, /*non_blocking=*/true);
+    if (!m.done) m.done = std::make_unique<at::cuda::CUDAEvent>();
+    m.done->record(c10::cuda::getCurrentCUDAStream(src.device().index()));
+    return;
+  }
+  m.done.reset();
+#endif
+  m.host = src.to(at::kCPU).clone();
+}
+
+const at::Tensor& HostReadback::wait() {
+  Impl& m = *impl_;
+  HEARTH_CHECK(m.started, "HostReadback::wait without a start()");
+#ifdef HEARTH_WITH_CUDA
+  if (m.done) m.done->synchronize();
+#endif
+  return m.host;
 }
 
 }  // namespace hearth::compat

@@ -53,4 +53,27 @@ class RecordedStep {
   std::unique_ptr<Impl> impl_;
 };
 
+/// A small device tensor read to the host without waiting for later work on the stream: start()
+/// queues a copy into pinned host memory on the current stream (and records an event after it),
+/// wait() blocks until that copy is done and returns the host tensor — so a decode loop can queue
+/// its next step between the two and keep the GPU busy while it streams the token (the issue-11
+/// pipelining). On the CPU, start() copies at once and wait() returns it. The returned tensor is
+/// overwritten by the next start().
+class HostReadback {
+ public:
+  HostReadback();
+  ~HostReadback();
+  HostReadback(const HostReadback&) = delete;
+  HostReadback& operator=(const HostReadback&) = delete;
+  /// Queues the copy of `src` (any device, any shape; the host buffer follows its shape and dtype).
+  void start(const at::Tensor& src);
+  /// Waits for the copy queued by the last start() and returns it (a CPU tensor). Throws
+  /// hearth::Error without a start().
+  const at::Tensor& wait();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 }  // namespace hearth::compat

@@ -46,6 +46,9 @@ struct GenerationStats {
   /// graph per token on CUDA.
   bool static_decode = false;
   bool cuda_graph = false;  ///< ... and that step was a captured CUDA graph
+  /// Seconds of the decode spent making the static caches and recording the step (the eager first
+  /// step, the graph's warm-up and capture), included in generation_tps's time; 0 off that path.
+  double static_setup_s = 0;
 };
 
 struct GenerationResult {

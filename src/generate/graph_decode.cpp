@@ -3,6 +3,7 @@
 // the reference and the fallback.
 #include <c10/core/GradMode.h>
 
+#include <chrono>
 #include <memory>
 #include <typeinfo>
 #include <utility>
@@ -12,6 +13,7 @@
 #include "cache/static_recurrent_cache.h"
 #include "core/cuda_graph.h"
 #include "core/error.h"
+#include "core/torch_compat.h"
 #include "generate/batch.h"
 #include "generate/sampler.h"
 #include "generate/static_decode_util.h"
@@ -40,7 +42,9 @@ bool Sequence::run_static(models::Model& model) {
   const auto lopt = at::TensorOptions().dtype(at::kLong).device(device);
   at::Tensor ids = at::full({1, 1}, pending_, lopt);  // the token fed by the next step
   bool first_round = true;
+  compat::HostReadback readback;  // the step's token, read while the next step runs
   while (!done_) {
+    const auto setup0 = std::chrono::steady_clock::now();
     // Static buffers for the next stretch: at least twice what is held (the attention reads the
     // whole capacity each step, so it grows with the sequence instead of being the context).
     const int64_t remaining = opts_.max_tokens - static_cast<int64_t>(result_.tokens.size());
@@ -96,21 +100,34 @@ bool Sequence::run_static(models::Model& model) {
       for (auto& [rc, saved] : rewind) rc->write(saved.first, saved.second);
       recorded->replay();
     }
+    const bool has_recurrent = !rewind.empty();
     rewind.clear();
+    compat::synchronize(device);  // the setup's work, not the first token's, ends here
+    result_.stats.static_setup_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - setup0).count();
     result_.stats.static_decode = true;
     result_.stats.cuda_graph = recorded->captured();
-    bool fresh = true;  // logits/next hold the step for `ids` already
-    while (!done_ && offset_ + 1 < capacity) {
-      if (!fresh) recorded->replay();
-      fresh = false;
+    // Pipelined on a captured graph: the step for token t+1 is queued (fed from `next` on the
+    // device) before the host waits for token t, so the GPU runs it while the host streams t. When
+    // t ends the sequence, that step was spent for nothing: its cache write at position offset_
+    // lies past what the caches keep (to_kv_cache / extend take offset_ tokens). A recurrent state
+    // would have advanced past it, so hybrid families keep the one-step-at-a-time order.
+    const bool run_ahead = recorded->captured() && !has_recurrent && !env_equals("HEARTH_DECODE_RUN_AHEAD", "0");
+    bool queued = offset_ + 1 < capacity;  // the step for `ids` ran already (logits/next hold it)
+    while (queued) {
+      at::Tensor lp;
+      if (opts_.logprobs) lp = at::log_softmax(logits, -1);  // queued before the next step rewrites logits
+      readback.start(next);
       offset_ += 1;
       st->host_offset = offset_;
-      at::Tensor lp;
-      if (opts_.logprobs) lp = at::log_softmax(logits, -1);
-      emit(next.item<int64_t>(), lp);
-      if (done_) break;
+      const int64_t emitted = static_cast<int64_t>(result_.tokens.size()) + 1;  // after this token
+      queued = offset_ + 1 < capacity;
       ids.copy_(next);
       st->positions.add_(1);
+      const bool ahead = run_ahead && queued && emitted < opts_.max_tokens;
+      if (ahead) recorded->replay();
+      emit(readback.wait().item<int64_t>(), lp);
+      if (done_) break;
+      if (queued && !ahead) recorded->replay();
     }
     // Back to growing caches: the eager loop, the prompt cache and the next stretch read them. A
     // sliding-window cache was left as it was (the static one copied it): it takes the new tokens.
