@@ -107,7 +107,7 @@ bool Sequence::run_static(models::Model& model) {
       st->host_offset = offset_;
       at::Tensor lp;
       if (opts_.logprobs) lp = at::log_softmax(logits, -1);
-      emit(next.item<int64_t>(), lp);
+      emit_together({{this, next.item<int64_t>(), lp}});
       if (done_) break;
       ids.copy_(next);
       st->positions.add_(1);

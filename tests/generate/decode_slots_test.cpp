@@ -55,8 +55,8 @@ SlotTrace slot_alone(models::Model& model, const std::vector<int64_t>& prompt, c
                      const std::vector<std::string>& adapters = {}) {
   SlotTrace r;
   nn::ActiveAdapters scope(adapters);
-  r.tokens = generate(model, prompt, o, [&](int64_t, const at::Tensor& lp) {
-               if (lp.defined()) r.logprobs.push_back(lp.clone());
+  r.tokens = generate(model, prompt, o, [&](int64_t, const StepLogprobs* lp) {
+               if (lp) r.logprobs.push_back(lp->all.clone());
                return true;
              }).tokens;
   return r;
@@ -76,8 +76,8 @@ std::vector<SlotTrace> slot_batched(models::Model& model, DecodeSlots* slots,
       if (!seqs[i] && joins[i] <= step_no)
         seqs[i] = std::make_unique<Sequence>(prompts[i], opts[i], cache::Caches{},
                                              adapters.empty() ? std::vector<std::string>{} : adapters[i],
-                                             [&runs, i](int64_t, const at::Tensor& lp) {
-                                               if (lp.defined()) runs[i].logprobs.push_back(lp.clone());
+                                             [&runs, i](int64_t, const StepLogprobs* lp) {
+                                               if (lp) runs[i].logprobs.push_back(lp->all.clone());
                                                return true;
                                              });
     std::vector<Sequence*> live;
@@ -344,8 +344,8 @@ TEST(DecodeSlots, PromptsPrefilledStraightIntoSlotsEqualEachAlone) {
                        .view({1, 7}),
                    0, &prefix);
     std::vector<at::Tensor> lps;
-    Sequence s(hit, slot_options(6), std::move(prefix), {}, [&](int64_t, const at::Tensor& lp) {
-      lps.push_back(lp.clone());
+    Sequence s(hit, slot_options(6), std::move(prefix), {}, [&](int64_t, const StepLogprobs* lp) {
+      lps.push_back(lp ? lp->all.clone() : at::Tensor());
       return true;
     });
     while (!s.done()) step(*model, {&s}, 64, slots.get());
