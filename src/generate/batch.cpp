@@ -88,6 +88,15 @@ std::vector<std::vector<Chunk>> forward_groups(std::vector<Chunk> padded, std::v
   pack(same, false);
   return groups;
 }
+
+// `ids` as an int64 tensor on `device`. To a GPU through pinned memory without blocking: a plain
+// copy from pageable memory waits for the stream (a device sync), which read_logprobs must not
+// pay besides its one read.
+at::Tensor ids_to(const std::vector<int64_t>& ids, const at::Device& device) {
+  at::Tensor host = at::tensor(ids, at::TensorOptions().dtype(at::kLong));
+  if (!device.is_cuda()) return host.to(device);
+  return host.pin_memory().to(device, /*non_blocking=*/true);
+}
 }  // namespace
 
 Sequence::Sequence(std::vector<int64_t> prompt, GenerateOptions opts, cache::Caches caches,
@@ -239,7 +248,7 @@ void Sequence::end_chunk(models::Model& model, int64_t len, const at::Tensor& la
     done_ = true;
     return;
   }
-  if (greedy >= 0) emit(greedy, at::Tensor());
+  if (greedy >= 0) emit(greedy, nullptr);
   else sample_and_emit(last_logits);
   t1_ = Clock::now();
   st.ttft_s = seconds(t0_, t1_);
@@ -313,24 +322,54 @@ void Sequence::prefill_together(models::Model& model, const std::vector<Sequence
   }
 }
 
-void Sequence::sample_and_emit(const at::Tensor& last_logits) {
-  int64_t next = -1;
-  at::Tensor logprobs;
+bool Sequence::sample(const at::Tensor& last_logits, int64_t* next, at::Tensor* logprobs) {
   try {
     at::Tensor processed = sampler_.process(last_logits, tokens_);
-    if (opts_.logprobs) logprobs = at::log_softmax(processed, -1);
-    next = sampler_.sample_processed(processed);
+    if (opts_.logprobs) *logprobs = at::log_softmax(processed, -1);
+    *next = sampler_.sample_processed(processed);
+    return true;
   } catch (const std::exception& e) {
     // This request's own processors (e.g. its grammar) failed: it alone ends, with the reason.
     error_ = e.what();
     pending_ = -1;
     done_ = true;
-    return;
+    return false;
   }
-  emit(next, logprobs);
 }
 
-void Sequence::emit(int64_t next, const at::Tensor& logprobs) {
+void Sequence::sample_and_emit(const at::Tensor& last_logits) {
+  int64_t next = -1;
+  at::Tensor logprobs;
+  if (sample(last_logits, &next, &logprobs)) emit_together({{this, next, logprobs}});
+}
+
+void Sequence::emit_together(const std::vector<Drawn>& drawn, const at::Tensor& stacked) {
+  std::vector<at::Tensor> rows;
+  std::vector<int64_t> tokens, top;
+  for (const Drawn& d : drawn)
+    if (d.logprobs.defined()) {
+      rows.push_back(d.logprobs);
+      tokens.push_back(d.token);
+      top.push_back(d.seq->opts_.top_logprobs);
+    }
+  std::vector<StepLogprobs> read;
+  if (!rows.empty()) {
+    HEARTH_CHECK(!stacked.defined() || stacked.size(0) == static_cast<int64_t>(rows.size()),
+                 "generate: ", stacked.size(0), " stacked logprob rows for ", rows.size(), " rows that ask for them");
+    read = read_logprobs(stacked.defined() ? stacked : at::stack(rows), tokens, top);
+  }
+  size_t i = 0;
+  for (const Drawn& d : drawn) {
+    if (!d.logprobs.defined()) {
+      d.seq->emit(d.token, nullptr);
+      continue;
+    }
+    read[i].all = d.logprobs;
+    d.seq->emit(d.token, &read[i++]);
+  }
+}
+
+void Sequence::emit(int64_t next, const StepLogprobs* logprobs) {
   pending_ = -1;
   if (std::find(opts_.eos_ids.begin(), opts_.eos_ids.end(), next) != opts_.eos_ids.end()) {
     result_.stats.stopped_by_eos = true;
@@ -345,6 +384,62 @@ void Sequence::emit(int64_t next, const at::Tensor& logprobs) {
     return;
   }
   pending_ = next;
+}
+
+std::vector<StepLogprobs> read_logprobs(const at::Tensor& logprobs, const std::vector<int64_t>& tokens,
+                                        const std::vector<int64_t>& top) {
+  HEARTH_CHECK(logprobs.dim() == 2 && logprobs.size(0) == static_cast<int64_t>(tokens.size()) &&
+                   tokens.size() == top.size(),
+               "read_logprobs: needs logprobs [R, V] and R tokens and R top counts, got ", logprobs.sizes(), ", ",
+               tokens.size(), " and ", top.size());
+  const int64_t R = logprobs.size(0), V = logprobs.size(1);
+  std::vector<StepLogprobs> out(static_cast<size_t>(R));
+  if (R == 0) return out;
+  const at::Tensor lp = logprobs.to(at::kFloat).contiguous();
+  const auto longs = at::TensorOptions().dtype(at::kLong);
+  const at::Tensor ids = ids_to(tokens, lp.device()).view({R, 1});
+  std::vector<at::Tensor> parts{lp.gather(1, ids).view({R}).to(at::kDouble)};
+  // The rows that list alternatives, and the most any of them lists.
+  std::vector<int64_t> top_rows, k(static_cast<size_t>(R), 0);
+  int64_t K = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    k[r] = std::clamp<int64_t>(top[r], 0, V);
+    if (k[r] > 0) top_rows.push_back(r);
+    K = std::max(K, k[r]);
+  }
+  const int64_t T = static_cast<int64_t>(top_rows.size());
+  if (K > 0) {
+    const at::Tensor sub =
+        T == R ? lp : lp.index_select(0, ids_to(top_rows, lp.device()));  // [T, V]
+    // One distinct int64 key per entry: the float's bits as an ordered signed integer (a negative
+    // float's magnitude bits flipped; any NaN the largest, as at::topk ranks it) above the
+    // complement of the id, so the top K are the K largest values, ties to the smaller id, and a
+    // row's first k of them are its top k whatever K is.
+    const at::Tensor bits = sub.view(at::kInt).to(at::kLong);
+    at::Tensor order = at::where(bits < 0, bits.bitwise_xor(0x7FFFFFFF), bits);
+    order = order.masked_fill(at::isnan(sub), std::numeric_limits<int32_t>::max());
+    const at::Tensor low = at::arange(V, longs.device(lp.device())).neg().add(int64_t{0xFFFFFFFF});
+    const at::Tensor key = order.mul(int64_t{1} << 32).add(low);
+    const at::Tensor best = std::get<1>(at::topk(key, K, -1, /*largest=*/true, /*sorted=*/true));  // [T, K]
+    parts.push_back(sub.gather(1, best).to(at::kDouble).flatten());
+    parts.push_back(best.to(at::kDouble).flatten());  // ids < 2^53: exact in a double
+  }
+  // The one read: every chosen value, then the rows' top values, then their top ids.
+  const at::Tensor host = at::cat(parts).to(at::kCPU);
+  StepTrace::logprob_read();
+  const double* h = host.data_ptr<double>();
+  for (int64_t r = 0; r < R; ++r) out[r].logprob = static_cast<float>(h[r]);
+  for (int64_t t = 0; t < T; ++t) {
+    StepLogprobs& o = out[top_rows[t]];
+    const int64_t n = k[top_rows[t]];
+    const double* vals = h + R + t * K;
+    const double* idx = h + R + T * K + t * K;
+    for (int64_t j = 0; j < n; ++j) {
+      o.top_ids.push_back(static_cast<int64_t>(idx[j]));
+      o.top_values.push_back(static_cast<float>(vals[j]));
+    }
+  }
+  return out;
 }
 
 void Sequence::on_snapshot(int64_t every, SnapshotFn fn) {
@@ -479,12 +574,19 @@ void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t pref
       nn::RowAdapters scope(std::move(adapters));
       logits = model.forward(x, pos, &view);
     }
+    // Every row's token first, then their logprobs read to the host together and the tokens
+    // emitted in row order (one read for the step, not one per row).
+    std::vector<Sequence::Drawn> drawn;
     for (int64_t b = 0; b < B; ++b) {
       Sequence* s = rows[b];
       s->offset_ += 1;
-      s->sample_and_emit(logits[b][-1]);
-      if (s->done()) s->finish_stats(model);
+      int64_t next = -1;
+      at::Tensor lp;
+      if (s->sample(logits[b][-1], &next, &lp)) drawn.push_back({s, next, lp});
     }
+    Sequence::emit_together(drawn);
+    for (Sequence* s : rows)
+      if (s->done()) s->finish_stats(model);
   };
   StepTrace::Scope ragged_time(StepTrace::kRagged);
   if (model.ragged_batches()) {

@@ -111,8 +111,24 @@ class Sequence {
   // `slots`, rows that are in those decode slots, written straight into them.
   static void prefill_together(models::Model& model, const std::vector<Sequence*>& rows,
                                const std::vector<int64_t>& lens, DecodeSlots* slots = nullptr);
-  void sample_and_emit(const at::Tensor& last_logits);  // last_logits [V]; a throw ends only this sequence
-  void emit(int64_t next, const at::Tensor& logprobs);  // a sampled token: EOS, callback, limit
+  // The next token from last_logits [V] into *next and, with opts_.logprobs, its log-probabilities
+  // [V] float32 (same device) into *logprobs. False when this sequence's sampling threw: it has
+  // then ended (error_), and nothing is to be emitted.
+  bool sample(const at::Tensor& last_logits, int64_t* next, at::Tensor* logprobs);
+  void sample_and_emit(const at::Tensor& last_logits);  // sample, then emit_together alone
+  void emit(int64_t next, const StepLogprobs* logprobs);  // a sampled token: EOS, callback, limit
+  // A token drawn for a sequence in a step, with its log-probabilities [V] when it asks for them
+  // (undefined otherwise).
+  struct Drawn {
+    Sequence* seq;
+    int64_t token;
+    at::Tensor logprobs;
+  };
+  // Emits every drawn token in order, the logprobs of the rows that ask for them read to the host
+  // together: one read_logprobs (one copy) for the whole list. `stacked`, when defined, is those
+  // rows' logprobs already in one [L, V] tensor (row j = the j-th drawn entry with logprobs), used
+  // instead of stacking them.
+  static void emit_together(const std::vector<Drawn>& drawn, const at::Tensor& stacked = at::Tensor());
   void finish_stats(const models::Model& model);
   void release_forks(models::Model& model, const at::Tensor& last_logits);  // share_prefill's children start
 
@@ -171,6 +187,9 @@ class Sequence {
 ///
 /// Decode: feeds every decoding sequence's last token in ONE forward when the model takes ragged
 /// batches, else one forward per sequence, and samples each row's next token with its own sampler.
+/// The rows that ask for logprobs get them from one read_logprobs for the forward (one
+/// device-to-host copy, however many rows), then each row's callback runs, in row order. (A prompt
+/// that completes samples its first token right after its prefill, with a read of its own.)
 /// The results equal running each sequence alone up to floating-point summation order of the
 /// batched matmuls. A sequence whose own sampling throws ends with Sequence::error() set; the others
 /// go on. Throws hearth::Error on a prompt token outside the vocabulary, and hearth::Error /
@@ -186,5 +205,15 @@ class Sequence {
 /// summation order of the padded attention).
 void step(models::Model& model, const std::vector<Sequence*>& seqs, int64_t prefill_budget,
           DecodeSlots* slots = nullptr);
+
+/// The host half of R rows' StepLogprobs, read in ONE device-to-host copy (one sync): `logprobs`
+/// [R, V] (any float dtype, any device; read as float32), `tokens` the R chosen ids (each in [0,
+/// V)), `top` how many most likely tokens each row lists (clamped to [0, V]). Row r gets
+/// logprobs[r][tokens[r]] and its top[r] best (values descending, ties in increasing id order: one
+/// int64 key per entry, so a row's list does not depend on the other rows' top[]); `all` is left
+/// undefined for the caller. Counts one StepTrace::logprob_reads. Throws hearth::Error when the
+/// sizes disagree (c10::Error for an id outside [0, V)).
+std::vector<StepLogprobs> read_logprobs(const at::Tensor& logprobs, const std::vector<int64_t>& tokens,
+                                        const std::vector<int64_t>& top);
 
 }  // namespace hearth::generate

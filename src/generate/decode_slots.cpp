@@ -528,20 +528,38 @@ void DecodeSlots::decode(const std::vector<Sequence*>& rows) {
     const at::Tensor idx = at::tensor(lp_rows, at::TensorOptions().dtype(at::kLong)).to(device_);
     lp_all = at::log_softmax(logits_.index_select(0, idx).to(at::kFloat), -1);
   }
+  // Every row's token first; then the logprobs of all rows that ask for them go to the host in one
+  // read (Sequence::emit_together: the chosen values and top-k of every row in one copy, not a
+  // sync per row) and the tokens are emitted in row order.
   const int64_t* next = next_host.data_ptr<int64_t>();
   int64_t j = 0, k = 0;
+  std::vector<Sequence::Drawn> drawn;
+  bool only_greedy_logprobs = true;  // lp_all holds every logprob row: no stacking
   for (Sequence* s : rows) {
     s->offset_ += 1;
     s->result_.stats.cuda_graph = s->result_.stats.cuda_graph || graph;
-    if (plain_greedy(s->opts_)) s->emit(next[s->slot_], at::Tensor());
-    else if (greedy_with_logprobs(s->opts_)) s->emit(next[s->slot_], lp_all[k++]);
-    else if (!s->opts_.logprobs && device_.is_cuda()) s->sample_and_emit(host_logits[j++]);
-    else s->sample_and_emit(logits_[s->slot_]);
+    if (plain_greedy(s->opts_)) {
+      drawn.push_back({s, next[s->slot_], at::Tensor()});
+      continue;
+    }
+    if (greedy_with_logprobs(s->opts_)) {
+      drawn.push_back({s, next[s->slot_], lp_all[k++]});
+      continue;
+    }
+    const bool on_host = !s->opts_.logprobs && device_.is_cuda();
+    int64_t token = -1;
+    at::Tensor lp;
+    if (s->sample(on_host ? host_logits[j++] : logits_[s->slot_], &token, &lp)) {
+      drawn.push_back({s, token, lp});
+      if (lp.defined()) only_greedy_logprobs = false;
+    }
+  }
+  Sequence::emit_together(drawn, only_greedy_logprobs ? lp_all : at::Tensor());
+  for (Sequence* s : rows)
     if (s->done()) {
       release(*s, /*read_back=*/s->opts_.keep_caches);
       s->finish_stats(model_);
     }
-  }
 }
 
 }  // namespace hearth::generate

@@ -148,7 +148,9 @@ class DecodeSlots {
   /// Frees `s`'s slot; with `read_back`, its caches are first read back into s.caches_.
   void release(Sequence& s, bool read_back);
   /// One decode step over the slotted sequences `rows`: feeds each one's pending token, samples
-  /// its next one with its own sampler.
+  /// its next one with its own sampler (greedy rows: the step's argmax), reads the logprobs of
+  /// every row that asks for them to the host at once (Sequence::emit_together) and emits the
+  /// tokens in row order; rows that ended leave their slots.
   void decode(const std::vector<Sequence*>& rows);
   Bucket& bucket(int64_t b, int64_t len);
   void forward(Bucket& bk);  // the step itself: ids_/positions_ → logits_/next_ rows [0, b)

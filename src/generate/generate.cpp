@@ -11,7 +11,7 @@ namespace hearth::generate {
 GenerationResult generate(models::Model& model, const std::vector<int64_t>& prompt, const GenerateOptions& opts,
                           const TokenCallback& on_token) {
   StepCallback step;
-  if (on_token) step = [&](int64_t token, const at::Tensor&) { return on_token(token); };
+  if (on_token) step = [&](int64_t token, const StepLogprobs*) { return on_token(token); };
   return generate(model, prompt, opts, step);
 }
 

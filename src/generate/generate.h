@@ -19,7 +19,10 @@ struct GenerateOptions {
   int64_t prefill_step_size = 2048;  // prompt tokens per forward during prefill
   SamplingParams sampling;
   std::vector<int64_t> eos_ids;      // stop (EOS not emitted to the callback, not counted)
-  bool logprobs = false;             // hand StepCallback the step's log-probabilities
+  bool logprobs = false;             // hand StepCallback the token's log-probabilities (StepLogprobs)
+  /// With logprobs: how many of the most likely tokens StepLogprobs lists per token (<= 0: none; at
+  /// most the vocabulary). Read to the host with the chosen token's logprob, in the same copy.
+  int64_t top_logprobs = 0;
   /// Whether anyone reads the caches once the sequence has ended (Sequence::caches(), the prompt
   /// cache, generate()'s caller). false lets a decode slot (decode_slots.h) free the ended
   /// sequence's rows without reading them back; Sequence::caches() is then empty.
@@ -58,11 +61,26 @@ struct GenerationResult {
 
 /// Called per generated token; return false to stop.
 using TokenCallback = std::function<bool(int64_t token)>;
-/// Called per generated token with `logprobs` [V] float32 on the model's device: the log-softmax
-/// of the processed logits (after the penalties, before top-p/min-p/top-k and temperature, as
-/// mlx-lm reports them) when GenerateOptions::logprobs, else an undefined tensor. Return false
-/// to stop.
-using StepCallback = std::function<bool(int64_t token, const at::Tensor& logprobs)>;
+/// One generated token's log-probabilities, as StepCallback gets them (GenerateOptions::logprobs):
+/// the log-softmax of the processed logits (after the penalties, before top-p/min-p/top-k and
+/// temperature, as mlx-lm reports them). `logprob` and the top entries are already on the host: a
+/// batched step reads them for all its rows in one device-to-host copy (read_logprobs, batch.h), so
+/// a callback that uses only these costs no device sync of its own.
+struct StepLogprobs {
+  float logprob = 0;  ///< the chosen token's log-probability
+  /// The GenerateOptions::top_logprobs most likely tokens (fewer when the vocabulary is smaller),
+  /// most likely first, equal log-probabilities in increasing id order; top_values[i] is
+  /// top_ids[i]'s log-probability.
+  std::vector<int64_t> top_ids;
+  std::vector<float> top_values;
+  /// The whole distribution: [V] float32 on the model's device (it may be a view of the step's
+  /// [rows, V] tensor: clone it to keep it alone). Reading it on the host syncs with the device.
+  at::Tensor all;
+};
+
+/// Called per generated token with its log-probabilities when GenerateOptions::logprobs, else
+/// nullptr (the pointer is valid only during the call). Return false to stop.
+using StepCallback = std::function<bool(int64_t token, const StepLogprobs* logprobs)>;
 
 /// Generates a continuation of `prompt` (non-empty ids) with `model` (batch 1). Throws
 /// hearth::Error on an empty prompt or an id outside the vocabulary.

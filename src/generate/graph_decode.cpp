@@ -125,7 +125,7 @@ bool Sequence::run_static(models::Model& model) {
       st->positions.add_(1);
       const bool ahead = run_ahead && queued && emitted < opts_.max_tokens;
       if (ahead) recorded->replay();
-      emit(readback.wait().item<int64_t>(), lp);
+      emit_together({{this, readback.wait().item<int64_t>(), lp}});
       if (done_) break;
       if (queued && !ahead) recorded->replay();
     }

@@ -11,12 +11,13 @@ namespace hearth::generate {
 namespace {
 struct Sums {
   std::array<double, StepTrace::kPhases> seconds{};
-  int64_t steps = 0, rows = 0, prefill_forwards = 0, prefill_rows = 0;
+  int64_t steps = 0, rows = 0, prefill_forwards = 0, prefill_rows = 0, logprob_reads = 0;
 };
 Sums& sums() {
   static Sums s;
   return s;
 }
+int64_t total_logprob_reads = 0;
 }  // namespace
 
 bool StepTrace::on() {
@@ -38,6 +39,13 @@ void StepTrace::prefill_forward(int64_t rows) {
   sums().prefill_rows += rows;
 }
 
+void StepTrace::logprob_read() {
+  ++total_logprob_reads;
+  if (on()) ++sums().logprob_reads;
+}
+
+int64_t StepTrace::logprob_reads() { return total_logprob_reads; }
+
 void StepTrace::end_step(int64_t rows) {
   if (!on() || rows == 0) return;
   Sums& s = sums();
@@ -47,12 +55,12 @@ void StepTrace::end_step(int64_t rows) {
   const double n = static_cast<double>(s.steps);
   std::fprintf(stderr,
                "hearth: step trace: %lld steps, %.1f rows/step, %.2f prefill forwards/step of %.1f rows; ms/step: "
-               "prefill %.3f, admit %.3f, slot_step %.3f, slot_emit %.3f, ragged %.3f\n",
+               "prefill %.3f, admit %.3f, slot_step %.3f, slot_emit %.3f, ragged %.3f; %.2f logprob reads/step\n",
                static_cast<long long>(s.steps), static_cast<double>(s.rows) / n,
                static_cast<double>(s.prefill_forwards) / n,
                s.prefill_forwards ? static_cast<double>(s.prefill_rows) / static_cast<double>(s.prefill_forwards) : 0.0,
                1e3 * s.seconds[kPrefill] / n, 1e3 * s.seconds[kAdmit] / n, 1e3 * s.seconds[kSlotStep] / n,
-               1e3 * s.seconds[kSlotEmit] / n, 1e3 * s.seconds[kRagged] / n);
+               1e3 * s.seconds[kSlotEmit] / n, 1e3 * s.seconds[kRagged] / n, static_cast<double>(s.logprob_reads) / n);
   s = Sums{};
 }
 

@@ -12,7 +12,7 @@ namespace hearth::generate {
 /// argmax reaches the host: on CUDA the graph replay and the wait for it), slot_emit (the slots'
 /// rows handed their tokens on the host: sampling, logprobs, the callbacks into the server, rows
 /// that ended read back), ragged (rows decoding outside the slots), with the mean rows per step and
-/// the prefill forwards and their rows per step. Off unless HEARTH_STEP_TRACE=1 (read once); then
+/// the prefill forwards and their rows per step, and the logprob reads per step. Off unless HEARTH_STEP_TRACE=1 (read once); then
 /// each phase costs two clock reads. Single-threaded use (the generating thread).
 class StepTrace {
  public:
@@ -34,6 +34,11 @@ class StepTrace {
   static void prefill_forward(int64_t rows);
   /// One step ended with `rows` decoding rows (0: a prefill-only step, not counted).
   static void end_step(int64_t rows);
+  /// One device-to-host read of tokens' logprobs (read_logprobs, batch.h). Counted whether the
+  /// trace is on or not (one add): logprob_reads() is the total since the process started, which
+  /// tests read to see that a batched step reads once, however many rows it has.
+  static void logprob_read();
+  static int64_t logprob_reads();
 };
 
 }  // namespace hearth::generate

@@ -137,7 +137,7 @@ struct TokenEvent {
   std::string token;
   std::string bytes;                     ///< its raw bytes (logprobs `bytes`); empty = token's bytes
   float logprob = 0;                     ///< filled when the request asked for logprobs
-  std::vector<TopLogprob> top_logprobs;  ///< request.top_logprobs entries, most likely first
+  std::vector<TopLogprob> top_logprobs;  ///< request.top_logprobs entries, most likely first (ties: smaller id first)
   /// Not a token: the detokenizer's held-back text released at the end of generation (e.g. an
   /// incomplete UTF-8 sequence as U+FFFD). Only `text` is meaningful; no logprobs entry.
   bool text_only = false;

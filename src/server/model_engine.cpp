@@ -333,7 +333,6 @@ struct ModelEngine::Running : ActiveSequence {
   std::vector<int32_t> context;  // the last kContext ids before the next token
   std::string ns;                // the prompt cache namespace: the adapter selection
   bool logprobs = false;
-  int top_logprobs = 0;
   bool stopped = false;          // on_token returned false
   bool constrained = false;      // a TokenConstraint (structured output) restricts its sampling
   bool done() const override { return seq->done(); }
@@ -365,6 +364,7 @@ std::unique_ptr<ActiveSequence> ModelEngine::start_choice(const Prompt& prompt, 
   if (choice > 0 && req.sampling.seed) o.sampling.seed = static_cast<uint64_t>(*choice_seed(req.sampling.seed, choice));
   o.eos_ids = eos_ids_;
   o.logprobs = req.logprobs;
+  o.top_logprobs = req.logprobs ? req.top_logprobs : 0;
   o.keep_caches = prompt_cache_ != nullptr;  // finish() stores them in the prompt cache, nothing else reads them
   o.prefill_step_size = opts_.prefill_step_size;
   if (const std::atomic<bool>* flag = req.cancelled)
@@ -376,7 +376,6 @@ std::unique_ptr<ActiveSequence> ModelEngine::start_choice(const Prompt& prompt, 
   r->ns = selection_key(selection);
   r->on_token = std::move(on_token);
   r->logprobs = req.logprobs;
-  r->top_logprobs = req.top_logprobs;
   r->constrained = o.sampling.constraint != nullptr;
   cache::Caches caches;
   if (prompt_cache_ && choice == 0) caches = prompt_cache_->take(r->ns, prompt.ids).caches;
@@ -389,7 +388,7 @@ std::unique_ptr<ActiveSequence> ModelEngine::start_choice(const Prompt& prompt, 
                                                      r->context);
   Running* self = r.get();
   r->seq = std::make_unique<generate::Sequence>(prompt.ids, std::move(o), std::move(caches), selection,
-                                                [this, self](int64_t id, const at::Tensor& lp) { return on_step(*self, id, lp); });
+                                                [this, self](int64_t id, const generate::StepLogprobs* lp) { return on_step(*self, id, lp); });
   if (prompt_cache_ && hybrid_)
     // Recurrent states cannot be trimmed back to a shared prefix: keep them where one may be wanted.
     r->seq->on_snapshot(opts_.prompt_cache_snapshot_every,
@@ -399,7 +398,7 @@ std::unique_ptr<ActiveSequence> ModelEngine::start_choice(const Prompt& prompt, 
   return r;
 }
 
-bool ModelEngine::on_step(Running& r, int64_t id, const at::Tensor& logprobs) {
+bool ModelEngine::on_step(Running& r, int64_t id, const generate::StepLogprobs* logprobs) {
   auto fill = [&](int64_t tok, std::string& token, std::string& bytes) {
     bytes = tokenizer_.continuation_bytes(r.context, static_cast<int32_t>(tok));
     token = tokenizer::unicode::to_valid_utf8(bytes);
@@ -407,21 +406,16 @@ bool ModelEngine::on_step(Running& r, int64_t id, const at::Tensor& logprobs) {
   TokenEvent ev;
   ev.id = id;
   ev.text = r.decoder->push(static_cast<int32_t>(id));
-  if (r.logprobs && logprobs.defined()) {
+  if (r.logprobs && logprobs) {
+    // Host values already (the step read every row's in one copy): no device read here.
     fill(id, ev.token, ev.bytes);
-    if (r.top_logprobs <= 0) {
-      ev.logprob = logprobs[id].item<float>();  // one value, not the [V] row, off the device
-    } else {
-      at::Tensor lp = logprobs.to(at::kCPU, at::kFloat).contiguous();
-      ev.logprob = lp[id].item<float>();
-      auto [vals, idx] = at::topk(lp, std::min<int64_t>(r.top_logprobs, lp.size(0)));
-      for (int64_t i = 0; i < vals.size(0); ++i) {
-        TopLogprob alt;
-        alt.id = idx[i].item<int64_t>();
-        fill(alt.id, alt.token, alt.bytes);
-        alt.logprob = vals[i].item<float>();
-        ev.top_logprobs.push_back(std::move(alt));
-      }
+    ev.logprob = logprobs->logprob;
+    for (size_t i = 0; i < logprobs->top_ids.size(); ++i) {
+      TopLogprob alt;
+      alt.id = logprobs->top_ids[i];
+      fill(alt.id, alt.token, alt.bytes);
+      alt.logprob = logprobs->top_values[i];
+      ev.top_logprobs.push_back(std::move(alt));
     }
   }
   r.context.push_back(static_cast<int32_t>(id));

@@ -222,7 +222,7 @@ class ModelEngine : public Engine {
   std::vector<std::string> selected_adapters(const CompletionRequest& req) const;
   std::unique_ptr<ActiveSequence> start_choice(const Prompt& prompt, const CompletionRequest& req, TokenCallback on_token,
                                                int choice);
-  bool on_step(Running& r, int64_t id, const at::Tensor& logprobs);  // a token → TokenEvent → on_token
+  bool on_step(Running& r, int64_t id, const generate::StepLogprobs* logprobs);  // a token → TokenEvent → on_token
 
   ModelEngineOptions opts_;
   std::string model_id_;

@@ -108,14 +108,14 @@ TEST(HybridPromptCache, ResumingFromASnapshotEqualsAColdRun) {
   std::vector<int64_t> turn2 = history;
   for (int i = 0; i < 70; ++i) turn2.push_back((i * 53 + 5) % 500 + 3);  // > one 64-token chunk
   std::vector<at::Tensor> lp_cold, lp_warm;
-  auto cold = generate::generate(*model, turn2, o, [&](int64_t, const at::Tensor& lp) {
-    lp_cold.push_back(lp.clone());
+  auto cold = generate::generate(*model, turn2, o, [&](int64_t, const hearth::generate::StepLogprobs* lp) {
+    lp_cold.push_back(lp ? lp->all.clone() : at::Tensor());
     return true;
   });
   PromptCacheHit hit = pc.take("", turn2);
   EXPECT_EQ(hit.cached, held);
-  auto warm = generate::generate(*model, turn2, o, hit.caches, [&](int64_t, const at::Tensor& lp) {
-    lp_warm.push_back(lp.clone());
+  auto warm = generate::generate(*model, turn2, o, hit.caches, [&](int64_t, const hearth::generate::StepLogprobs* lp) {
+    lp_warm.push_back(lp ? lp->all.clone() : at::Tensor());
     return true;
   });
   EXPECT_EQ(warm.stats.cached_tokens, held);

@@ -150,8 +150,8 @@ TEST(PromptCache, GenerateFromAPrefilledPrefixEqualsAFreshRun) {
     o.logprobs = true;
     o.sampling.temperature = 0.0;
     std::vector<at::Tensor> lp_fresh, lp_cached;
-    auto fresh = generate::generate(*model, prompt, o, [&](int64_t, const at::Tensor& lp) {
-      lp_fresh.push_back(lp.clone());
+    auto fresh = generate::generate(*model, prompt, o, [&](int64_t, const hearth::generate::StepLogprobs* lp) {
+      lp_fresh.push_back(lp ? lp->all.clone() : at::Tensor());
       return true;
     });
     // Prefill the first 25 tokens (prefill only), then continue from them.
@@ -161,8 +161,8 @@ TEST(PromptCache, GenerateFromAPrefilledPrefixEqualsAFreshRun) {
     generate::generate(*model, std::vector<int64_t>(prompt.begin(), prompt.begin() + 25), pre, caches,
                        generate::StepCallback{});
     ASSERT_EQ(caches.front()->offset(), 25);
-    auto cached = generate::generate(*model, prompt, o, caches, [&](int64_t, const at::Tensor& lp) {
-      lp_cached.push_back(lp.clone());
+    auto cached = generate::generate(*model, prompt, o, caches, [&](int64_t, const hearth::generate::StepLogprobs* lp) {
+      lp_cached.push_back(lp ? lp->all.clone() : at::Tensor());
       return true;
     });
     EXPECT_EQ(cached.stats.cached_tokens, 25);

@@ -40,7 +40,7 @@ TEST(BatchCancel, APrefillStopsAtTheNextStepOnceCancelled) {
   auto model = cancel_model();
   std::atomic<bool> flag{false};
   int calls = 0;
-  Sequence s(cancel_prompt(200), cancel_options(4, &flag), {}, {}, [&](int64_t, const at::Tensor&) {
+  Sequence s(cancel_prompt(200), cancel_options(4, &flag), {}, {}, [&](int64_t, const StepLogprobs*) {
     ++calls;
     return true;
   });
@@ -77,7 +77,7 @@ TEST(BatchCancel, ADecodingSequenceEndsWithoutAnotherForward) {
   auto model = cancel_model();
   std::atomic<bool> flag{false};
   std::vector<int64_t> seen;
-  Sequence s(cancel_prompt(10), cancel_options(4, &flag, 50), {}, {}, [&](int64_t t, const at::Tensor&) {
+  Sequence s(cancel_prompt(10), cancel_options(4, &flag, 50), {}, {}, [&](int64_t t, const StepLogprobs*) {
     seen.push_back(t);
     return true;
   });

@@ -98,8 +98,8 @@ std::vector<PrefillRun> prefill_run(models::Model& model, const std::vector<Pref
   std::vector<std::unique_ptr<Sequence>> seqs;
   for (size_t i = 0; i < specs.size(); ++i) {
     seqs.push_back(std::make_unique<Sequence>(specs[i].prompt, prefill_options(max_tokens), prefill_prefix(model, specs[i]),
-                                              specs[i].adapters, [&runs, i](int64_t, const at::Tensor& lp) {
-                                                runs[i].logprobs.push_back(lp.clone());
+                                              specs[i].adapters, [&runs, i](int64_t, const StepLogprobs* lp) {
+                                                runs[i].logprobs.push_back(lp ? lp->all.clone() : at::Tensor());
                                                 return true;
                                               }));
     if (specs[i].snapshot_every > 0)
@@ -336,8 +336,8 @@ TEST_F(BatchPrefill, ChoicesSharingAPrefillThatRanInAPaddedForwardEqualEachAlone
     std::vector<std::unique_ptr<Sequence>> seqs;
     for (size_t i = 0; i < prompts.size(); ++i)
       seqs.push_back(std::make_unique<Sequence>(prompts[i], opts[i], cache::Caches{}, std::vector<std::string>{},
-                                                [&runs, i](int64_t, const at::Tensor& lp) {
-                                                  runs[i].logprobs.push_back(lp.clone());
+                                                [&runs, i](int64_t, const StepLogprobs* lp) {
+                                                  runs[i].logprobs.push_back(lp ? lp->all.clone() : at::Tensor());
                                                   return true;
                                                 }));
     return seqs;
@@ -391,8 +391,8 @@ TEST_F(BatchPrefill, ARowIsNotPaddedPastTheBuffersItReachesAlone) {
       o.prefill_step_size = 512;
       seqs.push_back(std::make_unique<Sequence>(prefill_prompt(shapes[i].first, static_cast<int64_t>(i)), o,
                                                 cache::Caches{}, std::vector<std::string>{},
-                                                [&runs, i](int64_t, const at::Tensor& lp) {
-                                                  runs[i].logprobs.push_back(lp.clone());
+                                                [&runs, i](int64_t, const StepLogprobs* lp) {
+                                                  runs[i].logprobs.push_back(lp ? lp->all.clone() : at::Tensor());
                                                   return true;
                                                 }));
     }

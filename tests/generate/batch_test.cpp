@@ -45,8 +45,8 @@ Trace alone(models::Model& model, const std::vector<int64_t>& prompt, const Gene
           const std::vector<std::string>& adapters = {}) {
   Trace r;
   nn::ActiveAdapters scope(adapters);
-  r.tokens = generate(model, prompt, o, [&](int64_t, const at::Tensor& lp) {
-               r.logprobs.push_back(lp.clone());
+  r.tokens = generate(model, prompt, o, [&](int64_t, const StepLogprobs* lp) {
+               r.logprobs.push_back(lp ? lp->all.clone() : at::Tensor());
                return true;
              }).tokens;
   return r;
@@ -63,8 +63,8 @@ std::vector<Trace> batched(models::Model& model, const std::vector<std::vector<i
     for (size_t i = 0; i < prompts.size(); ++i)
       if (!seqs[i] && joins[i] <= step_no)
         seqs[i] = std::make_unique<Sequence>(prompts[i], opts[i], cache::Caches{}, adapters[i],
-                                             [&runs, i](int64_t, const at::Tensor& lp) {
-                                               runs[i].logprobs.push_back(lp.clone());
+                                             [&runs, i](int64_t, const StepLogprobs* lp) {
+                                               runs[i].logprobs.push_back(lp ? lp->all.clone() : at::Tensor());
                                                return true;
                                              });
     std::vector<Sequence*> live;
@@ -205,8 +205,8 @@ TEST(Batch, ASequenceWhoseSamplingFailsEndsAloneAndTheOthersGoOn) {
   std::vector<Trace> got(3);
   for (size_t i = 0; i < 3; ++i)
     seqs.push_back(std::make_unique<Sequence>(prompts[i], opts[i], cache::Caches{}, std::vector<std::string>{},
-                                              [&got, i](int64_t, const at::Tensor& lp) {
-                                                got[i].logprobs.push_back(lp.clone());
+                                              [&got, i](int64_t, const StepLogprobs* lp) {
+                                                got[i].logprobs.push_back(lp ? lp->all.clone() : at::Tensor());
                                                 return true;
                                               }));
   for (;;) {
@@ -265,8 +265,8 @@ TEST(Batch, ChoicesSharingOnePrefillEqualEachAloneAndPrefillOnce) {
   std::vector<std::unique_ptr<Sequence>> seqs;
   for (size_t i = 0; i < 3; ++i)
     seqs.push_back(std::make_unique<Sequence>(prompt, opts[i], cache::Caches{}, std::vector<std::string>{},
-                                              [&got, i](int64_t, const at::Tensor& lp) {
-                                                got[i].logprobs.push_back(lp.clone());
+                                              [&got, i](int64_t, const StepLogprobs* lp) {
+                                                got[i].logprobs.push_back(lp ? lp->all.clone() : at::Tensor());
                                                 return true;
                                               }));
   seqs[0]->share_prefill(*seqs[1]);

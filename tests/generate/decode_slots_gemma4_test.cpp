@@ -54,8 +54,8 @@ G4SlotTrace g4slot_alone(models::Model& model, const std::vector<int64_t>& promp
                          cache::Caches* caches = nullptr) {
   G4SlotTrace r;
   cache::Caches own;
-  GenerationResult res = generate(model, prompt, o, caches ? *caches : own, [&](int64_t, const at::Tensor& lp) {
-    r.logprobs.push_back(lp.clone());
+  GenerationResult res = generate(model, prompt, o, caches ? *caches : own, [&](int64_t, const StepLogprobs* lp) {
+    r.logprobs.push_back(lp ? lp->all.clone() : at::Tensor());
     return true;
   });
   r.tokens = res.tokens;
@@ -77,8 +77,8 @@ std::vector<G4SlotTrace> g4slot_batched(models::Model& model, DecodeSlots* slots
     for (size_t i = 0; i < prompts.size(); ++i)
       if (!seqs[i] && joins[i] <= step_no)
         seqs[i] = std::make_unique<Sequence>(prompts[i], opts[i], cache::Caches{}, std::vector<std::string>{},
-                                             [&runs, i](int64_t, const at::Tensor& lp) {
-                                               runs[i].logprobs.push_back(lp.clone());
+                                             [&runs, i](int64_t, const StepLogprobs* lp) {
+                                               runs[i].logprobs.push_back(lp ? lp->all.clone() : at::Tensor());
                                                return true;
                                              });
     std::vector<Sequence*> live;

@@ -3,7 +3,10 @@
 // adapter rows, a hybrid Qwen3.5 — give exactly the greedy tokens each gives alone through the eager
 // loop, logprobs within the measured tolerance; what does not fit falls back to the ragged path;
 // caches read back from a slot carry on exactly; a sliding-window llama takes slots too (Gemma 4:
-// decode_slots_gemma4_test.cpp).
+// decode_slots_gemma4_test.cpp). StepLogprobs: read_logprobs gives each row its chosen value and
+// top entries (ties in id order) in one read, and a batched step (slots or ragged) reads the
+// logprobs of all its rows once — each row's host values exactly those of its own distribution,
+// and what it gets alone within 1e-5.
 #include <gtest/gtest.h>
 
 #include <c10/core/GradMode.h>
@@ -12,6 +15,7 @@
 #include <filesystem>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -19,6 +23,7 @@
 #include "cache/recurrent_cache.h"
 #include "generate/batch.h"
 #include "generate/decode_slots.h"
+#include "generate/step_trace.h"
 #include "models/registry.h"
 #include "nn/linear.h"
 #include "test_paths.h"
@@ -55,8 +60,8 @@ SlotTrace slot_alone(models::Model& model, const std::vector<int64_t>& prompt, c
                      const std::vector<std::string>& adapters = {}) {
   SlotTrace r;
   nn::ActiveAdapters scope(adapters);
-  r.tokens = generate(model, prompt, o, [&](int64_t, const at::Tensor& lp) {
-               if (lp.defined()) r.logprobs.push_back(lp.clone());
+  r.tokens = generate(model, prompt, o, [&](int64_t, const StepLogprobs* lp) {
+               if (lp) r.logprobs.push_back(lp->all.clone());
                return true;
              }).tokens;
   return r;
@@ -76,8 +81,8 @@ std::vector<SlotTrace> slot_batched(models::Model& model, DecodeSlots* slots,
       if (!seqs[i] && joins[i] <= step_no)
         seqs[i] = std::make_unique<Sequence>(prompts[i], opts[i], cache::Caches{},
                                              adapters.empty() ? std::vector<std::string>{} : adapters[i],
-                                             [&runs, i](int64_t, const at::Tensor& lp) {
-                                               if (lp.defined()) runs[i].logprobs.push_back(lp.clone());
+                                             [&runs, i](int64_t, const StepLogprobs* lp) {
+                                               if (lp) runs[i].logprobs.push_back(lp->all.clone());
                                                return true;
                                              });
     std::vector<Sequence*> live;
@@ -344,8 +349,8 @@ TEST(DecodeSlots, PromptsPrefilledStraightIntoSlotsEqualEachAlone) {
                        .view({1, 7}),
                    0, &prefix);
     std::vector<at::Tensor> lps;
-    Sequence s(hit, slot_options(6), std::move(prefix), {}, [&](int64_t, const at::Tensor& lp) {
-      lps.push_back(lp.clone());
+    Sequence s(hit, slot_options(6), std::move(prefix), {}, [&](int64_t, const StepLogprobs* lp) {
+      lps.push_back(lp ? lp->all.clone() : at::Tensor());
       return true;
     });
     while (!s.done()) step(*model, {&s}, 64, slots.get());
@@ -400,6 +405,162 @@ TEST(DecodeSlots, ASlidingWindowLlamaTakesSlotsAndEqualsEachAlone) {
   std::cout << "sliding-window llama slots: worst logprob difference " << worst << "\n";
   for (const auto& g : got) EXPECT_TRUE(g.static_decode);
   EXPECT_THROW(DecodeSlots::create(*model, 0, 64), Error);
+}
+
+// --- StepLogprobs: the host half of a step's logprobs, read once per step ----------------------
+
+// A token's host logprobs as a callback saw them, and the [V] distribution it came with.
+struct LprToken {
+  int64_t id = 0;
+  float logprob = 0;
+  std::vector<int64_t> top_ids;
+  std::vector<float> top_values;
+  at::Tensor all;
+};
+
+// Checks that `lp`'s host values are exactly what a per-row read of its own distribution gives:
+// all[id] and at::topk's values (k of them), ids holding those values, equal values in id order.
+void lpr_expect_read_of_own_row(const StepLogprobs& lp, int64_t id, int64_t k, const std::string& where) {
+  const at::Tensor all = lp.all.to(at::kCPU, at::kFloat);
+  EXPECT_EQ(lp.logprob, all[id].item<float>()) << where;
+  ASSERT_EQ(static_cast<int64_t>(lp.top_ids.size()), k) << where;
+  ASSERT_EQ(lp.top_values.size(), lp.top_ids.size()) << where;
+  if (k == 0) return;
+  const at::Tensor vals = std::get<0>(at::topk(all, k));
+  for (int64_t j = 0; j < k; ++j) {
+    EXPECT_EQ(lp.top_values[j], vals[j].item<float>()) << where << " entry " << j;
+    EXPECT_EQ(lp.top_values[j], all[lp.top_ids[j]].item<float>()) << where << " entry " << j;
+    if (j > 0)
+      EXPECT_TRUE(lp.top_values[j - 1] > lp.top_values[j] ||
+                  (lp.top_values[j - 1] == lp.top_values[j] && lp.top_ids[j - 1] < lp.top_ids[j]))
+          << where << " entry " << j;
+  }
+}
+
+TEST(StepLogprobs, ReadLogprobsGivesEachRowItsChosenValueAndTopInOneRead) {
+  at::manual_seed(3);
+  const int64_t V = 50;
+  at::Tensor lp = at::log_softmax(at::randn({4, V}), -1);
+  // Row 1: three equal best values (ids 30, 2, 9): listed in id order. Row 3: masked entries.
+  for (int64_t id : {30, 2, 9}) lp[1][id] = 0.5;
+  lp[3].narrow(0, 10, 20).fill_(-std::numeric_limits<float>::infinity());
+  const std::vector<int64_t> tokens{3, 9, 0, 49}, top{0, 3, 2, 60};  // 60 > V: all V
+  const int64_t before = StepTrace::logprob_reads();
+  std::vector<StepLogprobs> got = read_logprobs(lp, tokens, top);
+  EXPECT_EQ(StepTrace::logprob_reads() - before, 1);  // one read for the four rows
+  ASSERT_EQ(got.size(), 4u);
+  const std::vector<int64_t> k{0, 3, 2, V};
+  for (int64_t r = 0; r < 4; ++r) {
+    got[r].all = lp[r];
+    lpr_expect_read_of_own_row(got[r], tokens[r], k[r], "row " + std::to_string(r));
+  }
+  EXPECT_EQ(got[1].top_ids, (std::vector<int64_t>{2, 9, 30}));
+  EXPECT_EQ(got[3].top_values.back(), -std::numeric_limits<float>::infinity());
+  // A row's list does not depend on what the other rows ask: row 2 alone, and row 1 with fewer.
+  std::vector<StepLogprobs> one = read_logprobs(lp.narrow(0, 1, 2), {9, 0}, {2, 2});
+  EXPECT_EQ(one[0].top_ids, (std::vector<int64_t>{2, 9}));
+  EXPECT_EQ(one[1].top_ids, got[2].top_ids);
+  EXPECT_EQ(one[1].top_values, got[2].top_values);
+  EXPECT_EQ(one[1].logprob, got[2].logprob);
+  EXPECT_THROW(read_logprobs(lp, {1, 2}, {0, 0}), Error);
+}
+
+// Runs `prompts` with `opts` through step() (all joining at once; with `slots` or the ragged path)
+// and records each token's host logprobs. *max_reads = the most logprob reads one step made once
+// every prompt was prefilled; *steps_read = the decode steps that read any.
+std::vector<std::vector<LprToken>> lpr_batched(models::Model& model, DecodeSlots* slots,
+                                               const std::vector<std::vector<int64_t>>& prompts,
+                                               const std::vector<GenerateOptions>& opts, int64_t* max_reads,
+                                               int64_t* steps_read) {
+  std::vector<std::vector<LprToken>> runs(prompts.size());
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    seqs.push_back(std::make_unique<Sequence>(prompts[i], opts[i], cache::Caches{}, std::vector<std::string>{},
+                                              [&runs, &opts, i](int64_t id, const StepLogprobs* lp) {
+                                                EXPECT_EQ(lp != nullptr, opts[i].logprobs);
+                                                if (!lp) return true;
+                                                lpr_expect_read_of_own_row(*lp, id, opts[i].top_logprobs,
+                                                                           "sequence " + std::to_string(i));
+                                                runs[i].push_back({id, lp->logprob, lp->top_ids, lp->top_values,
+                                                                   lp->all.clone()});
+                                                return true;
+                                              }));
+  *max_reads = 0;
+  *steps_read = 0;
+  for (;;) {
+    std::vector<Sequence*> live;
+    bool prefill = false;
+    for (auto& s : seqs)
+      if (!s->done()) {
+        live.push_back(s.get());
+        prefill = prefill || s->prefilling();
+      }
+    if (live.empty()) break;
+    const int64_t before = StepTrace::logprob_reads();
+    step(model, live, 64, slots);
+    if (prefill) continue;  // a prompt's first token is read with its own prefill
+    const int64_t reads = StepTrace::logprob_reads() - before;
+    *max_reads = std::max(*max_reads, reads);
+    *steps_read += reads > 0;
+  }
+  return runs;
+}
+
+TEST(StepLogprobs, BatchedRowsAreReadOnceAStepAndEachGetsWhatItGetsAlone) {
+  auto model = random_llama(tiny_llama_config({{"max_position_embeddings", 256}}), at::kFloat, 7);
+  const int64_t V = model->vocab_size();
+  // Greedy rows asking the chosen logprob alone or with alternatives (their log-softmax taken
+  // together in the slots), a plain-greedy row without logprobs, a sampled row and a penalized one
+  // (each sampled with its own processors, their logprobs stacked for the one read).
+  GenerateOptions chosen = slot_options(14), top3 = slot_options(12), plain = slot_options(16, false);
+  GenerateOptions sampled = slot_options(10, true, 0.9, 5), penalized = slot_options(13);
+  top3.top_logprobs = 3;
+  sampled.top_logprobs = 2;
+  penalized.top_logprobs = 1;
+  penalized.sampling.repetition_penalty = 1.3;
+  const std::vector<std::vector<int64_t>> prompts{slot_prompt(5, 1, V), slot_prompt(9, 2, V), slot_prompt(3, 3, V),
+                                                  slot_prompt(7, 4, V), slot_prompt(6, 5, V)};
+  for (const std::vector<GenerateOptions>& opts :
+       {std::vector<GenerateOptions>{chosen, top3, plain}, std::vector<GenerateOptions>{chosen, top3, plain, sampled, penalized}}) {
+    const size_t n = opts.size();
+    SCOPED_TRACE(std::to_string(n) + " rows");
+    // Each alone (generate(): one sequence, a read per token).
+    std::vector<std::vector<LprToken>> want(n);
+    for (size_t i = 0; i < n; ++i) {
+      std::vector<int64_t> tokens = generate(*model, prompts[i], opts[i], [&](int64_t id, const StepLogprobs* lp) {
+                                      if (lp) {
+                                        lpr_expect_read_of_own_row(*lp, id, opts[i].top_logprobs, "alone");
+                                        want[i].push_back({id, lp->logprob, lp->top_ids, lp->top_values, {}});
+                                      }
+                                      return true;
+                                    }).tokens;
+      EXPECT_EQ(static_cast<int64_t>(tokens.size()), opts[i].max_tokens);
+      EXPECT_EQ(want[i].size(), opts[i].logprobs ? tokens.size() : 0u);
+    }
+    auto slots = DecodeSlots::create(*model, 8, 128);
+    ASSERT_TRUE(slots);
+    for (DecodeSlots* pool : {slots.get(), static_cast<DecodeSlots*>(nullptr)}) {
+      SCOPED_TRACE(pool ? "slots" : "ragged");
+      int64_t max_reads = 0, steps_read = 0;
+      auto got = lpr_batched(*model, pool, std::vector<std::vector<int64_t>>(prompts.begin(), prompts.begin() + n),
+                             opts, &max_reads, &steps_read);
+      EXPECT_EQ(max_reads, 1);  // however many rows ask logprobs, one read a step
+      EXPECT_GE(steps_read, 9);
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(got[i].size(), want[i].size()) << "sequence " << i;
+        for (size_t t = 0; t < got[i].size(); ++t) {
+          const std::string where = "sequence " + std::to_string(i) + " token " + std::to_string(t);
+          EXPECT_EQ(got[i][t].id, want[i][t].id) << where;
+          // The batched forward sums in another order: the distributions agree within 1e-5.
+          EXPECT_NEAR(got[i][t].logprob, want[i][t].logprob, 1e-5) << where;
+          EXPECT_EQ(got[i][t].top_ids, want[i][t].top_ids) << where;
+          for (size_t j = 0; j < got[i][t].top_values.size() && j < want[i][t].top_values.size(); ++j)
+            EXPECT_NEAR(got[i][t].top_values[j], want[i][t].top_values[j], 1e-5) << where;
+        }
+      }
+    }
+    EXPECT_EQ(slots->occupied(), 0);
+  }
 }
 
 }  // namespace

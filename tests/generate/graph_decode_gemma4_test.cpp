@@ -42,8 +42,8 @@ Gemma4StaticOut run_gemma4_static(models::Model& model, const std::vector<int64_
   o.max_tokens = max_tokens;
   o.logprobs = true;
   Gemma4StaticOut out;
-  GenerationResult r = generate(model, prompt, o, caches, [&](int64_t, const at::Tensor& lp) {
-    out.logprobs.push_back(lp.to(at::kCPU).clone());
+  GenerationResult r = generate(model, prompt, o, caches, [&](int64_t, const StepLogprobs* lp) {
+    out.logprobs.push_back(lp ? lp->all.to(at::kCPU).clone() : at::Tensor());
     return true;
   });
   out.tokens = r.tokens;

@@ -35,8 +35,8 @@ HybridOut run_hybrid(models::Model& model, const std::vector<int64_t>& prompt, i
   o.max_tokens = max_tokens;
   o.logprobs = true;
   HybridOut out;
-  GenerationResult r = generate(model, prompt, o, [&](int64_t, const at::Tensor& lp) {
-    out.logprobs.push_back(lp.to(at::kCPU).clone());
+  GenerationResult r = generate(model, prompt, o, [&](int64_t, const StepLogprobs* lp) {
+    out.logprobs.push_back(lp ? lp->all.to(at::kCPU).clone() : at::Tensor());
     return true;
   });
   out.tokens = r.tokens;

@@ -31,8 +31,8 @@ Out run(models::Model& model, const std::vector<int64_t>& prompt, int64_t max_to
   o.max_tokens = max_tokens;
   o.logprobs = true;
   Out out;
-  GenerationResult r = generate(model, prompt, o, [&](int64_t, const at::Tensor& lp) {
-    out.logprobs.push_back(lp.to(at::kCPU).clone());
+  GenerationResult r = generate(model, prompt, o, [&](int64_t, const StepLogprobs* lp) {
+    out.logprobs.push_back(lp ? lp->all.to(at::kCPU).clone() : at::Tensor());
     return true;
   });
   out.tokens = r.tokens;

@@ -272,8 +272,8 @@ TEST(GatedDeltaKernels, CudaQwen35GraphDecodeMatchesTheTensorOps) {
     o.logprobs = true;
     std::vector<at::Tensor> lps;
     hearth::generate::GenerationResult r =
-        hearth::generate::generate(*model, prompt, o, [&](int64_t, const at::Tensor& lp) {
-          lps.push_back(lp.to(at::kCPU).clone());
+        hearth::generate::generate(*model, prompt, o, [&](int64_t, const hearth::generate::StepLogprobs* lp) {
+          lps.push_back(lp ? lp->all.to(at::kCPU).clone() : at::Tensor());
           return true;
         });
     unsetenv("HEARTH_CUDA_GRAPHS");

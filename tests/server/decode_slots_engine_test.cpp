@@ -2,7 +2,9 @@
 // requests through the EngineLoop — base and adapter rows, a prompt-cache hit from a slotted
 // request's caches — answer exactly as an engine without slots, for llama and Gemma 4 (sliding and
 // KV-sharing layers); the pool is sized from the context and the memory budget (Gemma 4's sliding
-// layers counted per token), and switched off by option or environment.
+// layers counted per token), and switched off by option or environment; requests asking logprobs
+// (with and without top_logprobs, greedy and sampled) decoded together read their logprobs once a
+// step and get the TokenEvents they get alone.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 
 #include "../adapters/lora_test_util.h"
 #include "engine_job_test_util.h"
+#include "generate/step_trace.h"
 #include "server/engine_loop.h"
 #include "server/model_engine.h"
 
@@ -154,6 +157,93 @@ TEST(DecodeSlotsEngine, Gemma4RequestsAnswerAsWithoutSlotsInAPoolThatFitsTheBudg
   EXPECT_EQ(hits, want_hits);
   EXPECT_GT(s->eager_steps() + s->graph_steps(), 0);  // the slots really decoded
   EXPECT_EQ(s->occupied(), 0);
+}
+
+// A token event's logprobs part, as the engine handed it.
+struct LprEvent {
+  int64_t id = 0;
+  std::string token;
+  float logprob = 0;
+  std::vector<int64_t> top_ids;
+  std::vector<std::string> top_tokens;
+  std::vector<float> top_values;
+};
+
+TokenCallback lpr_record(std::vector<LprEvent>& out) {
+  return [&out](const TokenEvent& ev) {
+    if (ev.text_only) return true;
+    LprEvent e{ev.id, ev.token, ev.logprob, {}, {}, {}};
+    for (const TopLogprob& t : ev.top_logprobs) {
+      e.top_ids.push_back(t.id);
+      e.top_tokens.push_back(t.token);
+      e.top_values.push_back(t.logprob);
+    }
+    out.push_back(std::move(e));
+    return true;
+  };
+}
+
+TEST(DecodeSlotsEngine, LogprobRequestsOfABatchedStepAreReadOnceAndAnswerAsAlone) {
+  auto alone = slot_engine("llama_gqa_tied", false), batched = slot_engine("llama_gqa_tied", false);
+  std::string why;
+  batched->start_decode_slots(4, 0, &why);
+  ASSERT_NE(batched->decode_slots(), nullptr) << why;
+  // logprobs 0 / top 3 / none / top 5 and sampled (OpenAI logprobs: 0, top_logprobs: N).
+  const std::vector<std::string> prompts{"Hello", "The quick brown fox jumps", "Once upon a time", "1 2 3"};
+  const std::vector<int> tops{0, 3, 0, 5};
+  std::vector<CompletionRequest> reqs;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    CompletionRequest r = slot_request(prompts[i], 8 + static_cast<int64_t>(i));
+    r.logprobs = i != 2;
+    r.top_logprobs = tops[i];
+    if (i == 3) {
+      r.sampling.temperature = 0.8;
+      r.sampling.seed = 42;
+    }
+    reqs.push_back(r);
+  }
+  std::vector<std::vector<LprEvent>> want(reqs.size()), got(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) alone->generate(alone->prepare(reqs[i]), reqs[i], lpr_record(want[i]));
+  std::vector<std::unique_ptr<ActiveSequence>> seqs;
+  for (size_t i = 0; i < reqs.size(); ++i)
+    seqs.push_back(batched->start_sequence(batched->prepare(reqs[i]), reqs[i], lpr_record(got[i])));
+  int64_t decode_steps = 0;
+  for (bool first = true;; first = false) {
+    std::vector<ActiveSequence*> live;
+    bool logprobs = false;
+    for (size_t i = 0; i < seqs.size(); ++i)
+      if (!seqs[i]->done()) {
+        live.push_back(seqs[i].get());
+        logprobs = logprobs || reqs[i].logprobs;
+      }
+    if (live.empty()) break;
+    const int64_t before = generate::StepTrace::logprob_reads();
+    batched->step(live);
+    if (first) continue;  // the prompts' prefill and first tokens: a read per prompt
+    // Every later step decodes all live rows (the logprob ones together): one read, not one a row.
+    EXPECT_EQ(generate::StepTrace::logprob_reads() - before, logprobs ? 1 : 0);
+    ++decode_steps;
+  }
+  for (auto& s : seqs) batched->finish_sequence(*s);
+  EXPECT_GE(decode_steps, 7);
+  EXPECT_GT(batched->decode_slots()->eager_steps(), 0);  // the slots decoded them
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_EQ(got[i].size(), want[i].size()) << "request " << i;
+    for (size_t t = 0; t < got[i].size(); ++t) {
+      const std::string where = "request " + std::to_string(i) + " token " + std::to_string(t);
+      const LprEvent &g = got[i][t], &w = want[i][t];
+      EXPECT_EQ(g.id, w.id) << where;
+      EXPECT_EQ(g.token, w.token) << where;
+      EXPECT_NEAR(g.logprob, w.logprob, 1e-5) << where;  // the slot step sums in another order
+      if (!reqs[i].logprobs) EXPECT_EQ(g.logprob, 0.0f) << where;
+      EXPECT_EQ(g.top_ids.size(), static_cast<size_t>(tops[i])) << where;
+      EXPECT_EQ(g.top_ids, w.top_ids) << where;
+      EXPECT_EQ(g.top_tokens, w.top_tokens) << where;
+      for (size_t j = 0; j < g.top_values.size() && j < w.top_values.size(); ++j)
+        EXPECT_NEAR(g.top_values[j], w.top_values[j], 1e-5) << where;
+      if (!g.top_ids.empty() && g.top_ids[0] == g.id) EXPECT_EQ(g.top_values[0], g.logprob) << where;
+    }
+  }
 }
 
 }  // namespace
