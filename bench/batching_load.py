@@ -23,6 +23,9 @@ estimate; the buckets are vLLM's: 1, 5, 10, 20, 40, 60, 80, 100, 250, 500 ms, ..
 last) and server_ttft_ms_mean is exact (_sum / _count). The server times from the request's arrival
 (its body read) to when its HTTP thread takes the first token with text from the engine, before
 writing it; so client minus server is the client, the loopback and the server's HTTP work.
+server_queue_ms_p50 / _p99 / _mean read hearth_request_queue_time_seconds the same way: arrival to
+admission into the running batch (the prompt built, a seat taken), so server TTFT minus it is the
+prefill and the first step.
 
 TTFT is measured at the first streamed chunk that carries a token. The server sends no chunk for a
 token whose text is empty (a special token, or bytes held back until a UTF-8 character is whole)
@@ -200,7 +203,7 @@ async def one(url, i, max_tokens, logprobs=True):
         transport.close()
 
 
-def ttft_histogram(url):
+def ttft_histogram(url, name="hearth_time_to_first_token_seconds"):
     """The server's TTFT histogram from GET /metrics: ({upper bound in s: cumulative count}, sum, count)."""
     u = urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
@@ -209,7 +212,7 @@ def ttft_histogram(url):
         text = conn.getresponse().read().decode()
     finally:
         conn.close()
-    name, buckets, total, count = "hearth_time_to_first_token_seconds", {}, 0.0, 0
+    buckets, total, count = {}, 0.0, 0
     for line in text.splitlines():
         if m := re.match(name + r'_bucket\{le="([^"]+)"\} (\S+)$', line):
             buckets[float(m.group(1))] = float(m.group(2))  # float("+Inf") is inf
@@ -220,12 +223,13 @@ def ttft_histogram(url):
     return buckets, total, count
 
 
-def server_ttft(before, after):
-    """Server-side TTFT p50 / p99 / mean (ms) of the requests between two ttft_histogram() scrapes."""
+def server_ttft(before, after, key="server_ttft_ms"):
+    """Server-side TTFT p50 / p99 / mean (ms) of the requests between two ttft_histogram() scrapes
+    (or, with another histogram's scrapes and key, its quantiles: the queue time)."""
     (b0, s0, c0), (b1, s1, c1) = before, after
     n = c1 - c0
     if n <= 0:
-        return {"server_ttft_ms_p50": None, "server_ttft_ms_p99": None, "server_ttft_ms_mean": None}
+        return {f"{key}_p50": None, f"{key}_p99": None, f"{key}_mean": None}
 
     def quantile(p):
         k = min(n, int(p * n) + 1)  # the k-th smallest, as pct() picks it
@@ -234,8 +238,12 @@ def server_ttft(before, after):
                 return None if le == float("inf") else round(le * 1e3, 1)
         return None
 
-    return {"server_ttft_ms_p50": quantile(0.5), "server_ttft_ms_p99": quantile(0.99),
-            "server_ttft_ms_mean": round((s1 - s0) / n * 1e3, 1)}
+    return {f"{key}_p50": quantile(0.5), f"{key}_p99": quantile(0.99), f"{key}_mean": round((s1 - s0) / n * 1e3, 1)}
+
+
+# Arrival to admission into the running batch (before the prefill): TTFT minus this is the prefill
+# and the first step.
+QUEUE = "hearth_request_queue_time_seconds"
 
 
 async def load(url, clients, requests, max_tokens, logprobs):
@@ -329,6 +337,7 @@ def main():
         for C in [int(c) for c in a.clients.split(",")]:
             rss0 = rss_mib(proc.pid)
             hist0 = ttft_histogram(url)
+            queue0 = ttft_histogram(url, QUEUE)
             procs = a.client_procs or min(math.ceil(C / 16), max(1, (os.cpu_count() or 1) // 4))
             results, failures, secs, cpu_pct = run_clients(url, C, min(procs, C), a.requests, a.tokens,
                                                            not a.no_logprobs)
@@ -342,6 +351,7 @@ def main():
                 "latency_ms_p50": pct([r["latency"] for r in results], 0.5),
                 "latency_ms_p99": pct([r["latency"] for r in results], 0.99),
                 **server_ttft(hist0, ttft_histogram(url)),
+                **server_ttft(queue0, ttft_histogram(url, QUEUE), "server_queue_ms"),
                 "client_procs": min(procs, C), "client_cpu_pct": round(cpu_pct, 1),
                 "rss_mib_before": round(rss0, 1), "rss_mib_after": round(rss_mib(proc.pid), 1)}), flush=True)
     finally:

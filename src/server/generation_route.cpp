@@ -35,6 +35,7 @@ class RequestMetrics {
     const auto now = Clock::now();
     switch (ev.kind) {
       case StreamEvent::Kind::kStarted:
+        m_.observe_queue(seconds_between(arrived_, now));
         m_.add_prompt_tokens(ev.prompt_tokens);
         m_.add_running(+1);
         running_ = true;

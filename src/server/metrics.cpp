@@ -62,6 +62,7 @@ std::string prometheus_label_value(const std::string& v) {
 Metrics::Metrics()
     : ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
              80.0, 160.0, 640.0, 2560.0}),
+      queue_(ttft_.bounds),  // the same buckets as TTFT
       itl_({0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0}),
       duration_({0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
                  960.0, 1920.0, 7680.0}) {}
@@ -88,6 +89,11 @@ void Metrics::add_generation(const GenerationSample& s) {
 void Metrics::observe_ttft(double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   ttft_.observe(seconds);
+}
+
+void Metrics::observe_queue(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_.observe(seconds);
 }
 
 void Metrics::observe_itl(double seconds, uint64_t n) {
@@ -158,6 +164,8 @@ std::string Metrics::render(size_t queue_length, const CacheBudgetGauges& budget
          "The most tokens a sliding-window layer holds: its window - 1 plus one prefill chunk.");
   sample(out, "hearth_request_charge_window_tokens", static_cast<double>(budget.window_tokens));
   histogram(out, "hearth_time_to_first_token_seconds", "Seconds from a request's arrival to its first output text.", ttft_);
+  histogram(out, "hearth_request_queue_time_seconds",
+            "Seconds from a request's arrival to its admission into the running batch (before its prefill).", queue_);
   histogram(out, "hearth_inter_token_latency_seconds",
             "Seconds between generated tokens (each request's mean gap after its first output, once per gap).", itl_);
   histogram(out, "hearth_request_duration_seconds", "Seconds from a generation request's arrival to its last event.",

@@ -51,8 +51,8 @@ struct CacheBudgetGauges {
 /// generation_tokens_total, prompt_cache_hits_total (requests with cached tokens),
 /// prompt_cache_hit_tokens_total, client_disconnects_total{stream} (generations cancelled because
 /// their client left before the answer was complete), queue_length and running_sequences (gauges),
-/// time_to_first_token_seconds, inter_token_latency_seconds, request_duration_seconds
-/// (histograms; buckets follow vLLM's for the same metrics).
+/// time_to_first_token_seconds, request_queue_time_seconds, inter_token_latency_seconds,
+/// request_duration_seconds (histograms; buckets follow vLLM's for the same metrics).
 class Metrics {
  public:
   Metrics();
@@ -65,6 +65,10 @@ class Metrics {
   /// A generation that ended (kDone): generated tokens and prompt-cache use.
   void add_generation(const GenerationSample& s);
   void observe_ttft(double seconds);
+  /// Seconds from a request's arrival to its admission into the running batch (its kStarted
+  /// event: the prompt built, a seat and its cache budget taken); TTFT minus this is the prefill
+  /// and the first step (vLLM's request_queue_time_seconds).
+  void observe_queue(double seconds);
   /// `n` inter-token gaps of `seconds` each (a request's mean gap, counted once per gap).
   void observe_itl(double seconds, uint64_t n);
   void observe_duration(double seconds);
@@ -87,7 +91,7 @@ class Metrics {
   uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, cache_hits_ = 0, cache_hit_tokens_ = 0;
   int64_t running_ = 0;
   uint64_t disconnects_[2] = {0, 0};  // [non-streaming, streaming]
-  Histogram ttft_, itl_, duration_;
+  Histogram ttft_, queue_, itl_, duration_;
 };
 
 /// A Prometheus label value escaped (backslash, double quote, newline).

@@ -126,6 +126,10 @@ TEST_F(ServerTest, MetricsCountRequestsTokensAndLatencies) {
   EXPECT_EQ(s["hearth_prompt_cache_hit_tokens_total"], 0);
   EXPECT_EQ(s["hearth_request_duration_seconds_count"], 4);
   EXPECT_EQ(s["hearth_time_to_first_token_seconds_count"], 4);
+  // Each admitted request waited in the queue less than it took to its first token.
+  EXPECT_EQ(s["hearth_request_queue_time_seconds_count"], 4);
+  EXPECT_GE(s["hearth_request_queue_time_seconds_sum"], 0);
+  EXPECT_LE(s["hearth_request_queue_time_seconds_sum"], s["hearth_time_to_first_token_seconds_sum"]);
   // One gap per generated token after the first: 2 + 3 + 2 + 1.
   EXPECT_EQ(s["hearth_inter_token_latency_seconds_count"], 8);
   EXPECT_GT(s["hearth_request_duration_seconds_sum"], 0);
