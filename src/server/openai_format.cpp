@@ -18,14 +18,19 @@ ojson bytes_of(const std::string& token, const std::string& bytes) {
   return b;
 }
 
+// A logprob as the wire carries it: -inf (a token a grammar or logit_bias rules out) would dump as
+// JSON null where OpenAI's schema has a number, so it is clamped to -9999 (vLLM's floor).
+double wire_logprob(float v) { return std::max(static_cast<double>(v), -9999.0); }
+
 // Chat logprobs entries: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}].
 ojson chat_logprobs(const std::vector<TokenEvent>& toks) {
   ojson content = ojson::array();
   for (const auto& t : toks) {
     ojson top = ojson::array();
     for (const auto& a : t.top_logprobs)
-      top.push_back(ojson{{"token", a.token}, {"logprob", a.logprob}, {"bytes", bytes_of(a.token, a.bytes)}});
-    content.push_back(ojson{{"token", t.token}, {"logprob", t.logprob}, {"bytes", bytes_of(t.token, t.bytes)}, {"top_logprobs", top}});
+      top.push_back(ojson{{"token", a.token}, {"logprob", wire_logprob(a.logprob)}, {"bytes", bytes_of(a.token, a.bytes)}});
+    content.push_back(ojson{{"token", t.token}, {"logprob", wire_logprob(t.logprob)}, {"bytes", bytes_of(t.token, t.bytes)},
+                            {"top_logprobs", top}});
   }
   return ojson{{"content", content}};
 }
@@ -45,9 +50,12 @@ ojson legacy_logprobs(const std::vector<TokenEvent>& toks, int64_t* offset) {
   ojson tokens = ojson::array(), lps = ojson::array(), tops = ojson::array(), offs = ojson::array();
   for (const auto& t : toks) {
     tokens.push_back(t.token);
-    lps.push_back(t.logprob);
+    lps.push_back(wire_logprob(t.logprob));
+    // A map by text: of two tokens that print alike (e.g. "u" and a byte-level "u") the more likely
+    // one, listed first, keeps its value (so the map can hold fewer entries than were asked).
     ojson top = ojson::object();
-    for (const auto& a : t.top_logprobs) top[a.token] = a.logprob;
+    for (const auto& a : t.top_logprobs)
+      if (!top.contains(a.token)) top[a.token] = wire_logprob(a.logprob);
     tops.push_back(top);
     offs.push_back(*offset);
     *offset += chars_added(t);
