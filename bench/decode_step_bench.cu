@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "cuda_bench_util.cuh"
 #include "decode_attention.h"
 #include "gemv.h"
 #include "norm_act.h"
@@ -25,36 +26,10 @@ namespace {
 using bf16 = __nv_bfloat16;
 using namespace hearth::kernels;
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-void check(const char* err, const char* what) {
-  if (err) {
-    std::fprintf(stderr, "%s: %s\n", what, err);
-    std::exit(1);
-  }
-}
+using hearth::bench::check;
+using hearth::bench::time_graph;
 
-__global__ void fill_kernel(bf16* p, size_t n, uint32_t seed, float scale) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = __float2bfloat16((static_cast<float>(h & 0xffff) / 65536.f - 0.5f) * scale);
-  }
-}
-
-bf16* buf(size_t n, uint32_t seed, float scale = 0.05f) {
-  bf16* p = nullptr;
-  check(cudaMalloc(&p, n * 2), "cudaMalloc");
-  fill_kernel<<<1024, 256>>>(p, n, seed, scale);
-  check(cudaGetLastError(), "fill");
-  return p;
-}
+bf16* buf(size_t n, uint32_t seed, float scale = 0.05f) { return hearth::bench::random_bf16(n, seed, scale); }
 
 constexpr int64_t C = 2048, H = 32, Hkv = 8, D = 64, I = 8192, V = 128256, L = 16;
 
@@ -143,36 +118,6 @@ void step(const std::vector<Layer>& layers, const Acts& t, const bf16* final_nor
   check(gemv(gemv_args(t.normed, C, {{head, t.logits}}, {V}, st)), "head");
 }
 
-template <typename F>
-float time_graph(cudaStream_t st, int reps, F body) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  check(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), "capture");
-  body();
-  check(cudaStreamEndCapture(st, &g), "end capture");
-  check(cudaGraphInstantiate(&ge, g, 0), "instantiate");
-  size_t nodes = 0;
-  cudaGraphGetNodes(g, nullptr, &nodes);
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  for (int i = 0; i < 3; ++i) check(cudaGraphLaunch(ge, st), "warm replay");
-  std::vector<float> ms;
-  for (int i = 0; i < reps; ++i) {
-    cudaEventRecord(e0, st);
-    cudaGraphLaunch(ge, st);
-    cudaEventRecord(e1, st);
-    check(cudaEventSynchronize(e1), "replay");
-    float t = 0;
-    cudaEventElapsedTime(&t, e0, e1);
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  std::printf("  (%zu kernels) ", nodes);
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  return ms[ms.size() / 2] * 1000.f;
-}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -207,10 +152,11 @@ int main(int argc, char** argv) {
   std::printf("PDL %s, capacity %lld, position %lld\n", pdl_enabled() ? "on" : "off", static_cast<long long>(S),
               static_cast<long long>(pos));
   for (int rep = 0; rep < 2; ++rep) {
-    float us = time_graph(st, reps, [&] { step(layers, t, final_norm, head, S, true, st); });
-    std::printf("whole step: %8.1f us = %6.1f tok/s\n", us, 1e6 / us);
-    us = time_graph(st, reps, [&] { step(layers, t, final_norm, head, S, false, st); });
-    std::printf("without RoPE/cache/attention: %8.1f us\n", us);
+    size_t kernels = 0;
+    float us = time_graph(st, reps, [&] { step(layers, t, final_norm, head, S, true, st); }, &kernels);
+    std::printf("whole step (%zu kernels): %8.1f us = %6.1f tok/s\n", kernels, us, 1e6 / us);
+    us = time_graph(st, reps, [&] { step(layers, t, final_norm, head, S, false, st); }, &kernels);
+    std::printf("without RoPE/cache/attention (%zu kernels): %8.1f us\n", kernels, us);
   }
   return 0;
 }

@@ -14,35 +14,15 @@
 #include <vector>
 
 #include "../src/kernels/gemv.cu"
+#include "cuda_bench_util.cuh"
 
 namespace {
 using hearth::kernels::GemvArgs;
 using hearth::kernels::QDtype;
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
-__global__ void fill_kernel(__nv_bfloat16* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = __float2bfloat16((static_cast<float>(h & 0xffff) / 65536.f - 0.5f) * 0.05f);
-  }
-}
-
-__nv_bfloat16* random_bf16(size_t n, uint32_t seed) {
-  __nv_bfloat16* p = nullptr;
-  check(cudaMalloc(&p, n * 2), "cudaMalloc");
-  fill_kernel<<<1024, 256>>>(p, n, seed);
-  check(cudaGetLastError(), "fill");
-  return p;
-}
+using hearth::bench::check;
+using hearth::bench::random_bf16;
+using hearth::bench::time_graph;
 
 struct Shape {
   const char* name;
@@ -130,34 +110,6 @@ void launch_v2(int64_t in, int64_t out, const __nv_bfloat16* w, __nv_bfloat16* y
         "gemv_v2");
 }
 
-// µs per replay of a graph that `body` captures, median of `reps` timed replays.
-template <typename F>
-float time_graph(cudaStream_t st, int reps, F body) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  check(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), "capture");
-  body();
-  check(cudaStreamEndCapture(st, &g), "end capture");
-  check(cudaGraphInstantiate(&ge, g, 0), "instantiate");
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  for (int i = 0; i < 3; ++i) check(cudaGraphLaunch(ge, st), "warm replay");
-  std::vector<float> ms;
-  for (int i = 0; i < reps; ++i) {
-    cudaEventRecord(e0, st);
-    cudaGraphLaunch(ge, st);
-    cudaEventRecord(e1, st);
-    check(cudaEventSynchronize(e1), "replay");
-    float t = 0;
-    cudaEventElapsedTime(&t, e0, e1);
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  return ms[ms.size() / 2] * 1000.f;
-}
 }  // namespace
 
 int main(int argc, char** argv) {
