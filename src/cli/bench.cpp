@@ -153,7 +153,8 @@ std::function<int()> setup_bench(CLI::App& app) {
                 static_cast<long long>(a->prompt_tokens), static_cast<long long>(a->gen_tokens), a->runs);
     std::printf("decode path: %s%s\n", path,
                 where.device.is_cuda() ? " (HEARTH_CUDA_GRAPHS=0 forces the eager loop)" : "");
-    std::printf("prefill: %.1f tok/s\ndecode: %.1f tok/s\n", median(prefill), median(decode));
+    if (a->gen_tokens > 1) std::printf("prefill: %.1f tok/s\ndecode: %.1f tok/s\n", median(prefill), median(decode));
+    else std::printf("prefill: %.1f tok/s\ndecode: none (one generated token; --gen-tokens 2 or more times decode)\n", median(prefill));
     if (median(setup_ms) > 0)
       std::printf("decode without the static setup: %.1f tok/s (setup %.1f ms per run: caches copied, step recorded)\n",
                   median(steady), median(setup_ms));

@@ -78,7 +78,7 @@ std::function<int()> setup_generate(CLI::App& app) {
     server::Prompt prompt = engine.prepare(req);
     HEARTH_CHECK_T(InvalidArgument, static_cast<int64_t>(prompt.ids.size()) < engine.context_length(), "--prompt: ",
                    prompt.ids.size(), " tokens do not fit the context length ", engine.context_length());
-    engine.generate(prompt, req, [](const server::TokenEvent& ev) {
+    const server::Finish finish = engine.generate(prompt, req, [](const server::TokenEvent& ev) {
       std::cout << ev.text << std::flush;
       return true;
     });
@@ -89,6 +89,10 @@ std::function<int()> setup_generate(CLI::App& app) {
               << "Generation: " << st.generation_tokens << " tokens, " << st.generation_tps << " tokens-per-sec\n"
               << "Time to first token: " << st.ttft_s * 1e3 << " ms\n"
               << "Peak memory: " << st.peak_memory_bytes / 1e9 << " GB\n";
+    if (finish.reason == server::Finish::Reason::kLength && finish.completion_tokens < a->max_tokens)
+      std::cerr << "Stopped at the model's context length (" << engine.context_length() << " tokens): "
+                << prompt.ids.size() << " prompt tokens + " << finish.completion_tokens
+                << " generated, before --max-tokens " << a->max_tokens << ".\n";
     return 0;
   };
 }

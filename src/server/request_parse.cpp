@@ -283,6 +283,11 @@ CompletionRequest parse_completion_request(const nlohmann::ordered_json& body) {
     req.logprobs = true;
     req.top_logprobs = static_cast<int>(*k);
   }
+  // Chat's field on the legacy route: refused rather than silently ignored (the alternatives'
+  // count is `logprobs` here). null counts as absent.
+  if (field(body, "top_logprobs"))
+    bad("top_logprobs", "Invalid 'top_logprobs': /v1/completions takes the number of alternatives as 'logprobs' (0-5); "
+                        "top_logprobs belongs to /v1/chat/completions.");
   if (boolean(body, "echo").value_or(false)) bad("echo", "Invalid 'echo': echo is not supported by this server.");
   // Insertion (text after the completion) needs a fill-in-the-middle prompt format: refused as vLLM
   // does ("suffix is not currently supported"), never silently ignored. null counts as absent.

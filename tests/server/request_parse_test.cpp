@@ -145,6 +145,9 @@ TEST(RequestParse, BadFieldsAreRejectedNamingTheField) {
   EXPECT_EQ(rejected_param(R"({})", false), "prompt");
   EXPECT_EQ(rejected_param(R"({"prompt": "a", "logprobs": 6})", false), "logprobs");
   EXPECT_EQ(rejected_param(R"({"prompt": "a", "echo": true})", false), "echo");
+  // Chat's top_logprobs on the legacy route is refused, not ignored (found ignored by helper h45).
+  EXPECT_EQ(rejected_param(R"({"prompt": "a", "logprobs": 2, "top_logprobs": 3})", false), "top_logprobs");
+  EXPECT_EQ(parse_completion_request(parse_body(R"({"prompt": "a", "logprobs": 2, "top_logprobs": null})")).top_logprobs, 2);
 }
 
 // vLLM answers 400 "suffix is not currently supported"; silently dropping it would give the client
