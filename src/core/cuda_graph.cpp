@@ -96,8 +96,7 @@ bool RecordedStep::captured() const {
 }
 
 struct HostReadback::Impl {
-  at::Tensor host;
-  bool started = false;
+  at::Tensor host;  // undefined until the first start()
 #ifdef HEARTH_WITH_CUDA
   std::unique_ptr<at::cuda::CUDAEvent> done;  // recorded after the copy when the source is on a GPU
 #endif
@@ -108,7 +107,6 @@ HostReadback::~HostReadback() = default;
 
 void HostReadback::start(const at::Tensor& src) {
   Impl& m = *impl_;
-  m.started = true;
 #ifdef HEARTH_WITH_CUDA
   if (src.is_cuda()) {
     if (!m.host.defined() || m.host.sizes() != src.sizes() || m.host.scalar_type() != src.scalar_type())
@@ -125,7 +123,7 @@ void HostReadback::start(const at::Tensor& src) {
 
 const at::Tensor& HostReadback::wait() {
   Impl& m = *impl_;
-  HEARTH_CHECK(m.started, "HostReadback::wait without a start()");
+  HEARTH_CHECK(m.host.defined(), "HostReadback::wait without a start()");
 #ifdef HEARTH_WITH_CUDA
   if (m.done) m.done->synchronize();
 #endif
