@@ -1,7 +1,12 @@
 // RecordedStep: CUDA graph capture/replay where CUDA is built and present, eager calls elsewhere.
 #include "core/cuda_graph.h"
 
+#include "core/env.h"
 #include "core/error.h"
+#include "core/graph_profile.h"
+
+#include <atomic>
+#include <iostream>
 
 #ifdef HEARTH_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
@@ -42,7 +47,11 @@ RecordedStep::RecordedStep(std::function<void()> fn, const at::Device& device, i
     // Hand the warm-up's cached blocks back: a capture that needs memory while the cache holds it
     // would have to free cached blocks mid-capture, which CUDA refuses.
     if (pool) c10::cuda::CUDACachingAllocator::emptyCache();
-    impl_->graph = std::make_unique<at::cuda::CUDAGraph>();
+    // HEARTH_GRAPH_PROFILE=1: the first graph this process captures is kept as a graph too and
+    // profiled node by node (graph_profile.h), the table on stderr — a bench-time tool.
+    static std::atomic<bool> profiled{false};
+    const bool profile = env_equals("HEARTH_GRAPH_PROFILE", "1") && !profiled.exchange(true);
+    impl_->graph = std::make_unique<at::cuda::CUDAGraph>(/*keep_graph=*/profile);
     try {
       if (pool) {
         if (!pool->impl_->made) {
@@ -55,6 +64,10 @@ RecordedStep::RecordedStep(std::function<void()> fn, const at::Device& device, i
       }
       fn_();
       impl_->graph->capture_end();
+      if (profile) {
+        impl_->graph->instantiate();
+        std::cerr << format_graph_profile(profile_graph(impl_->graph->raw_cuda_graph(), side.stream(), 20)) << std::flush;
+      }
     } catch (const std::exception& e) {
       // End the capture before dropping the graph: a stream left capturing makes every later CUDA
       // call of the process fail ("operation not permitted when stream is capturing").
