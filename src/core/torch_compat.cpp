@@ -1,6 +1,10 @@
 // Version- and device-dependent helpers behind torch_compat.h.
 #include "core/torch_compat.h"
 
+#include "core/env.h"
+
+#include <c10/core/GradMode.h>
+
 #include "core/error.h"
 
 #include <malloc.h>
@@ -97,6 +101,21 @@ void synchronize(const at::Device& device) {
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& mask,
                 bool is_causal, double scale, bool enable_gqa) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+  // cuDNN's SDPA backend builds an execution plan the first time it meets a shape: 40-760 ms on the
+  // H200 with PyTorch 2.11 (bench/sdpa_first_call.py), against 0.03-0.13 ms for the call itself, and
+  // a server's prefill meets new (rows, prompt length) shapes all the time. So a call that records
+  // no autograd (inference) leaves cuDNN out and SDPA picks flash / memory-efficient attention;
+  // training keeps PyTorch's choice, and HEARTH_SDPA_CUDNN=1 gives inference it too. The switch is
+  // the process-wide one, set and restored around the call (one engine thread runs inference).
+  static const bool cudnn_for_inference = env_equals("HEARTH_SDPA_CUDNN", "1");
+  const bool recording = c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  if (!recording && !cudnn_for_inference && at::globalContext().userEnabledCuDNNSDP()) {
+    at::globalContext().setSDPUseCuDNN(false);
+    struct Restore {
+      ~Restore() { at::globalContext().setSDPUseCuDNN(true); }
+    } restore;
+    return at::scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, scale, enable_gqa);
+  }
   return at::scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, scale, enable_gqa);
 #elif TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1
   if (enable_gqa)

@@ -19,7 +19,9 @@ constexpr bool kHasSdpaGqa = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 
 /// at::scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, scale, enable_gqa) on PyTorch >= 2.1;
 /// q [B, H, T, D], k/v [B, H, S, D] (heads already repeated), or with enable_gqa k/v [B, Hkv, S, D]
 /// (H % Hkv == 0, q head h reads kv head h / (H / Hkv), as repeat_kv would lay them out); mask bool
-/// (true = attend) or additive float, broadcastable to [B, H, T, S]. Throws hearth::Error on builds
+/// (true = attend) or additive float, broadcastable to [B, H, T, S]. A call that records no autograd
+/// leaves SDPA's cuDNN backend out (it plans each new shape for 40-760 ms on the H200; see the .cpp),
+/// unless HEARTH_SDPA_CUDNN=1. Throws hearth::Error on builds
 /// without SDPA, or with enable_gqa on builds without it (kHasSdpaGqa false).
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& mask,
                 bool is_causal, double scale, bool enable_gqa = false);
