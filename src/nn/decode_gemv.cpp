@@ -1,6 +1,8 @@
 // Dispatch of the decode GEMV (kernels/gemv.cu): checks, operand layout, the launch.
 #include "nn/decode_gemv.h"
 
+#include <cstdlib>
+
 #include <c10/core/GradMode.h>
 
 #include "nn/fused_ops.h"
@@ -98,5 +100,19 @@ std::vector<at::Tensor> decode_gemv(const at::Tensor& x, const std::vector<GemvO
 #else
 std::vector<at::Tensor> decode_gemv(const at::Tensor&, const std::vector<GemvOperand>&) { return {}; }
 #endif
+
+int64_t dense_gemv_max_rows() {
+  static const int64_t rows = [] {
+    const char* v = std::getenv("HEARTH_DENSE_GEMV_MAX_ROWS");
+    const int64_t n = v ? std::atoll(v) : 1;
+    return n >= 1 && n <= 8 ? n : int64_t{1};
+  }();
+  return rows;
+}
+
+int64_t gemv_rows(const at::Tensor& x) {
+  const int64_t in = x.dim() >= 1 ? x.size(-1) : 0;
+  return in > 0 ? x.numel() / in : 0;
+}
 
 }  // namespace hearth::nn

@@ -25,4 +25,15 @@ struct GemvOperand {
 /// caller then runs its own ops); throws hearth::Error when the launch fails.
 std::vector<at::Tensor> decode_gemv(const at::Tensor& x, const std::vector<GemvOperand>& ws);
 
+/// The most rows of x for which Linear sends a *dense* product to decode_gemv rather than cuBLAS:
+/// 1 (HEARTH_DENSE_GEMV_MAX_ROWS=1..8 changes it; read once). The kernel's cost grows with the rows
+/// (each re-reads x per weight chunk: on the H200 the 1B's gate/up took 20 µs at 1 row, 44 at 4 and
+/// 79 at 8, where cuBLAS reads the weight once for 16 rows in about what one row costs here), so a
+/// batched step's dense products go to cuBLAS. Affine (MLX) weights have no cuBLAS path and keep
+/// the kernel up to its 8 rows.
+int64_t dense_gemv_max_rows();
+
+/// Rows of x as decode_gemv counts them: x.numel() / x.size(-1) (0 for an empty last dim).
+int64_t gemv_rows(const at::Tensor& x);
+
 }  // namespace hearth::nn

@@ -112,7 +112,7 @@ at::Tensor Linear::forward(const at::Tensor& x) const {
   // CUDA, decode-sized (nn/decode_gemv.h). Not with a bias: addmm adds it before its one rounding,
   // and adding it to the rounded product drifted the greedy tokens of the bias parity model.
   std::vector<at::Tensor> gemv;
-  if (!qweight_ && !bias_) gemv = decode_gemv(x, {GemvOperand{weight_, nullptr}});
+  if (!qweight_ && !bias_ && gemv_rows(x) <= dense_gemv_max_rows()) gemv = decode_gemv(x, {GemvOperand{weight_, nullptr}});
   if (qweight_) {
     y = quantized_matmul(x, *qweight_);
     if (bias_) y = y + *bias_;
@@ -155,6 +155,7 @@ std::vector<at::Tensor> Linear::forward_many(const at::Tensor& x, std::initializ
     }
     ops.push_back(l->qweight_ ? GemvOperand{{}, &*l->qweight_} : GemvOperand{l->weight_, nullptr});
   }
+  if (grouped && !ops[0].quant && gemv_rows(x) > dense_gemv_max_rows()) grouped = false;  // cuBLAS (decode_gemv.h)
   std::vector<at::Tensor> ys;
   if (grouped) ys = decode_gemv(x, ops);
   if (ys.empty()) {
