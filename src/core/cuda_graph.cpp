@@ -66,7 +66,11 @@ RecordedStep::RecordedStep(std::function<void()> fn, const at::Device& device, i
       impl_->graph->capture_end();
       if (profile) {
         impl_->graph->instantiate();
-        std::cerr << format_graph_profile(profile_graph(impl_->graph->raw_cuda_graph(), side.stream(), 20)) << std::flush;
+        try {
+          std::cerr << format_graph_profile(profile_graph(impl_->graph->raw_cuda_graph(), side.stream(), 20)) << std::flush;
+        } catch (const Error& e) {
+          std::cerr << "hearth: " << e.what() << " (the step runs unprofiled)\n";
+        }
       }
     } catch (const std::exception& e) {
       // End the capture before dropping the graph: a stream left capturing makes every later CUDA

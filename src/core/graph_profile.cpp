@@ -55,16 +55,16 @@ std::string short_name(const char* mangled) {
   std::unique_ptr<char, void (*)(void*)> d(abi::__cxa_demangle(mangled, nullptr, nullptr, &status), std::free);
   std::string s = status == 0 && d ? d.get() : mangled;
   if (s.rfind("void ", 0) == 0) s = s.substr(5);
-  // Cut the argument list: the last top-level "(".
+  for (size_t at; (at = s.find("(anonymous namespace)::")) != std::string::npos;) s.erase(at, 23);
+  // Cut the argument list: the last "(" outside <...> and {...} (a lambda's "()" sits inside them).
   int depth = 0;
+  size_t cut = std::string::npos;
   for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '<') ++depth;
-    if (s[i] == '>') --depth;
-    if (s[i] == '(' && depth == 0) {
-      s.resize(i);
-      break;
-    }
+    if (s[i] == '<' || s[i] == '{') ++depth;
+    if (s[i] == '>' || s[i] == '}') --depth;
+    if (s[i] == '(' && depth == 0) cut = i;
   }
+  if (cut != std::string::npos) s.resize(cut);
   if (s.size() > 120) s = s.substr(0, 117) + "...";
   return s;
 }
@@ -88,9 +88,14 @@ const char* kind_name(cudaGraphNodeType t) {
 std::vector<cudaGraphNode_t> dependencies(cudaGraphNode_t n) {
   size_t count = 0;
 #if CUDART_VERSION >= 13000
-  check(cudaGraphNodeGetDependencies(n, nullptr, nullptr, &count), "cudaGraphNodeGetDependencies");
+  // Edge data must be asked for: programmatic (PDL) edges are not default edges, and a query
+  // without it fails for them (cudaErrorLossyQuery).
+  const cudaError_t e = cudaGraphNodeGetDependencies(n, nullptr, nullptr, &count);  // the count only
+  if (e == cudaErrorLossyQuery) (void)cudaGetLastError();
+  else check(e, "cudaGraphNodeGetDependencies");
   std::vector<cudaGraphNode_t> deps(count);
-  if (count) check(cudaGraphNodeGetDependencies(n, deps.data(), nullptr, &count), "cudaGraphNodeGetDependencies");
+  std::vector<cudaGraphEdgeData> edges(count);
+  if (count) check(cudaGraphNodeGetDependencies(n, deps.data(), edges.data(), &count), "cudaGraphNodeGetDependencies");
 #else
   check(cudaGraphNodeGetDependencies(n, nullptr, &count), "cudaGraphNodeGetDependencies");
   std::vector<cudaGraphNode_t> deps(count);

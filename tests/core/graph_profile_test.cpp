@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/graph_profile.h"
 #include "core/torch_compat.h"
+#include "nn/fused_ops.h"
 
 #ifdef HEARTH_WITH_CUDA
 #include <ATen/cuda/CUDAGraph.h>
@@ -53,5 +54,29 @@ TEST(GraphProfile, ProfilesEachNodeOfACapturedGraph) {
   EXPECT_TRUE(at::isfinite(x).all().item<bool>());
 #else
   EXPECT_THROW(hearth::compat::profile_graph(nullptr, nullptr, 5), hearth::Error);
+#endif
+}
+
+// Hearth's own kernels launch with programmatic dependent launch on sm_90: their graph edges are
+// programmatic, not default ones, and the profile must read them (the 1B decode step is made of them).
+TEST(GraphProfile, ReadsProgrammaticEdges) {
+#ifdef HEARTH_WITH_CUDA
+  if (!hearth::compat::cuda_available()) GTEST_SKIP() << "needs a CUDA device";
+  const auto bf16 = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  at::Tensor x = at::randn({4, 2048}, bf16), w = at::ones({2048}, bf16);
+  if (!hearth::nn::fused_rms_norm(x, w, 1e-5, hearth::nn::NormScale::kAfterRound).defined())
+    GTEST_SKIP() << "the fused norm kernel is not built";
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
+  c10::cuda::CUDAStreamGuard guard(side);
+  at::cuda::CUDAGraph g(/*keep_graph=*/true);
+  g.capture_begin();
+  at::Tensor y = x;
+  for (int i = 0; i < 3; ++i) y = hearth::nn::fused_rms_norm(y, w, 1e-5, hearth::nn::NormScale::kAfterRound);
+  g.capture_end();
+  const std::vector<GraphNodeCost> nodes = hearth::compat::profile_graph(g.raw_cuda_graph(), side.stream(), 5);
+  ASSERT_EQ(nodes.size(), 3u);
+  for (const GraphNodeCost& n : nodes) EXPECT_NE(n.name.find("rms_norm_kernel"), std::string::npos) << n.name;
+#else
+  GTEST_SKIP() << "needs a CUDA build";
 #endif
 }
