@@ -71,16 +71,29 @@ void norm(const bf16* x, const bf16* residual, bf16* sum, const bf16* w, bf16* y
   check(rms_norm(a), "rms_norm");
 }
 
-// One step: `attn` false leaves out RoPE/cache/attention (o reads q's first C values).
+// The split plan of the step: decode_attention_plan's, or `splits` splits (rounded to whole tiles).
+DecodeAttentionPlan attention_plan(int64_t S, int splits) {
+  const int tk = decode_attention_tile_keys(2, D, H / Hkv);
+  if (splits <= 0) return decode_attention_plan(Hkv, S, tk, 132);
+  DecodeAttentionPlan p;
+  p.keys_per_split = ((S + splits - 1) / splits + tk - 1) / tk * tk;
+  p.n_split = static_cast<int>((S + p.keys_per_split - 1) / p.keys_per_split);
+  return p;
+}
+
+// One step: `attn` false leaves out RoPE/cache/attention (o reads q's first C values); `splits` > 0
+// overrides the attention's split count.
 void step(const std::vector<Layer>& layers, const Acts& t, const bf16* final_norm, const bf16* head, int64_t S,
-          bool attn, cudaStream_t st) {
-  const DecodeAttentionPlan plan = decode_attention_plan(Hkv, S, decode_attention_tile_keys(2, D, H / Hkv), 132);
+          bool attn, cudaStream_t st, int splits = 0, bool attention_only = false) {
+  const DecodeAttentionPlan plan = attention_plan(S, splits);
   for (int64_t l = 0; l < L; ++l) {
     const Layer& w = layers[l];
     // Input norm: layer 0 reads the embedding (t.sum); later ones add the previous layer's delta.
-    if (l == 0) norm(t.sum, nullptr, nullptr, w.in_norm, t.normed, st);
-    else norm(t.delta, t.sum2, t.sum, w.in_norm, t.normed, st);
-    check(gemv(gemv_args(t.normed, C, {{w.wq, t.q}, {w.wk, t.k}, {w.wv, t.v}}, {H * D, Hkv * D, Hkv * D}, st)), "qkv");
+    if (!attention_only) {
+      if (l == 0) norm(t.sum, nullptr, nullptr, w.in_norm, t.normed, st);
+      else norm(t.delta, t.sum2, t.sum, w.in_norm, t.normed, st);
+      check(gemv(gemv_args(t.normed, C, {{w.wq, t.q}, {w.wk, t.k}, {w.wv, t.v}}, {H * D, Hkv * D, Hkv * D}, st)), "qkv");
+    }
     const bf16* o_in = t.q;
     if (attn) {
       RopeCacheArgs r;
@@ -92,7 +105,7 @@ void step(const std::vector<Layer>& layers, const Acts& t, const bf16* final_nor
       r.B = 1, r.Hq = H, r.Hk = Hkv, r.D = D, r.rot = D;
       r.dtype = QDtype::kBFloat16;
       r.stream = st;
-      check(rope_cache_write(r), "rope_cache_write");
+      if (!attention_only) check(rope_cache_write(r), "rope_cache_write");
       DecodeAttentionArgs a;
       a.q = t.qr, a.q_sb = H * D, a.q_sh = D, a.q_st = H * D;
       a.k = w.kc, a.k_sb = Hkv * S * D, a.k_sh = S * D, a.k_ss = D;
@@ -108,12 +121,14 @@ void step(const std::vector<Layer>& layers, const Acts& t, const bf16* final_nor
       check(decode_attention(a), "decode_attention");
       o_in = t.attn;
     }
+    if (attention_only) continue;
     check(gemv(gemv_args(o_in, C, {{w.wo, t.o}}, {C}, st)), "o");
     norm(t.o, t.sum, t.sum2, w.post_norm, t.normed, st);  // residual + o, then the norm
     check(gemv(gemv_args(t.normed, C, {{w.wg, t.g}, {w.wu, t.u}}, {I, I}, st)), "gate/up");
     check(silu_mul(t.g, t.u, t.act, QDtype::kBFloat16, I, st), "silu_mul");
     check(gemv(gemv_args(t.act, I, {{w.wd, t.delta}}, {C}, st)), "down");
   }
+  if (attention_only) return;
   norm(t.delta, t.sum2, t.sum, final_norm, t.normed, st);
   check(gemv(gemv_args(t.normed, C, {{head, t.logits}}, {V}, st)), "head");
 }
@@ -157,6 +172,20 @@ int main(int argc, char** argv) {
     std::printf("whole step (%zu kernels): %8.1f us = %6.1f tok/s\n", kernels, us, 1e6 / us);
     us = time_graph(st, reps, [&] { step(layers, t, final_norm, head, S, false, st); }, &kernels);
     std::printf("without RoPE/cache/attention (%zu kernels): %8.1f us\n", kernels, us);
+  }
+  // The attention alone (16 layers' launches in one graph), by split count: 0 = the plan's.
+  for (int splits : {0, 1, 2, 3, 6, 11, 22}) {
+    const DecodeAttentionPlan p = attention_plan(S, splits);
+    size_t kernels = 0;
+    const float us = time_graph(st, reps, [&] { step(layers, t, final_norm, head, S, true, st, splits, true); }, &kernels);
+    std::printf("attention only, %2d splits of %4lld keys (%zu kernels): %7.2f us per layer\n", p.n_split,
+                static_cast<long long>(p.keys_per_split), kernels, us / L);
+  }
+  for (int splits : {6, 11}) {
+    size_t kernels = 0;
+    const float us = time_graph(st, reps, [&] { step(layers, t, final_norm, head, S, true, st, splits); }, &kernels);
+    std::printf("whole step, attention in %d splits (%zu kernels): %8.1f us = %6.1f tok/s\n", attention_plan(S, splits).n_split,
+                kernels, us, 1e6 / us);
   }
   return 0;
 }

@@ -131,18 +131,27 @@ TEST(DecodeAttentionKernel, PlanSplitsLongContextsAndKeepsShortOnesWhole) {
   hk::DecodeAttentionPlan p = hk::decode_attention_plan(8, 32768, 64, 132);
   EXPECT_EQ(p.n_split, 64);  // 512 blocks ≥ 2 waves of 132
   EXPECT_EQ(p.keys_per_split, 512);
+  // Short caches split down to one tile per block (a block's tiles run one after another).
   p = hk::decode_attention_plan(8, 512, 64, 132);
-  EXPECT_EQ(p.n_split, 2);
-  EXPECT_EQ(p.keys_per_split, 256);
-  p = hk::decode_attention_plan(8, 256, 64, 132);
+  EXPECT_EQ(p.n_split, 8);
+  EXPECT_EQ(p.keys_per_split, 64);
+  p = hk::decode_attention_plan(8, 704, 64, 132);
+  EXPECT_EQ(p.n_split, 11);
+  EXPECT_EQ(p.keys_per_split, 64);
+  p = hk::decode_attention_plan(8, 64, 64, 132);
   EXPECT_EQ(p.n_split, 1);
-  EXPECT_EQ(p.keys_per_split, 256);
+  EXPECT_EQ(p.keys_per_split, 64);
   p = hk::decode_attention_plan(8, 1, 64, 132);
   EXPECT_EQ(p.n_split, 1);
   EXPECT_EQ(p.keys_per_split, 64);
-  // B·Hkv = 6, S = 4097: 17 splits of 256, the last with one key.
+  // B·Hkv = 6, S = 4097: 88 splits wanted (528 blocks), 47 keys each rounded up to two tiles of
+  // 32: 65 splits of 64, the last with one key.
   p = hk::decode_attention_plan(6, 4097, 32, 132);
-  EXPECT_EQ(p.n_split, 17);
+  EXPECT_EQ(p.n_split, 65);
+  EXPECT_EQ(p.keys_per_split, 64);
+  // 32 rows of the 1B (B·Hkv = 256): 3 splits of 256 over 704 keys, as before.
+  p = hk::decode_attention_plan(256, 704, 64, 132);
+  EXPECT_EQ(p.n_split, 3);
   EXPECT_EQ(p.keys_per_split, 256);
   // Enough (row, head) pairs to fill the GPU alone: one split.
   p = hk::decode_attention_plan(600, 32768, 64, 132);
@@ -207,8 +216,8 @@ TEST(DecodeAttentionKernel, TileKeysAndSupportedShapes) {
     b.plan = hk::decode_attention_plan(8, b.S, 32, 132);
   }));
   EXPECT_TRUE(with([](hk::DecodeAttentionArgs& b) {
-    b.S = 100;
-    b.plan = hk::decode_attention_plan(8, 100, 64, 132);  // one split: no workspace needed
+    b.S = 60;
+    b.plan = hk::decode_attention_plan(8, 60, 64, 132);  // one tile, one split: no workspace needed
     b.workspace = nullptr;
   }));
 }
