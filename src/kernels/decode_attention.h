@@ -44,19 +44,24 @@ struct DecodeAttentionPlan {
 /// The split count for `bh` = B·Hkv (batch row, kv head) pairs over S keys (S ≥ 1) with the tile
 /// size `tile_keys` on a GPU of `sm_count` multiprocessors: enough splits that bh·n_split reaches
 /// about 4 blocks per multiprocessor (≥ 2 waves of one block per SM; about 5 blocks of this kernel
-/// fit on an SM at once), down to splits of one tile; keys_per_split is a multiple of tile_keys. A
-/// block's tiles run one after another at ~4.7 µs each on the H200 (1B shape, bf16), so a short
-/// cache is split too: the 1B's 704-key cache took 22.2 µs per layer in 3 splits of 256 keys and
-/// 9.9 µs in 11 of 64, the merge kernel included (bench/decode_step_bench.cu). One split (S ≤ one
-/// tile, or bh alone filling the GPU) writes the output directly (no merge kernel, no workspace).
-/// E.g. H200 (132 SMs), B·Hkv = 8: S = 32768 → 64 splits of 512, S = 512 → 8 of 64. sm_count ≤ 0
-/// is treated as 1.
+/// fit on an SM at once), no split shorter than S/16 keys capped at 256 (and at least one tile);
+/// keys_per_split is a multiple of tile_keys. A block's tiles run one after another at ~4.7 µs each
+/// on the H200 (1B shape, bf16), so a short cache is split too: the 1B's 704-key cache took 22.2 µs
+/// per layer in 3 splits of 256 keys and 9.9 µs in 11 of 64, the merge kernel included
+/// (bench/decode_step_bench.cu); S/16 keeps a short cache to about 16 splits (the merge walks the
+/// splits one after another) and long caches at the 256-key splits measured before (4,160 keys: 17
+/// splits of 256, 26.6 µs; 22 of 192, 24.7; finer ones not measured). One split (S ≤ one tile, or
+/// bh alone filling the GPU) writes the output directly (no merge kernel, no workspace). E.g. H200
+/// (132 SMs), B·Hkv = 8: S = 32768 → 64 splits of 512, S = 704 → 11 of 64, S = 512 → 8 of 64.
+/// sm_count ≤ 0 is treated as 1.
 inline DecodeAttentionPlan decode_attention_plan(int64_t bh, int64_t S, int tile_keys, int sm_count) {
   DecodeAttentionPlan p;
   if (bh < 1 || S < 1 || tile_keys < 1) return p;
   const int64_t sms = sm_count > 0 ? sm_count : 1;
   const int64_t target_blocks = 4 * sms;
-  const int64_t min_keys = tile_keys;
+  int64_t min_keys = (S + 15) / 16;  // about 16 splits at most for a short cache
+  if (min_keys > 256) min_keys = 256;
+  if (min_keys < tile_keys) min_keys = tile_keys;
   int64_t n = (target_blocks + bh - 1) / bh;
   const int64_t by_len = (S + min_keys - 1) / min_keys;
   if (n > by_len) n = by_len;

@@ -131,7 +131,7 @@ TEST(DecodeAttentionKernel, PlanSplitsLongContextsAndKeepsShortOnesWhole) {
   hk::DecodeAttentionPlan p = hk::decode_attention_plan(8, 32768, 64, 132);
   EXPECT_EQ(p.n_split, 64);  // 512 blocks ≥ 2 waves of 132
   EXPECT_EQ(p.keys_per_split, 512);
-  // Short caches split down to one tile per block (a block's tiles run one after another).
+  // Short caches split down to S/16 keys, at least one tile (a block's tiles run one after another).
   p = hk::decode_attention_plan(8, 512, 64, 132);
   EXPECT_EQ(p.n_split, 8);
   EXPECT_EQ(p.keys_per_split, 64);
@@ -144,11 +144,15 @@ TEST(DecodeAttentionKernel, PlanSplitsLongContextsAndKeepsShortOnesWhole) {
   p = hk::decode_attention_plan(8, 1, 64, 132);
   EXPECT_EQ(p.n_split, 1);
   EXPECT_EQ(p.keys_per_split, 64);
-  // B·Hkv = 6, S = 4097: 88 splits wanted (528 blocks), 47 keys each rounded up to two tiles of
-  // 32: 65 splits of 64, the last with one key.
+  // B·Hkv = 6, S = 4097: splits of at least 256 keys (S/16 capped at 256): 17 of 256, the last
+  // with one key.
   p = hk::decode_attention_plan(6, 4097, 32, 132);
-  EXPECT_EQ(p.n_split, 65);
-  EXPECT_EQ(p.keys_per_split, 64);
+  EXPECT_EQ(p.n_split, 17);
+  EXPECT_EQ(p.keys_per_split, 256);
+  // Head dim 256 (tile of 16 keys), 704 keys: S/16 = 44 → 48 keys, 15 splits.
+  p = hk::decode_attention_plan(8, 704, 16, 132);
+  EXPECT_EQ(p.n_split, 15);
+  EXPECT_EQ(p.keys_per_split, 48);
   // 32 rows of the 1B (B·Hkv = 256): 3 splits of 256 over 704 keys, as before.
   p = hk::decode_attention_plan(256, 704, 64, 132);
   EXPECT_EQ(p.n_split, 3);
