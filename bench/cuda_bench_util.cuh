@@ -81,4 +81,27 @@ float time_graph(cudaStream_t st, int reps, F body, size_t* kernels = nullptr) {
   return ms[ms.size() / 2] * 1000.f;
 }
 
+/// n bf16 values of a device buffer, copied to the host as floats (synchronous).
+inline std::vector<float> to_host_f32(const __nv_bfloat16* p, size_t n) {
+  std::vector<__nv_bfloat16> h(n);
+  check(cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost), "copy to host");
+  std::vector<float> r(n);
+  for (size_t i = 0; i < n; ++i) r[i] = __bfloat162float(h[i]);
+  return r;
+}
+
+/// max |a - b| / max |a| over two equally long outputs (a the reference); 0 when a is all zeros and
+/// a == b, a huge value (1e30) when a non-finite value or a length mismatch appears.
+inline double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return 1e30;
+  double d = 0, m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double ai = a[i], bi = b[i];
+    if (!(ai - ai == 0) || !(bi - bi == 0)) return 1e30;  // NaN or inf
+    d = std::max(d, ai > bi ? ai - bi : bi - ai);
+    m = std::max(m, ai < 0 ? -ai : ai);
+  }
+  return m > 0 ? d / m : (d > 0 ? 1e30 : 0.0);
+}
+
 }  // namespace hearth::bench
