@@ -2,10 +2,9 @@
 #include "core/torch_compat.h"
 
 #include "core/env.h"
+#include "core/error.h"
 
 #include <c10/core/GradMode.h>
-
-#include "core/error.h"
 
 #include <malloc.h>
 
@@ -109,13 +108,15 @@ at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
   // the process-wide one, set and restored around the call (one engine thread runs inference).
   static const bool cudnn_for_inference = env_equals("HEARTH_SDPA_CUDNN", "1");
   const bool recording = c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  if (!recording && !cudnn_for_inference && at::globalContext().userEnabledCuDNNSDP()) {
-    at::globalContext().setSDPUseCuDNN(false);
-    struct Restore {
-      ~Restore() { at::globalContext().setSDPUseCuDNN(true); }
-    } restore;
-    return at::scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, scale, enable_gqa);
-  }
+  struct CudnnOff {
+    const bool on;
+    explicit CudnnOff(bool o) : on(o) {
+      if (on) at::globalContext().setSDPUseCuDNN(false);
+    }
+    ~CudnnOff() {
+      if (on) at::globalContext().setSDPUseCuDNN(true);
+    }
+  } const off(!recording && !cudnn_for_inference && at::globalContext().userEnabledCuDNNSDP());
   return at::scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, scale, enable_gqa);
 #elif TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1
   if (enable_gqa)

@@ -35,7 +35,7 @@ std::vector<at::Tensor> decode_gemv(const at::Tensor& x, const std::vector<GemvO
   if (xt != at::kFloat && xt != at::kHalf && xt != at::kBFloat16) return {};
   const int64_t in = x.size(-1);
   if (in <= 0 || x.numel() % in != 0) return {};
-  const int64_t M = x.numel() / in;
+  const int64_t M = gemv_rows(x);
   const bool grad = c10::GradMode::is_enabled();
   if (grad && gemv_needs_grad(x)) return {};
 
