@@ -23,6 +23,7 @@
 #include "dtype.cuh"
 #include "gemv.h"
 #include "pdl.cuh"
+#include "rms_row.cuh"
 
 namespace hearth::kernels {
 namespace {
@@ -133,12 +134,65 @@ __host__ __device__ constexpr int smem_chunk_stride() {
   return codes_per_chunk<TX, Kind>() + 4;
 }
 
-// x staged in shared memory: affine weights only (a 16-byte chunk of 4-bit codes needs 32 values
-// of x, converted to fp32 per chunk and lane otherwise); dense rows keep reading x per chunk, with
-// no block barrier.
+// x staged in shared memory: affine weights when it fits (a 16-byte chunk of 4-bit codes needs 32
+// values of x, converted to fp32 per chunk and lane otherwise); dense rows keep reading x per chunk,
+// with no block barrier, unless the launch normalises x (GemvNorm): then x is the staged norm.
 template <typename TX, int Kind>
 __host__ __device__ constexpr bool x_smem_capable() {
-  return Kind != 0;
+  return true;
+}
+
+// GemvNorm as the kernel takes it (typed pointers resolved at launch; inv_c = 1/in as rms_norm's).
+struct NormDev {
+  const void* residual;
+  void* sum;
+  void* normed;
+  const void* weight;
+  NormWeight mode;
+  float offset, eps, inv_c;
+  int on;
+};
+
+// The normed-x prologue: the M rows of norm(x (+ residual)) computed as rms_norm_kernel computes
+// them (rms_row.cuh: the same per-thread order, block sum and roundings, so the same bits), staged
+// as fp32 in x's padded chunk slots of shared memory; block 0 also stores the sum and the normed
+// row. Every thread of the block calls it; the caller syncs before the staged values are read.
+template <typename TX, int Kind>
+__device__ void stage_normed_x(const TX* __restrict__ x, const NormDev& n, int M, int in, float* xs) {
+  static_assert(kThreads == kRmsRowThreads, "the GEMV block walks a row as rms_norm_kernel does");
+  constexpr int kCodes = codes_per_chunk<TX, Kind>();
+  constexpr int kStride = smem_chunk_stride<TX, Kind>();
+  __shared__ float part[kThreads / 32];
+  const int chunks = in / kCodes;
+  const bool writer = blockIdx.x == 0;
+  const TX* __restrict__ res = static_cast<const TX*>(n.residual);
+  const TX* __restrict__ w = static_cast<const TX*>(n.weight);
+  TX* const sum = static_cast<TX*>(n.sum);
+  TX* const normed = static_cast<TX*>(n.normed);
+  for (int m = 0; m < M; ++m) {
+    const int64_t base = static_cast<int64_t>(m) * in;
+    float ss = 0.f;
+    for (int i = static_cast<int>(threadIdx.x); i < in; i += kThreads) {
+      float h = to_f32(x[base + i]);
+      if (res) {
+        const TX s = from_f32<TX>(h + to_f32(res[base + i]));  // torch's add: fp32 opmath, one rounding
+        h = to_f32(s);
+        if (writer) sum[base + i] = s;
+      }
+      ss = rms_row_square_add(ss, h);
+    }
+    const float r = rsqrtf(rms_row_block_sum(ss, part) * n.inv_c + n.eps);
+    for (int i = static_cast<int>(threadIdx.x); i < in; i += kThreads) {
+      float h = to_f32(x[base + i]);
+      if (res) h = round_to<TX>(h + to_f32(res[base + i]));
+      const float wf = n.mode == NormWeight::kNone ? 1.f : rms_row_weight(n.mode, to_f32(w[i]), n.offset);
+      const float v = rms_row_normed<TX>(n.mode, h, r, wf);
+      const int c = i / kCodes;
+      xs[(m * chunks + c) * kStride + (i - c * kCodes)] = v;
+      if (writer && normed) normed[base + i] = from_f32<TX>(v);
+    }
+    __syncthreads();  // `part` is reused by the next row
+  }
 }
 
 // For affine weights with `sums_in_smem`, the block first writes every chunk's Σx (M·chunks floats,
@@ -147,7 +201,7 @@ __host__ __device__ constexpr bool x_smem_capable() {
 template <typename TX, typename TS, int Kind, int MaxM>
 __global__ void __launch_bounds__(kThreads)
     gemv_kernel(const TX* __restrict__ x, const Segs segs, int M, int in, int group_shift, int sums_in_smem,
-                int x_in_smem) {
+                int x_in_smem, const NormDev nd) {
   constexpr int kCodes = codes_per_chunk<TX, Kind>();
   constexpr int kStride = smem_chunk_stride<TX, Kind>();
   // Dynamic shared memory: [M, chunks] chunk sums when sums_in_smem, then x as fp32 [M, chunks,
@@ -195,7 +249,22 @@ __global__ void __launch_bounds__(kThreads)
   if (t < chunks) load_tile(t);
   pdl_wait();  // x (and y's buffer) belong to earlier kernels: only weights were read above
   float* const xs_smem = gemv_smem + (sums_in_smem ? (M * chunks + 3) / 4 * 4 : 0);  // 16-byte aligned
-  if constexpr (x_smem_capable<TX, Kind>()) {
+  if (nd.on) {  // x_in_smem is set with it (launch_m)
+    stage_normed_x<TX, Kind>(x, nd, M, in, xs_smem);
+    if constexpr (Kind != 0) {
+      if (sums_in_smem) {
+        __syncthreads();  // the staged rows are complete before their chunk sums are taken
+        for (int j = static_cast<int>(threadIdx.x); j < M * chunks; j += kThreads) {
+          const int m = j / chunks, c = j - m * chunks;
+          const float* v = xs_smem + (m * chunks + c) * kStride;
+          float xs = 0.f;  // chunk_sum's order over the same values
+#pragma unroll
+          for (int k = 0; k < kCodes; ++k) xs += v[k];
+          gemv_chunk_sums[j] = xs;
+        }
+      }
+    }
+  } else {
     if (x_in_smem) {  // 16 bytes of x per step: kPer values into their chunk's padded slot
       constexpr int kPer = 16 / static_cast<int>(sizeof(TX));
       for (int j = static_cast<int>(threadIdx.x); j < M * in / kPer; j += kThreads) {
@@ -209,7 +278,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   if constexpr (Kind != 0) {
-    if (sums_in_smem) {
+    if (sums_in_smem && !nd.on) {
       for (int j = static_cast<int>(threadIdx.x); j < M * chunks; j += kThreads) {
         const int m = j / chunks, c = j - m * chunks;
         gemv_chunk_sums[j] = chunk_sum<TX, kCodes>(x + static_cast<int64_t>(m) * in + static_cast<int64_t>(c) * kCodes);
@@ -286,21 +355,43 @@ int chunk_codes(const GemvArgs& a) {
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 
+// Dynamic shared memory a launch may use: the default 48 KB less room for the kernel's static
+// arrays (the norm prologue's warp sums).
+constexpr int64_t kSmemBudget = 48 * 1024 - 256;
+
+// What a launch keeps in dynamic shared memory: the affine chunk sums (M·in/16 floats at most)
+// first, then x as padded fp32 (affine weights, or any weights when the launch normalises x) if it
+// fits beside them. Host side; the same for gemv_supported and the launch.
+struct SmemPlan {
+  bool sums = false, xs = false;
+  int64_t bytes = 0;
+};
+
+SmemPlan smem_plan(const GemvArgs& a) {
+  SmemPlan p;
+  const bool affine = a.format != WeightFormat::kDense;
+  const int64_t codes = chunk_codes(a), chunks = a.in / codes;
+  const int64_t sum_bytes = affine ? a.M * chunks * int64_t{4} : 0;
+  p.sums = sum_bytes > 0 && sum_bytes <= kSmemBudget;
+  const int64_t used = p.sums ? (sum_bytes + 15) / 16 * 16 : 0;  // x starts 16-byte aligned
+  const int64_t x_bytes = a.M * chunks * (codes + 4) * int64_t{4};  // smem_chunk_stride per chunk
+  p.xs = (affine || a.norm.on) && used + x_bytes <= kSmemBudget;
+  p.bytes = used + (p.xs ? x_bytes : 0);
+  return p;
+}
+
 template <typename TX, typename TS, int Kind, int MaxM>
 const char* launch_m(const GemvArgs& a, const Segs& segs, unsigned blocks) {
+  static_assert(smem_chunk_stride<TX, Kind>() == codes_per_chunk<TX, Kind>() + 4, "smem_plan's chunk stride");
   const int group_shift = Kind == 0 ? 0 : log2_exact(a.group_size);
-  // Within the default 48 KB of shared memory: the affine chunk sums (M·in/16 floats at most) first,
-  // then x as padded fp32 if it fits beside them.
-  const int64_t chunks = a.in / codes_per_chunk<TX, Kind>();
-  const int64_t sum_bytes = Kind == 0 ? 0 : a.M * chunks * int64_t{4};
-  const bool sums = sum_bytes > 0 && sum_bytes <= 48 * 1024;
-  const int64_t used = sums ? (sum_bytes + 15) / 16 * 16 : 0;  // x starts 16-byte aligned
-  const int64_t x_bytes = a.M * chunks * smem_chunk_stride<TX, Kind>() * int64_t{4};
-  const bool xs = x_smem_capable<TX, Kind>() && used + x_bytes <= 48 * 1024;
-  const size_t smem = static_cast<size_t>(used + (xs ? x_bytes : 0));
-  const cudaError_t e = launch_kernel(gemv_kernel<TX, TS, Kind, MaxM>, dim3(blocks), dim3(kThreads), smem,
-                                      static_cast<cudaStream_t>(a.stream), static_cast<const TX*>(a.x), segs,
-                                      static_cast<int>(a.M), static_cast<int>(a.in), group_shift, sums ? 1 : 0, xs ? 1 : 0);
+  const SmemPlan sp = smem_plan(a);
+  const GemvNorm& g = a.norm;
+  const NormDev nd{g.residual, g.sum, g.normed, g.weight, g.mode, g.offset, g.eps,
+                   1.f / static_cast<float>(a.in), g.on ? 1 : 0};
+  const cudaError_t e = launch_kernel(gemv_kernel<TX, TS, Kind, MaxM>, dim3(blocks), dim3(kThreads),
+                                      static_cast<size_t>(sp.bytes), static_cast<cudaStream_t>(a.stream),
+                                      static_cast<const TX*>(a.x), segs, static_cast<int>(a.M), static_cast<int>(a.in),
+                                      group_shift, sp.sums ? 1 : 0, sp.xs ? 1 : 0, nd);
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
 
@@ -368,6 +459,10 @@ bool gemv_supported(const GemvArgs& a) {
   for (int s = 0; s < a.n_seg; ++s)
     if (a.seg[s].out < 1) return false;
   if (a.in % chunk_codes(a) != 0) return false;
+  if (a.norm.on) {
+    const GemvNorm& n = a.norm;
+    if ((!n.weight && n.mode != NormWeight::kNone) || (n.residual && !n.sum) || !smem_plan(a).xs) return false;
+  }
   if (a.format == WeightFormat::kDense) return true;
   if (a.format != WeightFormat::kAffine4 && a.format != WeightFormat::kAffine8) return false;
   return (a.group_size == 32 || a.group_size == 64 || a.group_size == 128) && a.in % a.group_size == 0 &&

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 
+#include "norm_act.h"  // NormWeight
 #include "quantized_matmul.h"
 
 namespace hearth::kernels {
@@ -21,6 +22,23 @@ struct GemvSegment {
   int64_t out = 0;
 };
 
+/// An RMSNorm applied to x inside the GEMV launch (its prologue), instead of a norm kernel before it:
+/// the segments then multiply by normed = norm(x (+ residual)) with rms_norm's arithmetic and
+/// roundings (kernels/norm_act.h, the same bits as rms_norm with this mode: both walk a row as
+/// kernels/rms_row.cuh does). Every block computes the norm of x's M rows for itself (M·in elements
+/// read again from L2 per block) and stages it in shared memory; block 0 writes `sum` and `normed`.
+/// Saves a dependent launch per norm in a decode step. `sum` and `normed` may not alias x or residual.
+struct GemvNorm {
+  bool on = false;
+  const void* residual = nullptr;  // [M, in] in x_dtype, or nullptr (no add before the norm)
+  void* sum = nullptr;             // [M, in] out: x + residual rounded to x_dtype (required with residual)
+  void* normed = nullptr;          // [M, in] out: the normalised x in x_dtype, or nullptr
+  const void* weight = nullptr;    // [in] in x_dtype (unused with NormWeight::kNone)
+  NormWeight mode = NormWeight::kAfterRound;
+  float offset = 0.f;              // kFp32 only
+  float eps = 1e-6f;
+};
+
 /// One launch: every segment reads the same x [M, in] and uses the same format.
 struct GemvArgs {
   const void* x = nullptr;  // [M, in] in x_dtype, contiguous, 16-byte aligned
@@ -31,12 +49,16 @@ struct GemvArgs {
   QDtype s_dtype = QDtype::kFloat32;   // affine only: x_dtype or kFloat32
   GemvSegment seg[3];
   int n_seg = 1;                       // 1..3
+  GemvNorm norm;                       // off by default: x is used as given
   void* stream = nullptr;              // cudaStream_t; nullptr = the legacy default stream
 };
 
 /// True when gemv handles this shape: 1 <= M <= 8, 1 <= n_seg <= 3, every out >= 1, in a positive
 /// multiple of one 16-byte chunk of the format (8 bf16/f16 or 4 fp32 values, 32 4-bit or 16 8-bit
-/// codes) and, for affine weights, of group_size (32/64/128) with s_dtype x_dtype or fp32.
+/// codes) and, for affine weights, of group_size (32/64/128) with s_dtype x_dtype or fp32. With
+/// norm.on also: a weight (unless kNone), `sum` when there is a residual, and the normed x of the M
+/// rows fitting the kernel's 48 KB of shared memory as padded fp32 (M·in·(1 + 4/codes per chunk)·4
+/// bytes, plus the affine chunk sums: e.g. bf16 in = 2048 up to M = 3, in = 4096 at M = 1).
 bool gemv_supported(const GemvArgs& a);
 
 /// y_s = x · W_sᵀ for each segment s, accumulated in fp32 and rounded once to x_dtype; affine

@@ -8,11 +8,12 @@
 #include "dtype.cuh"
 #include "norm_act.h"
 #include "pdl.cuh"
+#include "rms_row.cuh"
 
 namespace hearth::kernels {
 namespace {
 
-constexpr int kNormThreads = 256;
+constexpr int kNormThreads = kRmsRowThreads;  // one row per block, walked as rms_row.cuh walks it
 
 // One launch's operands, typed (RmsNormArgs with the row stride resolved).
 template <typename T>
@@ -32,9 +33,7 @@ struct NormOperands {
 // The factor element i's normalised value is multiplied by (before any rounding of the product).
 template <typename T>
 __device__ __forceinline__ float norm_weight(const NormOperands<T>& p, int64_t i) {
-  if (p.mode == NormWeight::kNone) return 1.f;
-  const float w = to_f32(p.w[i]);
-  return p.mode == NormWeight::kFp32 && p.offset != 0.f ? p.offset + w : w;
+  return p.mode == NormWeight::kNone ? 1.f : rms_row_weight(p.mode, to_f32(p.w[i]), p.offset);
 }
 
 // The element of gate or add_after that follows the norm (0 when neither is given).
@@ -47,10 +46,7 @@ __device__ __forceinline__ float norm_extra(const NormOperands<T>& p, int64_t at
 // rounded as the reference's separate ops round (each stored tensor is one rounding to T).
 template <typename T>
 __device__ __forceinline__ T norm_out(const NormOperands<T>& p, float h, float r, float w, float extra) {
-  float v;
-  if (p.mode == NormWeight::kAfterRound) v = round_to<T>(w * round_to<T>(h * r));
-  else if (p.mode == NormWeight::kFp32) v = round_to<T>(h * r * w);
-  else v = round_to<T>(h * r);
+  float v = rms_row_normed<T>(p.mode, h, r, w);
   if (p.gate) {
     v = v * (extra / (1.f + expf(-extra)));  // Qwen3_5RMSNormGated: · silu(gate.float()), rounded once at the end
   } else if (p.add_after) {
@@ -95,7 +91,7 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const NormOperan
         sr[i] = s;
         hv[k] = to_f32(s);
       }
-      ss += hv[k] * hv[k];
+      ss = rms_row_square_add(ss, hv[k]);
     }
   } else {
     pdl_wait();
@@ -106,15 +102,11 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(const NormOperan
         sr[i] = s;
         h = to_f32(s);
       }
-      ss += h * h;
+      ss = rms_row_square_add(ss, h);
     }
   }
   __shared__ float part[kNormThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-  __syncthreads();
-  float total = 0.f;
-  for (int k = 0; k < kNormThreads / 32; ++k) total += part[k];
+  const float total = rms_row_block_sum(ss, part);
   const float r = rsqrtf(total * p.inv_c + p.eps);
   if constexpr (kPerThread > 0) {
 #pragma unroll

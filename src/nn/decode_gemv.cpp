@@ -27,38 +27,34 @@ kernels::QDtype gemv_qdtype(at::ScalarType st) {
 bool gemv_aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
 bool gemv_needs_grad(const at::Tensor& t) { return t.defined() && t.requires_grad(); }
-}  // namespace
 
-std::vector<at::Tensor> decode_gemv(const at::Tensor& x, const std::vector<GemvOperand>& ws) {
-  if (!fused_decode_enabled() || ws.empty() || ws.size() > 3 || !x.is_cuda() || x.dim() < 1) return {};
+// Fills `a` (dtype, format, rows, segments) for x and ws; false when the kernel does not apply.
+// Leaves x, the outputs and the stream to gemv_launch.
+bool gemv_prepare(const at::Tensor& x, const std::vector<GemvOperand>& ws, kernels::GemvArgs& a) {
+  if (!fused_decode_enabled() || ws.empty() || ws.size() > 3 || !x.is_cuda() || x.dim() < 1) return false;
   const at::ScalarType xt = x.scalar_type();
-  if (xt != at::kFloat && xt != at::kHalf && xt != at::kBFloat16) return {};
+  if (xt != at::kFloat && xt != at::kHalf && xt != at::kBFloat16) return false;
   const int64_t in = x.size(-1);
-  if (in <= 0 || x.numel() % in != 0) return {};
-  const int64_t M = gemv_rows(x);
+  if (in <= 0 || x.numel() % in != 0) return false;
   const bool grad = c10::GradMode::is_enabled();
-  if (grad && gemv_needs_grad(x)) return {};
-
-  kernels::GemvArgs a;
+  if (grad && gemv_needs_grad(x)) return false;
   a.x_dtype = gemv_qdtype(xt);
-  a.M = M;
+  a.M = gemv_rows(x);
   a.in = in;
   a.n_seg = static_cast<int>(ws.size());
   const QuantizedWeight* q0 = ws[0].quant;
   at::ScalarType sdt = at::kFloat;
   if (q0) {
-    if (q0->spec.bits != 4 && q0->spec.bits != 8) return {};
+    if (q0->spec.bits != 4 && q0->spec.bits != 8) return false;
     a.format = q0->spec.bits == 8 ? kernels::WeightFormat::kAffine8 : kernels::WeightFormat::kAffine4;
     a.group_size = static_cast<int>(q0->spec.group_size);
     sdt = q0->scales.scalar_type();
-    if (sdt != xt && sdt != at::kFloat) return {};
+    if (sdt != xt && sdt != at::kFloat) return false;
     a.s_dtype = gemv_qdtype(sdt);
   }
-  std::vector<at::Tensor> outs;
-  outs.reserve(ws.size());
   for (size_t i = 0; i < ws.size(); ++i) {
     const GemvOperand& w = ws[i];
-    if ((w.quant != nullptr) != (q0 != nullptr)) return {};
+    if ((w.quant != nullptr) != (q0 != nullptr)) return false;
     kernels::GemvSegment& s = a.seg[i];
     if (q0) {
       const QuantizedWeight& q = *w.quant;
@@ -66,7 +62,7 @@ std::vector<at::Tensor> decode_gemv(const at::Tensor& x, const std::vector<GemvO
           q.scales.scalar_type() != sdt || q.biases.scalar_type() != sdt || !q.wq.is_contiguous() ||
           !q.scales.is_contiguous() || !q.biases.is_contiguous() || q.wq.device() != x.device() ||
           q.scales.device() != x.device() || q.biases.device() != x.device() || !gemv_aligned16(q.wq))
-        return {};
+        return false;
       s.w = q.wq.data_ptr();
       s.scales = q.scales.data_ptr();
       s.biases = q.biases.data_ptr();
@@ -75,18 +71,27 @@ std::vector<at::Tensor> decode_gemv(const at::Tensor& x, const std::vector<GemvO
       const at::Tensor& d = w.dense;
       if (!d.defined() || d.dim() != 2 || d.size(1) != in || d.scalar_type() != xt || d.device() != x.device() ||
           !d.is_contiguous() || !gemv_aligned16(d) || (grad && d.requires_grad()))
-        return {};
+        return false;
       s.w = d.data_ptr();
       s.out = d.size(0);
     }
   }
-  if (!kernels::gemv_supported(a)) return {};
-  at::Tensor x2 = x.reshape({M, in}).contiguous();
-  if (!gemv_aligned16(x2)) x2 = x2.clone();
+  return true;
+}
+
+// x as the kernel reads it ([M, in], contiguous, 16-byte aligned).
+at::Tensor gemv_x(const at::Tensor& x, const kernels::GemvArgs& a) {
+  at::Tensor x2 = x.reshape({a.M, a.in}).contiguous();
+  return gemv_aligned16(x2) ? x2 : x2.clone();
+}
+
+// Allocates the outputs ([..., out_i] of x's shape), launches on x's current stream.
+std::vector<at::Tensor> gemv_launch(const at::Tensor& x, const at::Tensor& x2, kernels::GemvArgs& a) {
   a.x = x2.data_ptr();
+  std::vector<at::Tensor> outs;
   std::vector<int64_t> shape = x.sizes().vec();
   for (int i = 0; i < a.n_seg; ++i) {
-    at::Tensor y = at::empty({M, a.seg[i].out}, x.options());
+    at::Tensor y = at::empty({a.M, a.seg[i].out}, x.options());
     a.seg[i].y = y.data_ptr();
     shape.back() = a.seg[i].out;
     outs.push_back(y.view(shape));
@@ -97,8 +102,53 @@ std::vector<at::Tensor> decode_gemv(const at::Tensor& x, const std::vector<GemvO
   HEARTH_CHECK(err == nullptr, "decode_gemv: CUDA kernel failed: ", err);
   return outs;
 }
+}  // namespace
+
+std::vector<at::Tensor> decode_gemv(const at::Tensor& x, const std::vector<GemvOperand>& ws) {
+  kernels::GemvArgs a;
+  if (!gemv_prepare(x, ws, a) || !kernels::gemv_supported(a)) return {};
+  return gemv_launch(x, gemv_x(x, a), a);
+}
+
+NormedGemv decode_gemv_normed(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps,
+                              const std::vector<GemvOperand>& ws) {
+  kernels::GemvArgs a;
+  if (!gemv_prepare(x, ws, a)) return {};
+  if (!weight.defined() || weight.dim() != 1 || weight.size(0) != a.in || weight.scalar_type() != x.scalar_type() ||
+      weight.device() != x.device() || (c10::GradMode::is_enabled() && weight.requires_grad()))
+    return {};
+  if (residual.defined() && (residual.sizes() != x.sizes() || residual.scalar_type() != x.scalar_type() ||
+                             residual.device() != x.device() ||
+                             (c10::GradMode::is_enabled() && residual.requires_grad())))
+    return {};
+  a.norm.on = true;
+  a.norm.mode = kernels::NormWeight::kAfterRound;
+  a.norm.eps = static_cast<float>(eps);
+  if (!kernels::gemv_supported(a)) return {};
+  NormedGemv r;
+  const at::Tensor x2 = gemv_x(x, a);
+  const at::Tensor w = weight.contiguous();
+  at::Tensor res2;
+  if (residual.defined()) {
+    res2 = residual.reshape({a.M, a.in}).contiguous();
+    r.sum = at::empty_like(x2);
+    a.norm.residual = res2.data_ptr();
+    a.norm.sum = r.sum.data_ptr();
+  }
+  r.normed = at::empty_like(x2);
+  a.norm.normed = r.normed.data_ptr();
+  a.norm.weight = w.data_ptr();
+  r.ys = gemv_launch(x, x2, a);
+  r.sum = residual.defined() ? r.sum.view(x.sizes()) : x;
+  r.normed = r.normed.view(x.sizes());
+  return r;
+}
 #else
 std::vector<at::Tensor> decode_gemv(const at::Tensor&, const std::vector<GemvOperand>&) { return {}; }
+NormedGemv decode_gemv_normed(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                              const std::vector<GemvOperand>&) {
+  return {};
+}
 #endif
 
 int64_t dense_gemv_max_rows() {

@@ -25,6 +25,24 @@ struct GemvOperand {
 /// caller then runs its own ops); throws hearth::Error when the launch fails.
 std::vector<at::Tensor> decode_gemv(const at::Tensor& x, const std::vector<GemvOperand>& ws);
 
+/// decode_gemv's products of an input still to be normalised, with the norm's own results.
+struct NormedGemv {
+  at::Tensor sum;              // x + residual ([..., in], x's dtype), or x itself without a residual
+  at::Tensor normed;           // LlamaRMSNorm(sum) ([..., in]), as nn::add_rms_norm's kernel gives it
+  std::vector<at::Tensor> ys;  // [..., out_i] each; empty when the kernel did not apply
+};
+
+/// {s, RMSNorm(s), {RMSNorm(s) · W_iᵀ}} for s = x (+ residual): LlamaRMSNorm (weight [in] in x's
+/// dtype, `eps`) applied inside the GEMV launch (kernels/gemv.h GemvNorm) instead of a norm kernel
+/// before it — one dependent launch fewer per norm of a decode step. The same bits as
+/// nn::add_rms_norm's CUDA kernel followed by decode_gemv (both walk a row as kernels/rms_row.cuh
+/// does). Applies where decode_gemv applies and the weight matches x (dtype, device, [in]), the
+/// residual (when defined) x's shape and dtype, nothing needing a gradient, and the normed rows fit
+/// the kernel's shared memory; otherwise returns ys empty (the caller then runs the norm and its
+/// products itself). Throws hearth::Error when the launch fails.
+NormedGemv decode_gemv_normed(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps,
+                              const std::vector<GemvOperand>& ws);
+
 /// The most rows of x for which Linear sends a *dense* product to decode_gemv rather than cuBLAS:
 /// 1 (HEARTH_DENSE_GEMV_MAX_ROWS=1..8 changes it; read once). The kernel's cost grows with the rows
 /// (each re-reads x per weight chunk: on the H200 the 1B's gate/up took 20 µs at 1 row, 44 at 4 and

@@ -5,6 +5,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
+#include <tuple>
 
 #include "core/error.h"
 #include "nn/cpu_gemm.h"
@@ -169,6 +170,34 @@ std::vector<at::Tensor> Linear::forward_many(const at::Tensor& x, std::initializ
     ++i;
   }
   return ys;
+}
+
+Linear::NormedProducts Linear::forward_many_normed(const NormedInput& in, std::initializer_list<const Linear*> ls) {
+  HEARTH_CHECK(in.norm != nullptr && ls.size() >= 1 && ls.size() <= 3,
+               "Linear::forward_many_normed: needs a norm and 1 to 3 Linears");
+  std::vector<GemvOperand> ops;
+  bool fused = true;
+  for (const Linear* l : ls) {
+    if (l->bias_) fused = false;
+    ops.push_back(l->qweight_ ? GemvOperand{{}, &*l->qweight_} : GemvOperand{l->weight_, nullptr});
+  }
+  if (fused && !ops[0].quant && gemv_rows(in.x) > dense_gemv_max_rows()) fused = false;  // cuBLAS (decode_gemv.h)
+  if (fused) {
+    NormedGemv g = decode_gemv_normed(in.x, in.residual, in.norm->weight(), in.norm->eps(), ops);
+    if (!g.ys.empty()) {
+      size_t i = 0;
+      for (const Linear* l : ls) {
+        g.ys[i] = l->add_adapters(g.normed, std::move(g.ys[i]));
+        ++i;
+      }
+      return {std::move(g.sum), std::move(g.normed), std::move(g.ys)};
+    }
+  }
+  NormedProducts r;
+  if (in.residual.defined()) std::tie(r.sum, r.normed) = in.norm->forward_add(in.x, in.residual);
+  else r.sum = in.x, r.normed = in.norm->forward(in.x);
+  r.ys = forward_many(r.normed, ls);
+  return r;
 }
 
 at::Tensor Linear::add_row_adapters(const at::Tensor& x, at::Tensor y,

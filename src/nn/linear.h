@@ -15,6 +15,7 @@
 
 #include "nn/param_source.h"
 #include "nn/quant.h"
+#include "nn/rms_norm.h"
 
 namespace hearth::nn {
 
@@ -114,6 +115,25 @@ class Linear {
   /// bias and their weights share one format (nn/decode_gemv.h), each Linear's active adapters
   /// then added to its own product as forward() adds them; else each forward in turn.
   static std::vector<at::Tensor> forward_many(const at::Tensor& x, std::initializer_list<const Linear*> ls);
+
+  /// An input still to be normalised: norm(x + residual), or norm(x) without a residual.
+  struct NormedInput {
+    at::Tensor x;         // [..., in]
+    at::Tensor residual;  // x's shape, or undefined
+    const RMSNorm* norm = nullptr;
+  };
+  /// What forward_many_normed returns: the sum the norm read, the normed input, the products.
+  struct NormedProducts {
+    at::Tensor sum;              // x + residual (x itself without a residual)
+    at::Tensor normed;           // norm(sum)
+    std::vector<at::Tensor> ys;  // ls[i]->forward(normed) each
+  };
+  /// {sum, normed, forward_many(normed, ls)} with normed = in.norm->forward_add(in.x, in.residual)
+  /// (or forward(in.x)): on a decode-sized CUDA input the norm runs inside the GEMV launch
+  /// (nn/decode_gemv.h decode_gemv_normed: the same bits, one launch fewer), each Linear's active
+  /// adapters then added from `normed` as forward() adds them; otherwise the norm and forward_many
+  /// in turn. 1 ≤ |ls| ≤ 3. Throws what forward_many and the norm throw.
+  static NormedProducts forward_many_normed(const NormedInput& in, std::initializer_list<const Linear*> ls);
 
   bool quantized() const { return qweight_.has_value(); }
   int64_t in_features() const;

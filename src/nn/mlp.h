@@ -3,6 +3,8 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <utility>
+
 #include "nn/linear.h"
 
 namespace hearth::nn {
@@ -13,6 +15,11 @@ struct GatedMLP {
   /// positions, an x of more than N positions runs N at a time (with grad: a chunked checkpoint that
   /// saves only x); same values as forward_whole. Throws what Linear::forward throws.
   at::Tensor forward(const at::Tensor& x) const;
+  /// {sum, forward(norm(sum))} for an input still to be normalised (Linear::NormedInput, sum = x +
+  /// residual): on the decode path the norm runs inside the gate/up GEMV launch
+  /// (Linear::forward_many_normed, the same bits); inside an MlpChunkScope the norm runs first and
+  /// forward() chunks as usual. Throws what the norm and forward throw.
+  std::pair<at::Tensor, at::Tensor> forward_normed(const Linear::NormedInput& in) const;
   /// The whole formula at once (every intermediate saved by autograd when grad is on).
   at::Tensor forward_whole(const at::Tensor& x) const;
 };

@@ -25,6 +25,7 @@ class RMSNorm {
   /// it, one fused kernel on CUDA when nn::fused_decode_enabled() (nn/fused_ops.h).
   std::pair<at::Tensor, at::Tensor> forward_add(const at::Tensor& x, const at::Tensor& residual) const;
   const at::Tensor& weight() const { return weight_; }
+  double eps() const { return eps_; }
 
  private:
   at::Tensor weight_;

@@ -30,8 +30,12 @@ bool fused_static_write(const at::Tensor& q, const at::Tensor& k, const at::Tens
 }  // namespace
 
 at::Tensor LlamaAttention::forward(const at::Tensor& x, const std::vector<AttentionRows>& groups) const {
-  const int64_t B = x.size(0), T = x.size(1);
-  const std::vector<at::Tensor> qkv = nn::Linear::forward_many(x, {&q_proj, &k_proj, &v_proj});
+  return forward_projected(nn::Linear::forward_many(x, {&q_proj, &k_proj, &v_proj}), groups);
+}
+
+at::Tensor LlamaAttention::forward_projected(const std::vector<at::Tensor>& qkv,
+                                             const std::vector<AttentionRows>& groups) const {
+  const int64_t B = qkv[0].size(0), T = qkv[0].size(1);
   at::Tensor q = qkv[0].view({B, T, -1, head_dim});
   at::Tensor k = qkv[1].view({B, T, -1, head_dim});
   at::Tensor v = qkv[2].view({B, T, -1, head_dim}).transpose(1, 2);
@@ -113,12 +117,13 @@ at::Tensor LlamaDecoderLayer::forward(const at::Tensor& x, const std::vector<Att
 
 std::pair<at::Tensor, at::Tensor> LlamaDecoderLayer::forward_unadded(const at::Tensor& x, const at::Tensor& pending,
                                                                      const std::vector<AttentionRows>& groups) const {
-  at::Tensor residual, h;
-  if (pending.defined()) std::tie(residual, h) = input_layernorm.forward_add(pending, x);  // x + pending, then the norm
-  else residual = x, h = input_layernorm.forward(x);
-  h = self_attn.forward(h, groups);
-  auto [sum, normed] = post_attention_layernorm.forward_add(h, residual);  // residual + h, then the norm
-  return {sum, mlp.forward(normed)};
+  // x + pending, then the norm, then q/k/v (on the decode path the norm runs inside the GEMV).
+  const nn::Linear::NormedInput in = pending.defined() ? nn::Linear::NormedInput{pending, x, &input_layernorm}
+                                                       : nn::Linear::NormedInput{x, at::Tensor(), &input_layernorm};
+  nn::Linear::NormedProducts qkv =
+      nn::Linear::forward_many_normed(in, {&self_attn.q_proj, &self_attn.k_proj, &self_attn.v_proj});
+  const at::Tensor h = self_attn.forward_projected(qkv.ys, groups);
+  return mlp.forward_normed({h, qkv.sum, &post_attention_layernorm});  // residual + h, the norm, the MLP
 }
 
 namespace {

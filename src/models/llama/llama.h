@@ -46,6 +46,9 @@ struct LlamaAttention {
   /// x [B, T, C] → [B, T, C]. The projections run on all B rows at once; RoPE, the cache and the
   /// attention per row group (one group = the whole batch at one position).
   at::Tensor forward(const at::Tensor& x, const std::vector<AttentionRows>& groups) const;
+  /// forward() after its projections: qkv = {q [B, T, H·D], k [B, T, Hkv·D], v [B, T, Hkv·D]} (the
+  /// q/k/v products of x, as the decoder layer computes them with its norm fused in).
+  at::Tensor forward_projected(const std::vector<at::Tensor>& qkv, const std::vector<AttentionRows>& groups) const;
   /// One decode token for each of B rows, each with its own position and cache (groups[b] = row b):
   /// q [B, H, 1, D], k/v [B, Hkv, 1, D] (before RoPE) → [B, H, 1, D]. RoPE and the attention run once
   /// over a padded batch of the rows' keys (a mask hides each row's padding), not once per row.
@@ -63,7 +66,8 @@ struct LlamaDecoderLayer {
   /// {sum, delta}, the layer's output being sum + delta ([B, T, C] each). `pending`, when defined,
   /// is the previous layer's delta not yet added to x: the input norm adds it in its own kernel
   /// (nn::RMSNorm::forward_add), so consecutive layers skip one elementwise launch each. The same
-  /// values as adding first (an addition rounds the same in either order).
+  /// values as adding first (an addition rounds the same in either order). On the decode path both
+  /// norms run inside the GEMV launch after them (q/k/v, gate/up: nn::Linear::forward_many_normed).
   std::pair<at::Tensor, at::Tensor> forward_unadded(const at::Tensor& x, const at::Tensor& pending,
                                                     const std::vector<AttentionRows>& groups) const;
 };
