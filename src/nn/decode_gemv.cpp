@@ -121,23 +121,23 @@ NormedGemv decode_gemv_normed(const at::Tensor& x, const at::Tensor& residual, c
                              residual.device() != x.device() ||
                              (c10::GradMode::is_enabled() && residual.requires_grad())))
     return {};
-  a.norm.on = true;
-  a.norm.mode = kernels::NormWeight::kAfterRound;
-  a.norm.eps = static_cast<float>(eps);
-  if (!kernels::gemv_supported(a)) return {};
   NormedGemv r;
-  const at::Tensor x2 = gemv_x(x, a);
   const at::Tensor w = weight.contiguous();
   at::Tensor res2;
   if (residual.defined()) {
     res2 = residual.reshape({a.M, a.in}).contiguous();
-    r.sum = at::empty_like(x2);
+    r.sum = at::empty({a.M, a.in}, x.options());
     a.norm.residual = res2.data_ptr();
     a.norm.sum = r.sum.data_ptr();
   }
-  r.normed = at::empty_like(x2);
+  r.normed = at::empty({a.M, a.in}, x.options());
+  a.norm.on = true;
   a.norm.normed = r.normed.data_ptr();
   a.norm.weight = w.data_ptr();
+  a.norm.mode = kernels::NormWeight::kAfterRound;
+  a.norm.eps = static_cast<float>(eps);
+  if (!kernels::gemv_supported(a)) return {};  // the pointers are set: the support check reads them
+  const at::Tensor x2 = gemv_x(x, a);
   r.ys = gemv_launch(x, x2, a);
   r.sum = residual.defined() ? r.sum.view(x.sizes()) : x;
   r.normed = r.normed.view(x.sizes());
