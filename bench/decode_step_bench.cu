@@ -142,8 +142,13 @@ void step(const std::vector<Layer>& layers, const Acts& t, const bf16* final_nor
 // ---------------------------------------------------------------------------------------------
 // Candidate decode-attention kernels (bench only, not Hearth's kernel): the 1B decode case alone,
 // B = 1, T = 1, n_rep = 4 query rows per kv head, D = 64, bf16, an additive bf16 mask row (or none).
+// The "regs ... + merge kernel" one has since become production for bf16/fp16 with ≤ 8 rows,
+// generalised (kernels/decode_attention_regs.cuh: any B, T, D ∈ {64, 128, 256}, strides, a mask row
+// per token); the "production" lines below time that, so the two should now time alike.
+// Kept as the measured reference of the design (and of the fused last-block merge, not adopted).
 //
-// What they try, and why: the production split kernel (src/kernels/decode_attention.cu) costs
+// What they try, and why: the earlier production split kernel (the shared-memory tile kernel of
+// src/kernels/decode_attention.cu, now used for fp32 and > 8 rows only) costs
 // ~4.5 µs per 64-key tile on the H200, one tile after another, although a tile is 16 KB of k and v
 // (~2 ns of the GPU's HBM bandwidth): each tile waits on its cp.async group, three __syncthreads, a
 // mask read from global memory inside the scores phase (a second memory round trip per tile), a

@@ -1,7 +1,9 @@
 // Split-K decode attention (kernels/decode_attention.h; Flash-Decoding, Dao et al. 2023, with
-// FlashAttention-2's online softmax). No ATen: it compiles standalone (`nvcc -c`).
+// FlashAttention-2's online softmax): the launcher and the shared-memory tile kernel (fp32, and
+// bf16/fp16 with R > 8 rows). The register kernel (bf16/fp16, R ≤ 8) and the merge kernel of both
+// are in kernels/decode_attention_regs.cuh. No ATen: it compiles standalone (`nvcc -c`).
 //
-// Shape of the work: block (split s, b·Hkv + g) of 128 threads owns the R = n_rep·T query rows of kv
+// Tile kernel: block (split s, b·Hkv + g) of 128 threads owns the R = n_rep·T query rows of kv
 // head g and the keys of split s. The rows sit in shared memory as float32; keys and values stream
 // through shared memory in tiles of kTK keys (two stages: cp.async fills tile i+1 while tile i is
 // used). Per tile, after a barrier:
@@ -15,7 +17,7 @@
 // Three barriers per tile: after the tile lands, after the scores, after the softmax (the next
 // tile's first barrier orders this tile's p·v reads before the next writes of ps and the stage).
 // One split writes out = o / l; several write (o, m, l) to the workspace and the merge kernel
-// combines them per (row, column).
+// combines them per (row, column pair).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -24,6 +26,7 @@
 
 #include "pdl.cuh"
 #include "decode_attention.h"
+#include "decode_attention_regs.cuh"
 #include "dtype.cuh"
 
 namespace hearth::kernels {
@@ -31,7 +34,6 @@ namespace {
 
 constexpr int kDaThreads = kDecodeAttentionThreads;
 constexpr int kDaWarps = kDaThreads / 32;
-constexpr int kDaMergeThreads = 64;
 
 // cp.async (sm_80+): a 16-byte global → shared copy; src_bytes 0 fills the 16 bytes with zeros
 // (keys past the split: their rows are finite zeros, never NaN garbage).
@@ -71,7 +73,7 @@ struct DaCfg {
   static constexpr int kVec = 16 / kEs;                 // values per 16-byte chunk
   static constexpr int kChunks = D / kVec;              // chunks per key row: 4..64
   static constexpr int kRowU4 = kChunks + 1;            // padded row stride in chunks (odd)
-  static constexpr int kTK = decode_attention_tile_keys(kEs, D, Wide ? 64 : 8);  // keys per tile: 4..64
+  static constexpr int kTK = decode_attention_smem_tile_keys(kEs, D, Wide ? 64 : 8);  // keys per tile: 4..64
   static constexpr int kRMax = Wide ? (4096 / D < 64 ? 4096 / D : 64) : 8;
   static constexpr int kQRow = D + 4;                   // padded q row stride in floats (odd in chunks)
   static constexpr int kPRow = kTK + 1;                 // padded score row stride in floats (odd)
@@ -291,38 +293,31 @@ __global__ void __launch_bounds__(kDaThreads, Wide ? 3 : 4) decode_attention_spl
   }
 }
 
-// Merge: one block per (b·Hkv, row); thread x owns columns x, x + 64, ... of D.
+// The split kernel for R rows: the register kernel for bf16/fp16 with R ≤ 8 (its row bucket; the
+// kRowMask instance when rows have mask rows of their own), else the tile kernel (Wide above 8 rows).
 template <typename T, int D>
-__global__ void __launch_bounds__(kDaMergeThreads) decode_attention_merge_kernel(const DecodeAttentionArgs a) {
-  pdl_launch_dependents();
-  pdl_wait();
-  constexpr int kPer = D / kDaMergeThreads;
-  const int64_t n_rep = a.H / a.Hkv;
-  const int nT = static_cast<int>(a.T);
-  const int R = static_cast<int>(n_rep) * nT;
-  const int ns = a.plan.n_split;
-  const int64_t bh = blockIdx.x / R;
-  const int r = static_cast<int>(blockIdx.x % R);
-  const int64_t b = bh / a.Hkv, g = bh % a.Hkv;
-  const float* ml = a.workspace + a.B * a.Hkv * ns * R * D;
-  const int64_t row0 = bh * ns * R + r;  // workspace row of (bh, split 0, r); split s adds s·R
-  float M = -INFINITY;
-  for (int s = 0; s < ns; ++s) M = fmaxf(M, ml[(row0 + static_cast<int64_t>(s) * R) * 2]);
-  float num[kPer], den = 0.f;
-#pragma unroll
-  for (int e = 0; e < kPer; ++e) num[e] = 0.f;
-  for (int s = 0; s < ns; ++s) {
-    const int64_t row = row0 + static_cast<int64_t>(s) * R;
-    const float m = ml[row * 2], l = ml[row * 2 + 1];
-    const float w = m == -INFINITY ? 0.f : expf(m - M);
-    den = fmaf(w, l, den);
-#pragma unroll
-    for (int e = 0; e < kPer; ++e) num[e] = fmaf(w, a.workspace[row * D + threadIdx.x + e * kDaMergeThreads], num[e]);
+cudaError_t da_launch_split(const DecodeAttentionArgs& a, int64_t R, dim3 grid, cudaStream_t stream) {
+  const dim3 block(kDaThreads);
+  if constexpr (sizeof(T) == 2) {
+    if (decode_attention_uses_regs(2, R)) {
+      const bool own = a.mask != nullptr && a.T > 1 && a.m_st != 0;
+      switch (decode_attention_regs_rows(R)) {
+        case 1: return launch_kernel(da_regs::split_kernel<T, D, 1, false>, grid, block, 0, stream, a);
+        case 2:
+          return own ? launch_kernel(da_regs::split_kernel<T, D, 2, true>, grid, block, 0, stream, a)
+                     : launch_kernel(da_regs::split_kernel<T, D, 2, false>, grid, block, 0, stream, a);
+        case 4:
+          return own ? launch_kernel(da_regs::split_kernel<T, D, 4, true>, grid, block, 0, stream, a)
+                     : launch_kernel(da_regs::split_kernel<T, D, 4, false>, grid, block, 0, stream, a);
+        default:
+          return own ? launch_kernel(da_regs::split_kernel<T, D, 8, true>, grid, block, 0, stream, a)
+                     : launch_kernel(da_regs::split_kernel<T, D, 8, false>, grid, block, 0, stream, a);
+      }
+    }
+  } else {
+    if (R <= 8) return launch_kernel(decode_attention_split_kernel<T, D, false>, grid, block, 0, stream, a);
   }
-  const int64_t h = g * n_rep + r / nT;
-  T* dst = static_cast<T*>(a.out) + b * a.o_sb + h * a.o_sh + (r % nT) * a.o_st;
-#pragma unroll
-  for (int e = 0; e < kPer; ++e) dst[threadIdx.x + e * kDaMergeThreads] = from_f32<T>(den > 0.f ? num[e] / den : 0.f);
+  return launch_kernel(decode_attention_split_kernel<T, D, true>, grid, block, 0, stream, a);
 }
 
 template <typename T, int D>
@@ -330,12 +325,13 @@ const char* da_launch(const DecodeAttentionArgs& a) {
   const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
   const int64_t R = a.H / a.Hkv * a.T;
   const dim3 grid(static_cast<unsigned>(a.plan.n_split), static_cast<unsigned>(a.B * a.Hkv));
-  cudaError_t e = R <= 8 ? launch_kernel(decode_attention_split_kernel<T, D, false>, grid, dim3(kDaThreads), 0, stream, a)
-                          : launch_kernel(decode_attention_split_kernel<T, D, true>, grid, dim3(kDaThreads), 0, stream, a);
+  cudaError_t e = da_launch_split<T, D>(a, R, grid, stream);
   if (e != cudaSuccess) return cudaGetErrorString(e);
   if (a.plan.n_split > 1) {
-    e = launch_kernel(decode_attention_merge_kernel<T, D>, dim3(static_cast<unsigned>(a.B * a.Hkv * R)),
-                      dim3(kDaMergeThreads), 0, stream, a);
+    constexpr int kRows = da_regs::kMergeRows<D>;
+    const int64_t groups = (R + kRows - 1) / kRows;
+    e = launch_kernel(da_regs::merge_kernel<T, D>, dim3(static_cast<unsigned>(a.B * a.Hkv * groups)),
+                      dim3(da_regs::kMergeThreads), 0, stream, a);
     if (e != cudaSuccess) return cudaGetErrorString(e);
   }
   return nullptr;

@@ -2,15 +2,26 @@
 // out = softmax(q kᵀ · scale + mask) v for a few query rows per kv head (a decode step, T·n_rep ≤ 64)
 // over a long key sequence, the keys cut into splits that run as separate blocks (so B·Hkv·splits
 // blocks fill the GPU instead of B·Hkv), each with FlashAttention-2's online softmax, then merged by
-// their (max, sum) in a second kernel. Plain C++ (raw pointers, no ATen) so the .cu compiles
-// standalone with nvcc; the host-side planning below is inline so that CPU tests can check it.
-// Not the dispatch (nn/decode_attention.cpp decides when it applies) and no backward.
+// their (max, sum) in a second kernel. Two split kernels: bf16/fp16 with R = n_rep·T ≤ 8 rows run
+// the register kernel (kernels/decode_attention_regs.cuh: a warp per run of keys, k/v/mask loaded
+// straight into registers, no shared-memory staging); fp32 and R > 8 the shared-memory tile kernel.
+// Plain C++ (raw pointers, no ATen) so the .cu compiles standalone with nvcc; the host-side planning
+// below is inline so that CPU tests can check it. Not the dispatch (nn/decode_attention.cpp decides
+// when it applies) and no backward.
 //
 // Sources: Dao, Haziza, Massa, Sizov, "Flash-Decoding for long-context inference" (2023): split the
 // keys, attend per split, rescale-and-sum by log-sum-exp; Dao, "FlashAttention-2" (2023): the
 // online softmax (running max m, running sum l, accumulator rescaled by exp(m_old − m_new)).
+// Measured on one H200 (bench/decode_step_bench.cu: Llama-3.2-1B shape, bf16, D = 64, 4 rows per kv
+// head, 8 kv heads, B = T = 1; 16 layers in one CUDA graph, µs per layer with the merge): 704 keys,
+// the tile kernel 9.81 µs (11 splits of 64) → the register design 6.55 µs (11 of 64); 4,160 keys,
+// tile kernel 26.5 µs (17 of 256; 19.2 in 65 of 64) → register design 13.14 µs (33 of 128; 22 of
+// 192: 14.3, 65 of 64: 17.2); same outputs bit for bit. The register numbers are the bench's
+// candidate (namespace cand there: that shape only), which the register kernel generalises.
 #pragma once
+#include <cmath>
 #include <cstdint>
+#include <initializer_list>
 
 #include "quantized_matmul.h"  // QDtype
 
@@ -18,17 +29,45 @@ namespace hearth::kernels {
 
 /// Threads of one split block (4 warps).
 constexpr int kDecodeAttentionThreads = 128;
+/// Most splits of one (batch row, kv head): the plan's cap (the merge stages their (max, sum)).
+constexpr int kDecodeAttentionMaxSplits = 1024;
 /// Largest number of query rows per kv head (n_rep·T) and of rows · head dim (the query rows are
 /// held in shared memory as float32: 64 rows of 64, 32 of 128 or 16 of 256).
 constexpr int64_t kDecodeAttentionMaxRows = 64;
 constexpr int64_t kDecodeAttentionMaxRowsTimesD = 4096;
 
-/// Keys per shared-memory tile of the split kernel: one tile of keys (and one of values) is 8 KB
+/// Most query rows per kv head (R = n_rep·T) of the register kernel: R is padded to 1, 2, 4 or 8.
+constexpr int64_t kDecodeAttentionRegsMaxRows = 8;
+
+/// True when the register kernel runs: 2-byte elements (bf16, fp16) and R ≤ 8 rows.
+constexpr bool decode_attention_uses_regs(int elem_bytes, int64_t rows) {
+  return elem_bytes == 2 && rows >= 1 && rows <= kDecodeAttentionRegsMaxRows;
+}
+
+/// The register kernel's row bucket for R rows: 1, 2, 4 or 8 (the kernel's template argument).
+constexpr int decode_attention_regs_rows(int64_t rows) { return rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8; }
+
+/// Loads of k (and of v) per lane per step in the register kernel: 4, or 2 for the 8-row bucket,
+/// whose q and accumulators alone take 128 registers (ptxas, sm_90: 2 → 238..255 registers, no
+/// spill; 4 → 255 and a 12-byte spill with a mask row per token; not timed).
+constexpr int decode_attention_regs_loads(int64_t rows) { return decode_attention_regs_rows(rows) == 8 ? 2 : 4; }
+
+/// Keys per shared-memory tile of the tile kernel: one tile of keys (and one of values) is 8 KB
 /// when rows ≤ 8, 4 KB above (the query rows then take the room), so 8192/(D·elem_bytes) or half:
-/// bf16/fp16 D = 64/128/256 → 64/32/16 keys, float32 → 32/16/8 (halved for > 8 rows). The kernel
-/// uses this same function for its compile-time tile, so host planning and device agree.
-constexpr int decode_attention_tile_keys(int elem_bytes, int head_dim, int64_t rows) {
+/// float32 D = 64/128/256 → 32/16/8 keys (halved for > 8 rows), bf16/fp16 with > 8 rows → 32/16/8.
+constexpr int decode_attention_smem_tile_keys(int elem_bytes, int head_dim, int64_t rows) {
   return (rows <= 8 ? 8192 : 4096) / (head_dim * elem_bytes);
+}
+
+/// Keys a split block walks per step (its "tile"): for the register kernel, 4 warps × loads per
+/// lane × keys per warp load (32 lanes over D/8 16-byte chunks per key: 256/D keys), i.e. bf16/fp16
+/// D = 64/128/256 → 64/32/16 keys for ≤ 4 rows, 32/16/8 for 5..8 rows; else the shared-memory tile
+/// above. The kernels use this same function for their compile-time tile, so host planning and
+/// device agree.
+constexpr int decode_attention_tile_keys(int elem_bytes, int head_dim, int64_t rows) {
+  return decode_attention_uses_regs(elem_bytes, rows)
+             ? kDecodeAttentionThreads / 32 * decode_attention_regs_loads(rows) * (256 / head_dim)
+             : decode_attention_smem_tile_keys(elem_bytes, head_dim, rows);
 }
 
 /// Bytes of one element of `dt`.
@@ -43,29 +82,32 @@ struct DecodeAttentionPlan {
 
 /// The split count for `bh` = B·Hkv (batch row, kv head) pairs over S keys (S ≥ 1) with the tile
 /// size `tile_keys` on a GPU of `sm_count` multiprocessors: enough splits that bh·n_split reaches
-/// about 4 blocks per multiprocessor (≥ 2 waves of one block per SM; about 5 blocks of this kernel
-/// fit on an SM at once), no split shorter than S/16 keys capped at 256 (and at least one tile);
-/// keys_per_split is a multiple of tile_keys. A block's tiles run one after another at ~4.7 µs each
-/// on the H200 (1B shape, bf16), so a short cache is split too: the 1B's 704-key cache took 22.2 µs
-/// per layer in 3 splits of 256 keys and 9.9 µs in 11 of 64, the merge kernel included
-/// (bench/decode_step_bench.cu); S/16 keeps a short cache to about 16 splits (the merge walks the
-/// splits one after another) and long caches at the 256-key splits measured before (4,160 keys: 17
-/// splits of 256, 26.6 µs; 22 of 192, 24.7; finer ones not measured). One split (S ≤ one tile, or
-/// bh alone filling the GPU) writes the output directly (no merge kernel, no workspace). E.g. H200
-/// (132 SMs), B·Hkv = 8: S = 32768 → 64 splits of 512, S = 704 → 11 of 64, S = 512 → 8 of 64.
+/// about 4 blocks per multiprocessor (≥ 2 waves of one block per SM), but no split shorter than
+/// ⌈2·√S⌉ keys (and at least one tile); keys_per_split is a multiple of tile_keys. Why √S: a block
+/// walks its split's tiles one after another and the merge walks the splits one after another, so
+/// time ≈ a + b·(tiles per split) + c·n_split is least near n_split = √(b·S / (c·tile)). Fitted to
+/// the register kernel on the H200 (1B shape, bf16, 8 kv heads, µs per layer with the merge: 704
+/// keys in 11 splits of 64: 6.55; 4,160 keys in 65 of 64: 17.2, 33 of 128: 13.14, 22 of 192: 14.3):
+/// a ≈ 4.4 µs (a split's first tile), b ≈ 2.5 µs per further tile, c ≈ 0.2 µs per split, so the best
+/// split is about 2.3·√S keys; 2·√S reproduces both measured optima (704 → 11 splits of 64, 4,160 →
+/// 33 of 128) and keeps a long cache with few (row, head) pairs from piling hundreds of splits onto
+/// the merge. Measured for D = 64 only. One split (S ≤ one tile, or bh alone filling the GPU)
+/// writes the output directly (no merge kernel, no workspace). E.g. H200 (132 SMs), B·Hkv = 8, tile
+/// 64: S = 32768 → 64 splits of 512, S = 4160 → 33 of 128, S = 704 → 11 of 64, S = 512 → 8 of 64.
 /// sm_count ≤ 0 is treated as 1.
 inline DecodeAttentionPlan decode_attention_plan(int64_t bh, int64_t S, int tile_keys, int sm_count) {
   DecodeAttentionPlan p;
   if (bh < 1 || S < 1 || tile_keys < 1) return p;
   const int64_t sms = sm_count > 0 ? sm_count : 1;
   const int64_t target_blocks = 4 * sms;
-  int64_t min_keys = (S + 15) / 16;  // about 16 splits at most for a short cache
-  if (min_keys > 256) min_keys = 256;
+  int64_t min_keys = static_cast<int64_t>(std::sqrt(4.0 * static_cast<double>(S)));  // ⌈2·√S⌉, exactly:
+  while (min_keys * min_keys < 4 * S) ++min_keys;                                     // the least m with
+  while (min_keys > 1 && (min_keys - 1) * (min_keys - 1) >= 4 * S) --min_keys;        // m² ≥ 4·S
   if (min_keys < tile_keys) min_keys = tile_keys;
   int64_t n = (target_blocks + bh - 1) / bh;
   const int64_t by_len = (S + min_keys - 1) / min_keys;
   if (n > by_len) n = by_len;
-  if (n > 1024) n = 1024;
+  if (n > kDecodeAttentionMaxSplits) n = kDecodeAttentionMaxSplits;
   if (n < 1) n = 1;
   int64_t kps = (S + n - 1) / n;
   kps = (kps + tile_keys - 1) / tile_keys * tile_keys;
@@ -102,14 +144,14 @@ inline int64_t decode_attention_workspace_floats(int64_t bh, int n_split, int64_
   return n_split > 1 ? bh * n_split * rows * (D + 2) : 0;
 }
 
-/// True when the kernel handles these arguments: D ∈ {64, 128, 256}; B, T, S ≥ 1; H a positive
+/// True when the kernels handle these arguments: D ∈ {64, 128, 256}; B, T ≥ 1; 1 ≤ S ≤ 2^30; H a positive
 /// multiple of Hkv ≥ 1; R = n_rep·T ≤ 64 and R·D ≤ 4096; B·Hkv ≤ 65535; k/v/out strides (batch,
 /// head, key/token) multiples of one 16-byte chunk (8 bf16/fp16 or 4 float32 values); a plan whose
 /// splits each hold ≥ 1 key, keys_per_split a multiple of the tile, n_split ≤ 1024, and a workspace
 /// when n_split > 1. Pointer alignment (16 bytes: k, v, out, workspace) is checked at launch.
 inline bool decode_attention_supported(const DecodeAttentionArgs& a) {
   if (a.D != 64 && a.D != 128 && a.D != 256) return false;
-  if (a.B < 1 || a.T < 1 || a.S < 1 || a.Hkv < 1 || a.H < a.Hkv || a.H % a.Hkv != 0) return false;
+  if (a.B < 1 || a.T < 1 || a.S < 1 || a.S > (int64_t{1} << 30) || a.Hkv < 1 || a.H < a.Hkv || a.H % a.Hkv != 0) return false;
   const int64_t R = a.H / a.Hkv * a.T;
   if (R > kDecodeAttentionMaxRows || R * a.D > kDecodeAttentionMaxRowsTimesD || a.B * a.Hkv > 65535) return false;
   const int64_t vec = 16 / decode_attention_elem_bytes(a.dtype);
@@ -117,7 +159,7 @@ inline bool decode_attention_supported(const DecodeAttentionArgs& a) {
     if (s % vec != 0) return false;
   const int tk = decode_attention_tile_keys(decode_attention_elem_bytes(a.dtype), static_cast<int>(a.D), R);
   const DecodeAttentionPlan& p = a.plan;
-  if (p.n_split < 1 || p.n_split > 1024 || p.keys_per_split < 1 || p.keys_per_split % tk != 0) return false;
+  if (p.n_split < 1 || p.n_split > kDecodeAttentionMaxSplits || p.keys_per_split < 1 || p.keys_per_split % tk != 0) return false;
   if (static_cast<int64_t>(p.n_split - 1) * p.keys_per_split >= a.S || p.n_split * p.keys_per_split < a.S) return false;
   return p.n_split == 1 || a.workspace != nullptr;
 }
@@ -127,11 +169,18 @@ inline bool decode_attention_supported(const DecodeAttentionArgs& a) {
 /// finfo.min, or −65504 for fp16) gets weight exactly 0 when the row sees any key; a row whose
 /// every key is masked gets, as from PyTorch's SDPA with that additive mask, the softmax of the
 /// masked scores (for bf16/fp32 masks: equal weights, the mean of v). −inf mask entries are allowed;
-/// a row that is −inf everywhere gives 0 (not NaN). One split per block of 128 threads: keys and
-/// values stream through shared memory in tiles (cp.async, double-buffered), scores per row and
-/// key, the online softmax per row, the weighted sum per (row, 16-byte column chunk); with several
-/// splits a second kernel merges them (out = Σ e^{m_s−M} o_s / Σ e^{m_s−M} l_s). No allocation, no
-/// host sync: safe inside a CUDA graph (the plan and shapes are host values fixed at capture).
+/// a row that is −inf everywhere gives 0 (not NaN). One split per block of 128 threads (4 warps).
+/// Register kernel (bf16/fp16, R ≤ 8): per step of tile_keys keys each warp takes its run of keys,
+/// D/8 lanes per key (lane = one 16-byte column chunk of the key's k and v rows), loads all of the
+/// step's k, v and mask values into registers before any arithmetic and the next step's before this
+/// one's arithmetic; scores by xor-shuffle sums over a key's lanes, the online softmax per warp in
+/// registers, one barrier at the end to merge the 4 warps. With T > 1 and a mask row per token, the
+/// key's lane r loads row r's mask value and the others take it by shuffle. Tile kernel (fp32, or
+/// R > 8): keys and values stream through shared memory in tiles (cp.async, double-buffered), scores
+/// per row and key, the online softmax per row, the weighted sum per (row, 16-byte column chunk).
+/// With several splits a second kernel merges them (out = Σ e^{m_s−M} o_s / Σ e^{m_s−M} l_s,
+/// splits in order: deterministic). No allocation, no host sync: safe inside a CUDA graph (the plan
+/// and shapes are host values fixed at capture).
 /// Asynchronous on `stream`. Returns nullptr on success, else a one-line reason (unsupported
 /// arguments, a misaligned pointer, or the CUDA launch error string).
 const char* decode_attention(const DecodeAttentionArgs& a);

@@ -4,14 +4,18 @@
 // different masks (all visible, a masked tail, a sliding-window band), k/v as strided windows of a
 // larger static-cache buffer, q transposed from [B, T, H, D]; T = 2; a row with every key masked;
 // nn::attention's dispatch (bit-equal to the kernel, close to the fused-off path); a CUDA graph
-// capture replayed on new inputs. On the CPU: the split plan, the tile size, the applicability
-// check, and that nothing applies off CUDA. The CUDA tests skip without a GPU.
+// capture replayed on new inputs; the register kernel (bf16/fp16, ≤ 8 rows) called directly in
+// every instance (head dim, row bucket, own mask rows per token) over forced split counts, with
+// finite, −inf, fully masked and batch-broadcast masks. On the CPU: the split plan, the tile size,
+// the applicability check, and that nothing applies off CUDA. The CUDA tests skip without a GPU.
 #include <gtest/gtest.h>
 
 #include <ATen/Context.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <string>
 #include <vector>
 
 #include "core/cuda_graph.h"
@@ -20,6 +24,10 @@
 #include "nn/attention.h"
 #include "nn/decode_attention.h"
 #include "nn/fused_ops.h"
+
+#ifdef HEARTH_WITH_CUDA_KERNELS
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace {
 
@@ -124,36 +132,113 @@ double dat_run(const DatCase& c, uint64_t seed) {
   return dat_err(got, dat_reference(q, k, v, mask, scale), v);
 }
 
+#ifdef HEARTH_WITH_CUDA_KERNELS
+// The kernel called directly, set up as nn::decode_attention does, with splits of `tiles` tiles
+// each (0: decode_attention_plan's for 132 SMs; −1: one split): q [B, H, T, D], k/v [B, Hkv, S, D]
+// (head dim contiguous), mask [Bm, 1, T, S] in q's dtype with Bm ∈ {1, B} (undefined: none). The
+// output [B, H, T, D] (a view of [B, T, H, D]) starts as NaN: an element never written shows.
+at::Tensor dat_direct(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                      double scale, int64_t tiles, int* n_split) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), Hkv = k.size(1), S = k.size(2);
+  const int64_t R = H / Hkv * T;
+  hk::DecodeAttentionArgs a;
+  a.q = q.data_ptr(), a.q_sb = q.stride(0), a.q_sh = q.stride(1), a.q_st = q.stride(2);
+  a.k = k.data_ptr(), a.k_sb = k.stride(0), a.k_sh = k.stride(1), a.k_ss = k.stride(2);
+  a.v = v.data_ptr(), a.v_sb = v.stride(0), a.v_sh = v.stride(1), a.v_ss = v.stride(2);
+  if (mask.defined()) {
+    a.mask = mask.data_ptr();
+    a.m_sb = mask.size(0) == 1 ? 0 : mask.stride(0);
+    a.m_st = mask.size(2) == 1 ? 0 : mask.stride(2);
+  }
+  a.B = B, a.H = H, a.Hkv = Hkv, a.T = T, a.S = S, a.D = D;
+  a.scale = static_cast<float>(scale);
+  const at::ScalarType st = q.scalar_type();
+  a.dtype = st == at::kHalf ? hk::QDtype::kFloat16 : st == at::kBFloat16 ? hk::QDtype::kBFloat16 : hk::QDtype::kFloat32;
+  const int tile = hk::decode_attention_tile_keys(hk::decode_attention_elem_bytes(a.dtype), static_cast<int>(D), R);
+  if (tiles == 0) {
+    a.plan = hk::decode_attention_plan(B * Hkv, S, tile, 132);
+  } else {
+    a.plan.keys_per_split = tiles > 0 ? tiles * tile : (S + tile - 1) / tile * tile;
+    a.plan.n_split = static_cast<int>((S + a.plan.keys_per_split - 1) / a.plan.keys_per_split);
+  }
+  const int64_t ws_floats = hk::decode_attention_workspace_floats(B * Hkv, a.plan.n_split, R, D);
+  const at::Tensor ws = at::empty({std::max<int64_t>(ws_floats, 4)}, q.options().dtype(at::kFloat));
+  a.workspace = ws.data_ptr<float>();
+  const at::Tensor out = at::full({B, T, H, D}, NAN, q.options());
+  a.out = out.data_ptr();
+  a.o_sb = T * H * D, a.o_sh = D, a.o_st = H * D;
+  a.stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+  EXPECT_TRUE(hk::decode_attention_supported(a));
+  const char* err = hk::decode_attention(a);
+  EXPECT_TRUE(err == nullptr) << (err ? err : "");
+  if (n_split) *n_split = a.plan.n_split;
+  return out.permute({0, 2, 1, 3});
+}
+
+// Masks of the register-kernel test, [4, 1, T, S] in dt. Batch row 0: token t sees keys
+// ≤ S−1−2·(T−1−t) (at least key 0), finfo.min elsewhere; row 1: a band (pos − w, pos] with
+// pos = max(0, S/2 − 3t), w = max(1, S/7), −inf elsewhere; row 2: every key finfo.min (fully
+// masked: the softmax of the masked scores, the mean of v for bf16); row 3: the last token −inf
+// everywhere (output 0), earlier tokens nothing masked.
+at::Tensor dat_regs_mask(int64_t T, int64_t S, at::ScalarType dt, const at::Device& dev) {
+  const float lo = static_cast<float>(hearth::nn::mask_min(dt)), ninf = -INFINITY;
+  std::vector<float> m(static_cast<size_t>(4 * T * S), 0.f);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < S; ++j) {
+      const int64_t pos0 = std::max<int64_t>(0, S - 1 - 2 * (T - 1 - t));
+      const int64_t pos1 = std::max<int64_t>(0, S / 2 - 3 * t), w1 = std::max<int64_t>(1, S / 7);
+      m[(0 * T + t) * S + j] = j <= pos0 ? 0.f : lo;
+      m[(1 * T + t) * S + j] = j <= pos1 && j > pos1 - w1 ? 0.f : ninf;
+      m[(2 * T + t) * S + j] = lo;
+      m[(3 * T + t) * S + j] = t == T - 1 ? ninf : 0.f;
+    }
+  return at::from_blob(m.data(), {4, 1, T, S}, at::kFloat).to(dev, dt);
+}
+#endif
+
 }  // namespace
 
 TEST(DecodeAttentionKernel, PlanSplitsLongContextsAndKeepsShortOnesWhole) {
-  // H200 (132 SMs), Llama-3.2-1B at batch 1: 8 kv heads, bf16 D = 64 → tile of 64 keys.
+  // H200 (132 SMs), Llama-3.2-1B at batch 1: 8 kv heads, bf16 D = 64, 4 rows → step of 64 keys.
   hk::DecodeAttentionPlan p = hk::decode_attention_plan(8, 32768, 64, 132);
-  EXPECT_EQ(p.n_split, 64);  // 512 blocks ≥ 2 waves of 132
+  EXPECT_EQ(p.n_split, 64);  // 512 blocks ≥ 2 waves of 132 (splits of ≥ 2·√32768 = 363 keys: 91 allowed)
   EXPECT_EQ(p.keys_per_split, 512);
-  // Short caches split down to S/16 keys, at least one tile (a block's tiles run one after another).
-  p = hk::decode_attention_plan(8, 512, 64, 132);
-  EXPECT_EQ(p.n_split, 8);
-  EXPECT_EQ(p.keys_per_split, 64);
+  // The measured optima of the register kernel: 704 keys → 11 splits of 64, 4,160 → 33 of 128
+  // (not 65 of 64 nor 22 of 192); splits no shorter than ⌈2·√S⌉ keys (54, 129), at least one step.
   p = hk::decode_attention_plan(8, 704, 64, 132);
   EXPECT_EQ(p.n_split, 11);
   EXPECT_EQ(p.keys_per_split, 64);
+  p = hk::decode_attention_plan(8, 4160, 64, 132);
+  EXPECT_EQ(p.n_split, 33);
+  EXPECT_EQ(p.keys_per_split, 128);
+  p = hk::decode_attention_plan(8, 4160, 32, 132);  // 5..8 rows: steps of 32 keys, same splits
+  EXPECT_EQ(p.n_split, 33);
+  EXPECT_EQ(p.keys_per_split, 128);
+  p = hk::decode_attention_plan(8, 512, 64, 132);
+  EXPECT_EQ(p.n_split, 8);
+  EXPECT_EQ(p.keys_per_split, 64);
+  p = hk::decode_attention_plan(8, 2048, 64, 132);  // ⌈2·√2048⌉ = 91 → 16 splits of 128
+  EXPECT_EQ(p.n_split, 16);
+  EXPECT_EQ(p.keys_per_split, 128);
+  p = hk::decode_attention_plan(8, 8192, 64, 132);  // 182 → 43 splits of 192 (fewer than the 66 wanted)
+  EXPECT_EQ(p.n_split, 43);
+  EXPECT_EQ(p.keys_per_split, 192);
   p = hk::decode_attention_plan(8, 64, 64, 132);
   EXPECT_EQ(p.n_split, 1);
   EXPECT_EQ(p.keys_per_split, 64);
   p = hk::decode_attention_plan(8, 1, 64, 132);
   EXPECT_EQ(p.n_split, 1);
   EXPECT_EQ(p.keys_per_split, 64);
-  // B·Hkv = 6, S = 4097: splits of at least 256 keys (S/16 capped at 256): 17 of 256, the last
-  // with one key.
+  // B·Hkv = 6, S = 4097, steps of 32: splits of ≥ 129 keys → 32 splits wanted, 129 → 160 keys
+  // (whole steps): 26 splits, the last with 97 keys.
   p = hk::decode_attention_plan(6, 4097, 32, 132);
-  EXPECT_EQ(p.n_split, 17);
-  EXPECT_EQ(p.keys_per_split, 256);
-  // Head dim 256 (tile of 16 keys), 704 keys: S/16 = 44 → 48 keys, 15 splits.
+  EXPECT_EQ(p.n_split, 26);
+  EXPECT_EQ(p.keys_per_split, 160);
+  // Head dim 256 (step of 16 keys), 704 keys: ≥ 54 keys → 14 splits wanted, 51 → 64 keys: 11 of 64.
   p = hk::decode_attention_plan(8, 704, 16, 132);
-  EXPECT_EQ(p.n_split, 15);
-  EXPECT_EQ(p.keys_per_split, 48);
-  // 32 rows of the 1B (B·Hkv = 256): 3 splits of 256 over 704 keys, as before.
+  EXPECT_EQ(p.n_split, 11);
+  EXPECT_EQ(p.keys_per_split, 64);
+  // 32 rows of the 1B (B·Hkv = 256): 3 splits of 256 over 704 keys (3 blocks per pair fill the GPU).
   p = hk::decode_attention_plan(256, 704, 64, 132);
   EXPECT_EQ(p.n_split, 3);
   EXPECT_EQ(p.keys_per_split, 256);
@@ -161,15 +246,21 @@ TEST(DecodeAttentionKernel, PlanSplitsLongContextsAndKeepsShortOnesWhole) {
   p = hk::decode_attention_plan(600, 32768, 64, 132);
   EXPECT_EQ(p.n_split, 1);
   EXPECT_EQ(p.keys_per_split, 32768);
+  // One long head: the √S floor keeps the merge's serial walk short (171 splits of 768, not 512 of 256).
+  p = hk::decode_attention_plan(1, 131072, 64, 132);
+  EXPECT_EQ(p.n_split, 171);
+  EXPECT_EQ(p.keys_per_split, 768);
   // An unknown SM count plans as for one SM (4 blocks): still splits a long single head.
   p = hk::decode_attention_plan(1, 32768, 64, 0);
   EXPECT_EQ(p.n_split, 4);
   EXPECT_EQ(p.keys_per_split, 8192);
-  // Invariants over many shapes: every split non-empty, whole tiles, all keys covered, ≤ 1024.
+  // Invariants over many shapes: every split non-empty, whole tiles, all keys covered, ≤ 1024, and
+  // no more splits than S keys in splits of ⌈2·√S⌉ need (n_split ≤ ⌈S/⌈2√S⌉⌉, so (n_split−1)² < S/4).
   for (int64_t bh : {1, 3, 8, 24, 64, 200})
-    for (int64_t S : {1, 2, 7, 63, 64, 65, 255, 257, 1000, 4097, 32768, 131072, 1 << 20})
+    for (int64_t S : {1, 2, 7, 63, 64, 65, 255, 257, 1000, 4097, 4160, 32768, 131072, 1 << 20, 1 << 30})
       for (int tk : {4, 8, 16, 32, 64}) {
         const hk::DecodeAttentionPlan q = hk::decode_attention_plan(bh, S, tk, 132);
+        EXPECT_LT(4 * static_cast<int64_t>(q.n_split - 1) * (q.n_split - 1), S) << bh << " " << S << " " << tk;
         ASSERT_GE(q.n_split, 1);
         ASSERT_LE(q.n_split, 1024);
         EXPECT_EQ(q.keys_per_split % tk, 0) << bh << " " << S << " " << tk;
@@ -179,9 +270,23 @@ TEST(DecodeAttentionKernel, PlanSplitsLongContextsAndKeepsShortOnesWhole) {
 }
 
 TEST(DecodeAttentionKernel, TileKeysAndSupportedShapes) {
+  // Register kernel (bf16/fp16, ≤ 8 rows): 4 warps × loads per lane (4; 2 for 5..8 rows) × 256/D
+  // keys per warp load.
   EXPECT_EQ(hk::decode_attention_tile_keys(2, 64, 4), 64);
-  EXPECT_EQ(hk::decode_attention_tile_keys(2, 128, 8), 32);
+  EXPECT_EQ(hk::decode_attention_tile_keys(2, 64, 1), 64);
+  EXPECT_EQ(hk::decode_attention_tile_keys(2, 128, 2), 32);
+  EXPECT_EQ(hk::decode_attention_tile_keys(2, 256, 3), 16);
+  EXPECT_EQ(hk::decode_attention_tile_keys(2, 64, 5), 32);
+  EXPECT_EQ(hk::decode_attention_tile_keys(2, 128, 8), 16);
+  EXPECT_EQ(hk::decode_attention_tile_keys(2, 256, 8), 8);
+  EXPECT_EQ(hk::decode_attention_regs_rows(3), 4);
+  EXPECT_EQ(hk::decode_attention_regs_rows(7), 8);
+  EXPECT_TRUE(hk::decode_attention_uses_regs(2, 8));
+  EXPECT_FALSE(hk::decode_attention_uses_regs(2, 9));
+  EXPECT_FALSE(hk::decode_attention_uses_regs(4, 4));
+  // Shared-memory tile kernel (fp32, or > 8 rows).
   EXPECT_EQ(hk::decode_attention_tile_keys(2, 64, 16), 32);
+  EXPECT_EQ(hk::decode_attention_tile_keys(4, 64, 4), 32);
   EXPECT_EQ(hk::decode_attention_tile_keys(4, 256, 8), 8);
   EXPECT_EQ(hk::decode_attention_tile_keys(4, 256, 16), 4);
   EXPECT_EQ(hk::decode_attention_workspace_floats(8, 64, 4, 64), 8 * 64 * 4 * 66);
@@ -210,6 +315,7 @@ TEST(DecodeAttentionKernel, TileKeysAndSupportedShapes) {
   EXPECT_FALSE(with([](hk::DecodeAttentionArgs& b) { b.T = 5, b.D = 256; }));          // 20 rows · 256 > 4096
   EXPECT_TRUE(with([](hk::DecodeAttentionArgs& b) { b.T = 4, b.D = 256; }));           // 16 rows · 256
   EXPECT_FALSE(with([](hk::DecodeAttentionArgs& b) { b.k_ss = 68; }));                // not 16-byte rows
+  EXPECT_FALSE(with([](hk::DecodeAttentionArgs& b) { b.S = (int64_t{1} << 30) + 1; }));  // > 2^30 keys
   EXPECT_FALSE(with([](hk::DecodeAttentionArgs& b) { b.workspace = nullptr; }));      // several splits need it
   EXPECT_FALSE(with([](hk::DecodeAttentionArgs& b) { b.plan.keys_per_split = 500; })); // not whole tiles
   EXPECT_FALSE(with([](hk::DecodeAttentionArgs& b) { b.plan.n_split = 65; }));        // an empty split
@@ -368,4 +474,56 @@ TEST(DecodeAttentionKernel, CudaGraphReplaysOnNewInputs) {
     EXPECT_LE(dat_err(out, dat_reference(q, k, v, mask, 0.125), v), dat_tol(at::kBFloat16)) << "round " << round;
   }
   EXPECT_EQ(step.captured(), true);
+}
+
+TEST(DecodeAttentionKernel, CudaRegisterKernelEveryInstanceAndSplit) {
+  if (!dat_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's CUDA kernels (GPU machine)";
+#ifdef HEARTH_WITH_CUDA_KERNELS
+  // The register kernel (bf16/fp16, R = n_rep·T ≤ 8) called directly: every head dim and row
+  // bucket (R = 1, 2, 3→4, 4, 7→8, 8; T = 1, 2, 8 with a mask row per token), 4 batch rows with
+  // the masks of dat_regs_mask (finite and −inf, a fully masked row, an all −inf token), a
+  // batch-broadcast mask (D = 64), S = 1, 45 and 1001 (no multiple of any step), splits of one
+  // step, three steps, the plan's and one split; q transposed from [B, T, H, D], k/v windows of a
+  // larger cache. Against float64 with the all −inf rows set to 0.
+  const at::Device cuda(at::kCUDA, 0);
+  const std::vector<std::pair<int64_t, int64_t>> reps_tokens = {{1, 1}, {2, 1}, {1, 2}, {3, 1}, {4, 1},
+                                                               {2, 2}, {7, 1}, {4, 2}, {8, 1}, {1, 8}};
+  uint64_t seed = 900;
+  for (at::ScalarType dt : {at::kBFloat16, at::kHalf})
+    for (int64_t D : {64, 128, 256})
+      for (auto [n_rep, T] : reps_tokens)
+        for (int64_t S : {1, 45, 1001}) {
+          at::manual_seed(++seed);
+          const int64_t B = 4, Hkv = 2, H = Hkv * n_rep, C = S + 13;
+          const auto f = at::TensorOptions().dtype(at::kFloat);
+          const at::Tensor q = at::randn({B, T, H, D}, f).to(cuda, dt).transpose(1, 2);
+          const at::Tensor k = at::randn({B + 1, Hkv, C, D}, f).to(cuda, dt).narrow(0, 1, B).narrow(2, 3, S);
+          const at::Tensor v = at::randn({B + 1, Hkv, C, D}, f).to(cuda, dt).narrow(0, 1, B).narrow(2, 3, S);
+          const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+          const at::Tensor full_mask = dat_regs_mask(T, S, dt, cuda);
+          for (bool bcast : {false, true}) {
+            if (bcast && D != 64) continue;
+            const at::Tensor mask = bcast ? full_mask.narrow(0, 1, 1) : full_mask;  // row 1's −inf band for all
+            at::Tensor ref = dat_reference(q, k, v, mask, scale);
+            ref = at::where(ref.isnan(), at::zeros_like(ref), ref);  // all −inf rows: 0, not NaN
+            for (int64_t tiles : {1, 3, 0, -1}) {
+              int n_split = 0;
+              const at::Tensor got = dat_direct(q, k, v, mask, scale, tiles, &n_split);
+              const std::string what = std::string(dt == at::kHalf ? "fp16" : "bf16") + " D " + std::to_string(D) +
+                                       " n_rep " + std::to_string(n_rep) + " T " + std::to_string(T) + " S " +
+                                       std::to_string(S) + " splits " + std::to_string(n_split) +
+                                       (bcast ? " broadcast mask" : "");
+              for (int64_t b = 0; b < B; ++b) {
+                // Row 2 (all finfo.min) in fp16: scores near −65504 are rounded to float32's 2^-8
+                // there before the softmax, so up to ~2^-9 relative in each weight.
+                const double tol = !bcast && b == 2 && dt == at::kHalf ? 4e-3 : dat_tol(dt);
+                EXPECT_LE(dat_err(got[b], ref[b], v), tol) << what << " batch row " << b;
+              }
+              if (!bcast) {  // the last token of row 3 is −inf everywhere: exactly 0
+                EXPECT_EQ(got[3].narrow(1, T - 1, 1).abs().max().item<double>(), 0.0) << what;
+              }
+            }
+          }
+        }
+#endif
 }
