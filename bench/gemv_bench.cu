@@ -134,8 +134,10 @@ using hearth::kernels::pdl_wait;
 // gemv_v2<16> above at 34 (16 chunks need 64 registers just to be held): ptxas sinks ld.global.nc
 // loads down to their use, so "all loads before any use" in the source is not what runs. With these
 // loads the register counts follow the source (deep U=32 below: 166; U=8 D=0: 58; U=16 D=0: 90).
-// gemv() itself (56 registers for 8 chunks) may or may not keep its tile together: cand deep U=8
-// D=0 against gemv() measures that.
+// gemv() used __ldg then (56 registers for 8 chunks); cand deep U=8 D=0 against it measured the
+// difference (qkv 5.07 -> 4.08 µs, down 16.27 -> 13.61), and gemv() now loads its weight chunks
+// (and x) the same way, with rows split over up to 8 warps as cand_splitk: its `production` lines
+// time that.
 __device__ __forceinline__ uint4 ld_ordered(const void* p) {
   uint4 v;
   asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -192,8 +194,8 @@ __device__ __forceinline__ int cand_seg(const CandSegs& g, unsigned bid, unsigne
 // production layout walks an 8192-wide row in 4 tiles of 8 one after another), and the grid has S
 // times the production kernel's warps (down at S = 4: 1,024 blocks of a quarter row per warp).
 // The S partials of a row meet in shared memory and one thread adds them in slice order and
-// rounds once, so the result is deterministic (its order differs from gemv(): expect ~1 bf16 ulp,
-// not 0). The brief's cross-block split with an fp32 workspace would add a second launch or an
+// rounds once, so the result is deterministic (its order differs from gemv(), whose lanes take
+// chunks t + lanes·j across the whole row: expect ~1 bf16 ulp, not 0). The brief's cross-block split with an fp32 workspace would add a second launch or an
 // atomic counter for the same warp-level work; keeping a row's slices in one block needs neither.
 template <int S, int U>
 __global__ void __launch_bounds__(256) cand_splitk(const bf16* __restrict__ x, const CandSegs segs) {
@@ -248,16 +250,17 @@ void launch_splitk(const Shape& s, const Weights& w, const bf16* x, cudaStream_t
   check(hearth::kernels::launch_kernel(cand_splitk<S, U>, dim3(blocks), dim3(256), 0, st, x, g), "cand_splitk");
 }
 
-// Candidate 2, deeper loads per lane on the production layout: one warp per row (8 rows per block,
-// as gemv() lays out rows of 2048 and 8192), lane t owning chunks t + 32·j for j < N (N = 8 at
+// Candidate 2, deeper loads per lane on the layout gemv() had before its rows spanned several warps:
+// one warp per row (8 rows per block), lane t owning chunks t + 32·j for j < N (N = 8 at
 // in = 2048, 32 at 8192), loaded in tiles of U chunks with D further tiles in flight: the first D + 1
 // tiles go out before pdl_wait, and each later tile is issued right after the tile D + 1 before it
-// has been used. (U, D) = (8, 0) is gemv()'s kUnroll 8 layout; (16, 0) kUnroll 16 (down: 2 tiles
+// has been used. (U, D) = (8, 0) was gemv()'s kUnroll 8 layout; (16, 0) kUnroll 16 (down: 2 tiles
 // instead of 4); (8, 1) and (4, 3) keep 2 or 4 tiles in flight with 16 chunks of registers; (32, 0)
 // loads a whole 8192-wide row's share at once (128 registers of weights, so fewer warps per SM).
-// The chunk order and the shuffles are gemv()'s, so the output should be bit-identical (diff 0).
-// The loads are ld_ordered, so the tiles go out in the source's order; gemv() itself uses __ldg,
-// whose schedule ptxas picks (see ld_ordered), so (8, 0) against gemv() measures that difference.
+// The chunk order and the shuffles were gemv()'s (diff 0 against the __ldg kernel); against
+// today's gemv(), which splits 2048- and 8192-wide rows over 4 and 8 warps, expect ~1 bf16 ulp.
+// The loads are ld_ordered, so the tiles go out in the source's order; (8, 0) against the __ldg
+// gemv() measured that difference (see ld_ordered).
 template <int N, int U, int D>
 __global__ void __launch_bounds__(256) cand_deep(const bf16* __restrict__ x, const CandSegs segs) {
   static_assert(N % U == 0, "whole tiles");
@@ -422,10 +425,10 @@ const Cand kCands[] = {
     {"splitk S=4 U=8", 8192, false, launch_splitk<4, 8>},
     {"splitk S=8 U=4", 8192, false, launch_splitk<8, 4>},
     // deeper loads: N chunks per lane in tiles of U, D tiles ahead
-    {"deep U=8 D=0 (=gemv)", 2048, false, launch_deep<8, 8, 0>},
+    {"deep U=8 D=0 (old)", 2048, false, launch_deep<8, 8, 0>},
     {"deep U=4 D=1", 2048, false, launch_deep<8, 4, 1>},
     {"deep U=2 D=3", 2048, false, launch_deep<8, 2, 3>},
-    {"deep U=8 D=0 (=gemv)", 8192, false, launch_deep<32, 8, 0>},
+    {"deep U=8 D=0 (old)", 8192, false, launch_deep<32, 8, 0>},
     {"deep U=16 D=0", 8192, false, launch_deep<32, 16, 0>},
     {"deep U=8 D=1", 8192, false, launch_deep<32, 8, 1>},
     {"deep U=4 D=3", 8192, false, launch_deep<32, 4, 3>},

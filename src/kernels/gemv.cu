@@ -2,15 +2,35 @@
 // of x, up to three weights sharing x in one launch. No ATen: it compiles standalone (`nvcc -c`).
 //
 // Shape of the work (decode reads every weight byte once, so the aim is bytes in flight and enough
-// warps to cover the memory latency): each row belongs to `tpr` lanes of one warp (4..32), so a lane
-// has about kUnroll 16-byte chunks of the row; an affine matrix with few rows widens its lane groups
-// until it has enough warps (a 4-bit row has 4x fewer chunks than a bf16 one: sized like a dense
-// row, a 1024-row matrix ran as 32 blocks on 132 SMs). A lane loads kUnroll chunks of its row before
-// using any, then dots them with every row of x. For affine weights x is staged once per block in
-// shared memory as fp32 (padded per chunk so a warp's 16-byte reads hit distinct banks) when it
-// fits; dense rows, and affine ones past the limit, re-read it per chunk from L1/L2. The row's partial sums meet by xor shuffles inside its lane group in an
-// order fixed by `in`, the format and the segment's row count, so a row's result does not depend on
-// M, on the other segments of a grouped launch or on the grid.
+// warps to cover the memory latency): each row belongs to `tpr` lanes (4..256: a row of more than 32
+// lanes spans 2, 4 or 8 whole warps of the 256-thread block). Lane t of a row takes the row's 16-byte
+// chunks t, t + tpr, t + 2·tpr, … in tiles of U chunks (U = 2, 4 or 8 for dense launches, 8 for
+// affine ones), issues a tile's loads before using any, then dots them with every row of x. The
+// first tile goes out before pdl_wait (weights only; x and y after it).
+//
+// The loads are inline PTX (ld16_ordered below) because ptxas sinks __ldg (ld.global.nc) loads down
+// to their use, so "a tile of loads before any use" in the source was not what ran: bench/
+// gemv_bench.cu, H200, 1B shape, M = 1, bf16, PDL on, µs per launch in a CUDA graph over weight copies
+// that do not fit L2 — the __ldg kernel (one warp per 2048-wide row, 8 chunks a lane) against the
+// same layout with ordered loads: qkv 2048→2048+512+512 5.07 → 4.08, o 2048→2048 4.14 → 3.15,
+// gate/up 2048→2×8192 18.67 → 16.95, down 8192→2048 16.27 → 13.61, lm_head 2048→128256 117.9 → 116.8.
+//
+// Lanes per row (lanes_log2): dense rows get at most kDenseChunksPerLane (2) chunks a lane, up to
+// 256 lanes, from the bench's split-K candidate (a row over S warps of U chunks a lane, each warp a
+// contiguous slice where gemv() interleaves its lanes over the whole row: the same 512 bytes per
+// warp-wide load), same machine and setup: o S=4 U=2 2.87 µs, gate/up S=4 U=2 16.29, down S=8 U=4
+// 9.10 (S=4 U=8 10.15; one warp with 16-chunk tiles 10.40), lm_head S=4 U=2 115.9 — each the best
+// of its shape; qkv ran best in one warp (4.08; S=2 U=4 4.34), which this rule gives up for o's
+// gain since q has o's shape and the rule sees one segment. gemv() itself in this layout: not
+// measured yet. Affine rows keep ~kUnroll chunks a lane (up to a warp) and widen, now past one
+// warp, until their matrix has kAffineMinWarps warps. For affine weights x is staged once per block
+// in shared memory as fp32 (padded per chunk so a warp's 16-byte reads hit distinct banks) when it
+// fits; dense rows, and affine ones past the limit, re-read it per chunk from L1/L2.
+//
+// A row's partial sums meet by xor shuffles inside each warp, then (rows over several warps) through
+// shared memory, added in warp order: an order fixed by `in`, the format and the segment's row count
+// (not by U, which only moves loads), so a row's result does not depend on M, on the other segments
+// of a grouped launch or on the grid.
 // Affine layout (mlx/backend/cpu/quantized.cpp, nn/quant.h): code k of a row occupies bits
 // [k*bits, (k+1)*bits) of the row's little-endian uint32 stream; w = scale·q + bias per group.
 #include <cuda_bf16.h>
@@ -29,7 +49,12 @@ namespace hearth::kernels {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kUnroll = 8;  // chunks a lane loads before using any
+constexpr int kWarps = kThreads / 32;
+constexpr int kUnroll = 8;  // an affine lane's tile, and the deepest dense one: chunks loaded before any use
+constexpr int kMaxLanesLog2 = 8;  // a row over at most the block's 8 warps
+// Dense rows: lanes per row are the power of two (4..256) that leaves a lane at most this many
+// chunks (2048-wide bf16: 128 lanes; 8192-wide: 256 lanes of 4). The numbers at the top of the file.
+constexpr int kDenseChunksPerLane = 2;
 // Affine segments widen their rows' lane groups until the segment has this many warps (or a lane
 // would be left without a chunk): measured on the H200 (Qwen3.5-0.8B MLX 4-bit), a 1024-row matrix
 // ran at 9.0 µs with 256 warps and 5.3 µs with 1,024, while 7,168 rows ran best at 896 warps
@@ -99,6 +124,46 @@ __device__ __forceinline__ void load_x(const TX* __restrict__ p, float* xf) {
   }
 }
 
+// 16 bytes of global memory, loaded where the source puts it: a coherent ld.global (the load
+// bench/gemv_bench.cu measured) in an asm volatile with a memory clobber, so NVVM keeps it in order
+// with the other loads and with griddepcontrol.wait; ptxas leaves it in place as far as can be told
+// without a SASS dump (the bench's register counts follow the source with it, not with __ldg).
+// When !ok nothing is read and the result is zero (a predicated load, no branch).
+__device__ __forceinline__ uint4 ld16_ordered(const void* p, bool ok) {
+  uint4 v;
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "setp.ne.b32 p, %5, 0;\n\t"
+      "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
+      "@p ld.global.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p), "r"(ok ? 1 : 0)
+      : "memory");
+  return v;
+}
+
+__device__ __forceinline__ uint4 ld16_ordered(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+// load_x with ordered loads: the main loop's x (after pdl_wait), as the bench's measured candidates.
+template <typename TX, int N>
+__device__ __forceinline__ void load_x_ordered(const TX* p, float* xf) {
+  constexpr int kPer = 16 / static_cast<int>(sizeof(TX));
+#pragma unroll
+  for (int i = 0; i < N / kPer; ++i) {
+    const uint4 v = ld16_ordered(reinterpret_cast<const uint4*>(p) + i);
+    const TX* e = reinterpret_cast<const TX*>(&v);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) xf[i * kPer + k] = to_f32(e[k]);
+  }
+}
+
 // The segments of one launch, selected per block by comparing blockIdx.x with block_end (unused
 // segments end at UINT32_MAX so nothing selects them).
 struct Segs {
@@ -108,7 +173,7 @@ struct Segs {
   void* y[3];
   int64_t out[3];
   unsigned block_end[3];
-  int tpr_log2[3];  // lanes per row of each segment's blocks, log2
+  int tpr_log2[3];  // lanes per row of each segment's blocks, log2 (2..8)
 };
 
 template <typename T>
@@ -197,16 +262,18 @@ __device__ void stage_normed_x(const TX* __restrict__ x, const NormDev& n, int M
 
 // For affine weights with `sums_in_smem`, the block first writes every chunk's Σx (M·chunks floats,
 // dynamic shared memory) once, instead of each row's lanes adding the same kCodes values again; the
-// same sums in the same order either way, so the bits do not change.
-template <typename TX, typename TS, int Kind, int MaxM>
+// same sums in the same order either way, so the bits do not change. U: chunks per tile (kUnroll for
+// affine weights); it decides when loads are issued, not the order of the sums.
+template <typename TX, typename TS, int Kind, int MaxM, int U>
 __global__ void __launch_bounds__(kThreads)
     gemv_kernel(const TX* __restrict__ x, const Segs segs, int M, int in, int group_shift, int sums_in_smem,
                 int x_in_smem, const NormDev nd) {
   constexpr int kCodes = codes_per_chunk<TX, Kind>();
   constexpr int kStride = smem_chunk_stride<TX, Kind>();
   // Dynamic shared memory: [M, chunks] chunk sums when sums_in_smem, then x as fp32 [M, chunks,
-  // kStride] when x_in_smem.
+  // kStride] when x_in_smem. Static: the warps' partial sums of rows over several warps.
   extern __shared__ float gemv_smem[];
+  __shared__ float gemv_part[MaxM][kWarps];
   float* const gemv_chunk_sums = gemv_smem;
   pdl_launch_dependents();  // the next kernel may launch and start its own weight loads
   const unsigned bid = blockIdx.x;
@@ -215,11 +282,12 @@ __global__ void __launch_bounds__(kThreads)
   const uint4* __restrict__ wv = static_cast<const uint4*>(pick(si, segs.w[0], segs.w[1], segs.w[2]));
   const TS* __restrict__ sv = static_cast<const TS*>(pick(si, segs.s[0], segs.s[1], segs.s[2]));
   const TS* __restrict__ bv = static_cast<const TS*>(pick(si, segs.b[0], segs.b[1], segs.b[2]));
-  TX* __restrict__ y = static_cast<TX*>(pick(si, segs.y[0], segs.y[1], segs.y[2]));
   const int64_t out = pick(si, segs.out[0], segs.out[1], segs.out[2]);
 
+  // Lanes per row: 4..256, the same for every block of a segment (so block-uniform). A row of
+  // more than 32 lanes is tpr/32 consecutive whole warps; one of at most 32 is an aligned lane group.
   const int tpr_log2 = pick(si, segs.tpr_log2[0], segs.tpr_log2[1], segs.tpr_log2[2]);
-  const int tpr = 1 << tpr_log2;  // lanes per row: 4..32, inside one warp
+  const int tpr = 1 << tpr_log2;
   const int t = static_cast<int>(threadIdx.x) & (tpr - 1);
   const int64_t row = static_cast<int64_t>(bid - first) * (kThreads >> tpr_log2) + (static_cast<int>(threadIdx.x) >> tpr_log2);
   const bool live = row < out;
@@ -227,16 +295,17 @@ __global__ void __launch_bounds__(kThreads)
   const uint4* __restrict__ wrow = wv + (live ? row : 0) * chunks;
   const int64_t srow = (live ? row : 0) * (in >> group_shift);
 
-  // A lane's tile: kUnroll chunks of its row from chunk c0 on (zeros past the row), with their
-  // scales and biases for affine weights.
-  uint4 w[kUnroll];
-  float sc[kUnroll], bi[kUnroll];
+  // A lane's tile: U chunks of its row from chunk c0 on, c0 + u·tpr (zeros past the row, not
+  // read), with their scales and biases for affine weights. The chunk loads are ordered; the scales
+  // and biases load as before.
+  uint4 w[U];
+  float sc[U], bi[U];
   auto load_tile = [&](int c0) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int c = c0 + u * tpr;
       const bool ok = live && c < chunks;
-      w[u] = ok ? __ldg(wrow + c) : make_uint4(0u, 0u, 0u, 0u);
+      w[u] = ld16_ordered(wrow + c, ok);
       if constexpr (Kind != 0) {
         const int64_t gidx = srow + ((c * kCodes) >> group_shift);
         sc[u] = ok ? to_f32(sv[gidx]) : 0.f;
@@ -244,8 +313,9 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   };
-  // The first tile's loads go out before the chunk sums are staged, so the barrier does not delay
-  // the weight stream (most layer matrices need one tile per lane).
+  // The first tile's loads go out before pdl_wait and before the chunk sums are staged, so neither
+  // the previous kernel's tail nor the barrier delays the weight stream (most layer matrices need
+  // one tile per lane).
   if (t < chunks) load_tile(t);
   pdl_wait();  // x (and y's buffer) belong to earlier kernels: only weights were read above
   float* const xs_smem = gemv_smem + (sums_in_smem ? (M * chunks + 3) / 4 * 4 : 0);  // 16-byte aligned
@@ -291,32 +361,69 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int m = 0; m < MaxM; ++m) acc[m] = 0.f;
 
-  for (int c0 = t; c0 < chunks; c0 += tpr * kUnroll) {
+  for (int c0 = t; c0 < chunks; c0 += tpr * U) {
     if (c0 != t) load_tile(c0);
+    if constexpr (Kind == 0) {
+      if (x_in_smem) {  // the normed x of the prologue (GemvNorm), as fp32 in its padded chunk slots
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int c = c0 + u * tpr;
-      if (c >= chunks) break;
+        for (int u = 0; u < U; ++u) {
+          const int c = c0 + u * tpr;
 #pragma unroll
-      for (int m = 0; m < MaxM; ++m) {
-        if (m < M) {
-          float xf[kCodes];
-          bool staged = false;
-          if constexpr (x_smem_capable<TX, Kind>()) {
-            if (x_in_smem) {
-              const float4* p = reinterpret_cast<const float4*>(xs_smem + (m * chunks + c) * kStride);
+          for (int m = 0; m < MaxM; ++m) {
+            const bool ok = c < chunks && m < M;
+            const float4* p = reinterpret_cast<const float4*>(xs_smem + ((ok ? m : 0) * chunks + (ok ? c : 0)) * kStride);
+            float xf[kCodes];
 #pragma unroll
-              for (int q = 0; q < kCodes / 4; ++q) {
-                const float4 v = p[q];
-                xf[4 * q] = v.x, xf[4 * q + 1] = v.y, xf[4 * q + 2] = v.z, xf[4 * q + 3] = v.w;
-              }
-              staged = true;
+            for (int q = 0; q < kCodes / 4; ++q) {
+              const float4 v = p[q];
+              xf[4 * q] = v.x, xf[4 * q + 1] = v.y, xf[4 * q + 2] = v.z, xf[4 * q + 3] = v.w;
             }
+            const float d = chunk_dot<TX, 0>(w[u], xf);
+            acc[m] = ok ? acc[m] + d : acc[m];
           }
-          if (!staged) load_x<TX, kCodes>(x + static_cast<int64_t>(m) * in + static_cast<int64_t>(c) * kCodes, xf);
-          if constexpr (Kind == 0) {
-            acc[m] += chunk_dot<TX, 0>(w[u], xf);
-          } else {
+        }
+        continue;
+      }
+      // Dense: no branch inside a tile, so its x loads can go out back to back. A chunk past the
+      // row or a row of x past M loads nothing and adds nothing (a select, not a + 0: the sums
+      // are those of the branchy form, whatever U is).
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int c = c0 + u * tpr;
+#pragma unroll
+        for (int m = 0; m < MaxM; ++m) {
+          const bool ok = c < chunks && m < M;
+          const uint4 xv = ld16_ordered(x + static_cast<int64_t>(m) * in + static_cast<int64_t>(c) * kCodes, ok);
+          const TX* e = reinterpret_cast<const TX*>(&xv);
+          float xf[kCodes];
+#pragma unroll
+          for (int k = 0; k < kCodes; ++k) xf[k] = to_f32(e[k]);
+          const float d = chunk_dot<TX, 0>(w[u], xf);
+          acc[m] = ok ? acc[m] + d : acc[m];
+        }
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int c = c0 + u * tpr;
+        if (c >= chunks) break;
+#pragma unroll
+        for (int m = 0; m < MaxM; ++m) {
+          if (m < M) {
+            float xf[kCodes];
+            bool staged = false;
+            if constexpr (x_smem_capable<TX, Kind>()) {
+              if (x_in_smem) {
+                const float4* p = reinterpret_cast<const float4*>(xs_smem + (m * chunks + c) * kStride);
+#pragma unroll
+                for (int q = 0; q < kCodes / 4; ++q) {
+                  const float4 v = p[q];
+                  xf[4 * q] = v.x, xf[4 * q + 1] = v.y, xf[4 * q + 2] = v.z, xf[4 * q + 3] = v.w;
+                }
+                staged = true;
+              }
+            }
+            if (!staged) load_x_ordered<TX, kCodes>(x + static_cast<int64_t>(m) * in + static_cast<int64_t>(c) * kCodes, xf);
             float xs;
             if (sums_in_smem) {
               xs = gemv_chunk_sums[m * chunks + c];
@@ -332,12 +439,39 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  // Reduce over the row's tpr lanes (xor offsets below tpr stay inside the aligned lane group).
+  // Reduce over the row's lanes: xor shuffles inside each warp (offsets below min(tpr, 32) stay in
+  // the row's aligned lane group), then for rows over several warps lane 0 of each warp leaves its
+  // sum in shared memory and the row's first lane adds them in warp order.
+  const int group = tpr < 32 ? tpr : 32;
 #pragma unroll
-  for (int m = 0; m < MaxM; ++m) {
-    float v = acc[m];
-    for (int o = tpr >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (t == 0 && live && m < M) y[static_cast<int64_t>(m) * out + row] = from_f32<TX>(v);
+  for (int m = 0; m < MaxM; ++m)
+    for (int o = group >> 1; o > 0; o >>= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
+  if (tpr > 32) {  // block-uniform, so every thread reaches the barrier
+    const int warp = static_cast<int>(threadIdx.x) >> 5;
+    if ((threadIdx.x & 31u) == 0) {
+#pragma unroll
+      for (int m = 0; m < MaxM; ++m)
+        if (m < M) gemv_part[m][warp] = acc[m];
+    }
+    __syncthreads();
+    if (t == 0) {  // lane 0 of the row's first warp
+#pragma unroll
+      for (int m = 0; m < MaxM; ++m) {
+        if (m < M) {
+          float v = gemv_part[m][warp];
+          for (int k = 1; k < (tpr >> 5); ++k) v += gemv_part[m][warp + k];
+          acc[m] = v;
+        }
+      }
+    }
+  }
+  if (t == 0 && live) {
+    // y is picked here, not with the other pointers: live across the loop it cost the affine
+    // 8-bit M = 1 kernel a 12-byte spill (ptxas -v).
+    TX* __restrict__ y = static_cast<TX*>(pick(si, segs.y[0], segs.y[1], segs.y[2]));
+#pragma unroll
+    for (int m = 0; m < MaxM; ++m)
+      if (m < M) y[static_cast<int64_t>(m) * out + row] = from_f32<TX>(acc[m]);
   }
 }
 
@@ -356,8 +490,8 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 
 // Dynamic shared memory a launch may use: the default 48 KB less room for the kernel's static
-// arrays (the norm prologue's warp sums).
-constexpr int64_t kSmemBudget = 48 * 1024 - 256;
+// arrays (the multi-warp rows' partial sums, up to MaxM·8 floats, and the norm prologue's 8).
+constexpr int64_t kSmemBudget = 48 * 1024 - 512;
 
 // What a launch keeps in dynamic shared memory: the affine chunk sums (M·in/16 floats at most)
 // first, then x as padded fp32 (affine weights, or any weights when the launch normalises x) if it
@@ -380,40 +514,57 @@ SmemPlan smem_plan(const GemvArgs& a) {
   return p;
 }
 
+// tile: chunks per tile of a dense launch (2, 4 or 8; affine launches use kUnroll).
 template <typename TX, typename TS, int Kind, int MaxM>
-const char* launch_m(const GemvArgs& a, const Segs& segs, unsigned blocks) {
+const char* launch_m(const GemvArgs& a, const Segs& segs, unsigned blocks, int tile) {
   static_assert(smem_chunk_stride<TX, Kind>() == codes_per_chunk<TX, Kind>() + 4, "smem_plan's chunk stride");
+  static_assert(int64_t{MaxM} * kWarps * 4 + kThreads / 32 * 4 <= 48 * 1024 - kSmemBudget, "static shared memory");
   const int group_shift = Kind == 0 ? 0 : log2_exact(a.group_size);
   const SmemPlan sp = smem_plan(a);
   const GemvNorm& g = a.norm;
   const NormDev nd{g.residual, g.sum, g.normed, g.weight, g.mode, g.offset, g.eps,
                    1.f / static_cast<float>(a.in), g.on ? 1 : 0};
-  const cudaError_t e = launch_kernel(gemv_kernel<TX, TS, Kind, MaxM>, dim3(blocks), dim3(kThreads),
-                                      static_cast<size_t>(sp.bytes), static_cast<cudaStream_t>(a.stream),
-                                      static_cast<const TX*>(a.x), segs, static_cast<int>(a.M), static_cast<int>(a.in),
-                                      group_shift, sp.sums ? 1 : 0, sp.xs ? 1 : 0, nd);
+  auto kernel = gemv_kernel<TX, TS, Kind, MaxM, kUnroll>;
+  if constexpr (Kind == 0) {
+    if (tile <= 2) kernel = gemv_kernel<TX, TS, Kind, MaxM, 2>;
+    else if (tile <= 4) kernel = gemv_kernel<TX, TS, Kind, MaxM, 4>;
+  }
+  const cudaError_t e = launch_kernel(kernel, dim3(blocks), dim3(kThreads), static_cast<size_t>(sp.bytes),
+                                      static_cast<cudaStream_t>(a.stream), static_cast<const TX*>(a.x), segs,
+                                      static_cast<int>(a.M), static_cast<int>(a.in), group_shift, sp.sums ? 1 : 0,
+                                      sp.xs ? 1 : 0, nd);
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
 
-// Lanes per row (log2) of one segment: the power of two in 4..32 that gives each lane about kUnroll
-// chunks; affine segments then widen it (up to a lane per chunk) until they have kAffineMinWarps
-// warps. A function of `in`, the format and the segment's own rows only, so a grouped launch gives
-// each segment the bits of its separate launch.
+// Lanes per row (log2, 2..8) of one segment. Dense: the power of two that leaves a lane at most
+// kDenseChunksPerLane chunks, up to 256 lanes (8 warps). Affine: the power of two in 4..32 that
+// gives a lane about kUnroll chunks, then widened (up to a lane per chunk, and past one warp) until
+// the segment has kAffineMinWarps warps. A function of `in`, the format and the segment's own rows
+// only, so a grouped launch gives each segment the bits of its separate launch.
+// Dense bf16 (fp32 rows have twice the chunks): in 2048 → 128 lanes (2 chunks each: 1B q/k/v, o,
+// gate/up, lm_head), 4096 → 256 (2), 8192 → 256 (4: 1B down), 14336 → 256 (7: 8B down).
 template <typename TX, int Kind>
 int lanes_log2(int64_t in, int64_t rows) {
   const int64_t chunks = in / codes_per_chunk<TX, Kind>();
   int l = 2;
-  while (l < 5 && (int64_t{2} << l) * kUnroll <= chunks) ++l;
-  if constexpr (Kind != 0)
-    while (l < 5 && (int64_t{2} << l) <= chunks && rows * (int64_t{1} << l) / 32 < kAffineMinWarps) ++l;
+  if constexpr (Kind == 0) {
+    (void)rows;
+    while (l < kMaxLanesLog2 && (int64_t{1} << l) * kDenseChunksPerLane < chunks) ++l;
+  } else {
+    while (l < 5 && (int64_t{2} << l) * kUnroll <= chunks) ++l;
+    while (l < kMaxLanesLog2 && (int64_t{2} << l) <= chunks && rows * (int64_t{1} << l) / 32 < kAffineMinWarps) ++l;
+  }
   return l;
 }
 
-// Fills the segment table (each segment's lanes per row, its rows in whole blocks), launches.
+// Fills the segment table (each segment's lanes per row, its rows in whole blocks), picks the tile
+// (the fewest of 2, 4, 8 chunks that covers a lane's share of a row: one round trip per lane where
+// a row allows, and no registers held for chunks a lane does not have), launches.
 template <typename TX, typename TS, int Kind>
 const char* launch(const GemvArgs& a) {
   Segs segs{};
-  int64_t end = 0;
+  int64_t end = 0, per_lane = 1;
+  const int64_t chunks = a.in / codes_per_chunk<TX, Kind>();
   for (int s = 0; s < 3; ++s) {
     if (s < a.n_seg) {
       const GemvSegment& g = a.seg[s];
@@ -423,6 +574,8 @@ const char* launch(const GemvArgs& a) {
       segs.y[s] = g.y;
       segs.out[s] = g.out;
       segs.tpr_log2[s] = lanes_log2<TX, Kind>(a.in, g.out);
+      const int64_t lanes = int64_t{1} << segs.tpr_log2[s];
+      if ((chunks + lanes - 1) / lanes > per_lane) per_lane = (chunks + lanes - 1) / lanes;
       const int64_t rows_per_block = kThreads >> segs.tpr_log2[s];
       end += (g.out + rows_per_block - 1) / rows_per_block;
       if (end > 0x7fffffff) return "gemv: too many output rows for one grid";
@@ -433,11 +586,12 @@ const char* launch(const GemvArgs& a) {
     }
   }
   const unsigned blocks = static_cast<unsigned>(end);
+  const int tile = per_lane <= 2 ? 2 : per_lane <= 4 ? 4 : kUnroll;
   const int M = static_cast<int>(a.M);
-  if (M <= 1) return launch_m<TX, TS, Kind, 1>(a, segs, blocks);
-  if (M <= 2) return launch_m<TX, TS, Kind, 2>(a, segs, blocks);
-  if (M <= 4) return launch_m<TX, TS, Kind, 4>(a, segs, blocks);
-  return launch_m<TX, TS, Kind, 8>(a, segs, blocks);
+  if (M <= 1) return launch_m<TX, TS, Kind, 1>(a, segs, blocks, tile);
+  if (M <= 2) return launch_m<TX, TS, Kind, 2>(a, segs, blocks, tile);
+  if (M <= 4) return launch_m<TX, TS, Kind, 4>(a, segs, blocks, tile);
+  return launch_m<TX, TS, Kind, 8>(a, segs, blocks, tile);
 }
 
 template <typename TX>

@@ -2,6 +2,9 @@
 // dense (fp32/fp16/bf16) or MLX affine 4/8-bit weights, for up to three weights that share x in one
 // launch (q/k/v, gate/up). Plain C++ (raw pointers, no ATen) so the .cu compiles standalone with
 // nvcc. Not the dispatch (nn/linear.cpp, nn/quant.cpp decide when it applies) and not a GEMM.
+// A row is split over 4..256 lanes (up to the 8 warps of a block: a dense row gets ~2 chunks of 16
+// bytes a lane), each lane's share loaded in one ordered tile where it fits; the layout and the
+// H200 numbers behind it are in gemv.cu.
 #pragma once
 #include <cstdint>
 
@@ -64,7 +67,8 @@ bool gemv_supported(const GemvArgs& a);
 /// y_s = x · W_sᵀ for each segment s, accumulated in fp32 and rounded once to x_dtype; affine
 /// weights decode as W[o, k] = scale[o, k/gs] · q[o, k] + bias[o, k/gs] (mlx's affine dequantize).
 /// A row's result depends only on that row and its matrix's shape (not on M, the other segments or
-/// the launch shape), so grouped and separate calls and any batch size give the same bits. Asynchronous on `stream`.
+/// the launch shape; a row over several warps adds their sums in warp order), so grouped and
+/// separate calls and any batch size give the same bits. Asynchronous on `stream`.
 /// Returns nullptr on success, else a one-line reason (unsupported case, misaligned pointer, or the
 /// CUDA launch error string).
 const char* gemv(const GemvArgs& a);

@@ -29,11 +29,11 @@ bool dgn_have_kernels() {
 }
 
 // Dynamic shared memory the normed launch needs (kernels/gemv.h: the normed rows as padded fp32, and
-// the affine chunk sums) against its 48 KB - 256 bytes: whether decode_gemv_normed must apply.
+// the affine chunk sums) against its 48 KB - 512 bytes: whether decode_gemv_normed must apply.
 bool dgn_fits(int bits, at::ScalarType dt, int64_t M, int64_t in) {
   const int64_t codes = bits == 0 ? (dt == at::kFloat ? 4 : 8) : 128 / bits, chunks = in / codes;
   const int64_t sums = bits == 0 ? 0 : (M * chunks * 4 + 15) / 16 * 16;
-  return sums + M * chunks * (codes + 4) * 4 <= 48 * 1024 - 256;
+  return sums + M * chunks * (codes + 4) * 4 <= 48 * 1024 - 512;
 }
 
 }  // namespace

@@ -146,6 +146,69 @@ TEST(DecodeGemv, GroupedIsSeparateBitForBitDenseAndAffine) {
   }
 }
 
+// Rows over several warps (kernels/gemv.cu): dense rows of more than 64 chunks span 2..8 warps
+// whose sums meet in shared memory (bf16 in 1032: 129 chunks on 128 lanes, lane 0 has two; 2048:
+// 128 lanes of 2; 4096: 256 of 2; 8192: 256 of 4; 14336: 1,792 chunks, 7 a lane; fp32 14336: 3,584
+// chunks, two tiles a lane), three segments of different row counts share x (300, 77 and 8 rows:
+// blocks with dead rows), and affine 4/8-bit rows at in 8192 widen past one warp (4-bit: 128 lanes
+// of 2 chunks at 300 rows, 256 of 1 at 77 and 8; 8-bit: 128 of 4, 256 of 2; x in shared memory at
+// M = 1, not at M = 3). A wrong chunk index or a lost warp's partial shows against the fp64
+// reference; each segment must equal its own launch and each row its one-row call, bit for bit.
+TEST(DecodeGemv, MultiWarpRowsMatchReferenceGroupedAndPerRow) {
+  if (!dg_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
+  DgFusedSwitch on(true);
+  at::manual_seed(37);
+  const at::Device cuda(at::kCUDA, 0);
+  const std::vector<int64_t> rows = {300, 77, 8};
+  for (auto dt : {at::kBFloat16, at::kHalf, at::kFloat})
+    for (int64_t in : {1032, 2048, 4096, 8192, 14336}) {
+      std::vector<at::Tensor> ws;
+      for (int64_t r : rows) ws.push_back((at::randn({r, in}) * 0.05).to(dt).to(cuda));
+      const std::vector<hearth::nn::GemvOperand> ops = {{ws[0], nullptr}, {ws[1], nullptr}, {ws[2], nullptr}};
+      for (int64_t M : {1, 3}) {
+        const at::Tensor x = at::randn({M, in}).to(dt).to(cuda);
+        const std::vector<at::Tensor> ys = hearth::nn::decode_gemv(x, ops);
+        ASSERT_EQ(ys.size(), 3u) << "dtype " << dt << " in " << in << " M " << M;
+        for (size_t i = 0; i < ws.size(); ++i) {
+          ASSERT_EQ(ys[i].sizes().vec(), (std::vector<int64_t>{M, rows[i]}));
+          const at::Tensor ref = at::matmul(x.to(at::kDouble), ws[i].to(at::kDouble).t());
+          EXPECT_LE(dg_rel_err(ys[i], ref), dg_tol(dt)) << "dtype " << dt << " in " << in << " M " << M << " seg " << i;
+          const at::Tensor sep = hearth::nn::decode_gemv(x, {hearth::nn::GemvOperand{ws[i], nullptr}})[0];
+          EXPECT_TRUE(at::equal(sep, ys[i])) << "dtype " << dt << " in " << in << " M " << M << " seg " << i;
+        }
+        for (int64_t m = 0; m < M; ++m) {
+          const at::Tensor one = hearth::nn::decode_gemv(x.narrow(0, m, 1).clone(), ops)[1];
+          EXPECT_TRUE(at::equal(one[0], ys[1][m])) << "dtype " << dt << " in " << in << " row " << m << " of M " << M;
+        }
+      }
+    }
+  const int64_t in = 8192;
+  for (int bits : {4, 8})
+    for (auto dt : {at::kBFloat16, at::kFloat}) {
+      std::vector<hearth::nn::QuantizedWeight> qs;
+      for (int64_t r : rows) {
+        const hearth::nn::QuantizedWeight w = hearth::nn::quantize(at::randn({r, in}) * 0.05, hearth::nn::QuantSpec{bits, 64});
+        qs.push_back(hearth::nn::QuantizedWeight{w.wq.to(cuda), w.scales.to(dt).to(cuda), w.biases.to(dt).to(cuda), w.spec});
+      }
+      const std::vector<hearth::nn::GemvOperand> ops = {{{}, &qs[0]}, {{}, &qs[1]}, {{}, &qs[2]}};
+      for (int64_t M : {1, 3}) {
+        const at::Tensor x = at::randn({M, in}).to(dt).to(cuda);
+        const std::vector<at::Tensor> ys = hearth::nn::decode_gemv(x, ops);
+        ASSERT_EQ(ys.size(), 3u) << bits << " M " << M << " " << dt;
+        for (size_t i = 0; i < qs.size(); ++i) {
+          const at::Tensor ref = at::matmul(x.to(at::kDouble), hearth::nn::dequantize(qs[i], at::kFloat).to(at::kDouble).t());
+          EXPECT_LE(dg_rel_err(ys[i], ref), dg_tol(dt)) << bits << " M " << M << " " << dt << " seg " << i;
+          const at::Tensor sep = hearth::nn::decode_gemv(x, {hearth::nn::GemvOperand{{}, &qs[i]}})[0];
+          EXPECT_TRUE(at::equal(sep, ys[i])) << bits << " M " << M << " " << dt << " seg " << i;
+        }
+        for (int64_t m = 0; m < M; ++m) {
+          const at::Tensor one = hearth::nn::decode_gemv(x.narrow(0, m, 1).clone(), ops)[0];
+          EXPECT_TRUE(at::equal(one[0], ys[0][m])) << bits << " " << dt << " row " << m << " of M " << M;
+        }
+      }
+    }
+}
+
 TEST(DecodeGemv, ForwardManyAddsAdaptersAndFallsBackWithBias) {
   if (!dg_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
   DgFusedSwitch on(true);
