@@ -2,6 +2,7 @@
 #include "nn/decode_gemv.h"
 
 #include <cstdlib>
+#include <string>
 
 #include <c10/core/GradMode.h>
 
@@ -150,6 +151,14 @@ NormedGemv decode_gemv_normed(const at::Tensor&, const at::Tensor&, const at::Te
   return {};
 }
 #endif
+
+bool gemv_norm_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("HEARTH_GEMV_NORM");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
 
 int64_t dense_gemv_max_rows() {
   static const int64_t rows = [] {

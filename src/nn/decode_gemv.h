@@ -34,14 +34,19 @@ struct NormedGemv {
 
 /// {s, RMSNorm(s), {RMSNorm(s) · W_iᵀ}} for s = x (+ residual): LlamaRMSNorm (weight [in] in x's
 /// dtype, `eps`) applied inside the GEMV launch (kernels/gemv.h GemvNorm) instead of a norm kernel
-/// before it — one dependent launch fewer per norm of a decode step. The same bits as
-/// nn::add_rms_norm's CUDA kernel followed by decode_gemv (both walk a row as kernels/rms_row.cuh
-/// does). Applies where decode_gemv applies and the weight matches x (dtype, device, [in]), the
+/// before it — one dependent launch fewer per norm of a decode step. s and RMSNorm(s) are the same
+/// bits as nn::add_rms_norm's CUDA kernel (both walk a row as kernels/rms_row.cuh does); the
+/// products are decode_gemv's of RMSNorm(s) within fp32 summation order (a normed launch gives a
+/// row one warp, where a plain dense one may spread it over several). Applies where decode_gemv applies and the weight matches x (dtype, device, [in]), the
 /// residual (when defined) x's shape and dtype, nothing needing a gradient, and the normed rows fit
 /// the kernel's shared memory; otherwise returns ys empty (the caller then runs the norm and its
 /// products itself). Throws hearth::Error when the launch fails.
 NormedGemv decode_gemv_normed(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps,
                               const std::vector<GemvOperand>& ws);
+
+/// Whether Linear::forward_many_normed may use decode_gemv_normed: HEARTH_GEMV_NORM=0 turns it off
+/// (the norm kernel, then the GEMV); on otherwise. Read once.
+bool gemv_norm_enabled();
 
 /// The most rows of x for which Linear sends a *dense* product to decode_gemv rather than cuBLAS:
 /// 1 (HEARTH_DENSE_GEMV_MAX_ROWS=1..8 changes it; read once). The kernel's cost grows with the rows

@@ -176,7 +176,7 @@ Linear::NormedProducts Linear::forward_many_normed(const NormedInput& in, std::i
   HEARTH_CHECK(in.norm != nullptr && ls.size() >= 1 && ls.size() <= 3,
                "Linear::forward_many_normed: needs a norm and 1 to 3 Linears");
   std::vector<GemvOperand> ops;
-  bool fused = true;
+  bool fused = gemv_norm_enabled();
   for (const Linear* l : ls) {
     if (l->bias_) fused = false;
     ops.push_back(l->qweight_ ? GemvOperand{{}, &*l->qweight_} : GemvOperand{l->weight_, nullptr});

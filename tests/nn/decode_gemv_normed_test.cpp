@@ -4,6 +4,8 @@
 // build; they run on the GPU machine.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "core/torch_compat.h"
 #include "nn/decode_gemv.h"
 #include "nn/fused_ops.h"
@@ -34,6 +36,17 @@ bool dgn_fits(int bits, at::ScalarType dt, int64_t M, int64_t in) {
   const int64_t codes = bits == 0 ? (dt == at::kFloat ? 4 : 8) : 128 / bits, chunks = in / codes;
   const int64_t sums = bits == 0 ? 0 : (M * chunks * 4 + 15) / 16 * 16;
   return sums + M * chunks * (codes + 4) * 4 <= 48 * 1024 - 512;
+}
+
+// max |y - ref| / max |ref|.
+double dgn_rel_err(const at::Tensor& y, const at::Tensor& ref) {
+  const double scale = ref.abs().max().item<double>();
+  return (y.to(at::kDouble) - ref.to(at::kDouble)).abs().max().item<double>() / std::max(scale, 1e-30);
+}
+
+// An operand's weight as a dense [out, in] matrix.
+at::Tensor dgn_dense(const hearth::nn::GemvOperand& o) {
+  return o.quant ? hearth::nn::dequantize(*o.quant, at::kFloat) : o.dense.to(at::kFloat);
 }
 
 }  // namespace
@@ -72,8 +85,8 @@ TEST(DecodeGemvNormed, MlpForwardNormedIsTheNormThenTheMlp) {
   EXPECT_TRUE(at::equal(out, mlp.forward(n2)));
 }
 
-// The promise: sum, normed and every product equal, bit for bit, what add_rms_norm's kernel then
-// decode_gemv give — dense bf16/f16/fp32 and MLX affine 4/8-bit, M = 1 and 3, with and without a
+// The promise: sum and normed equal, bit for bit, what add_rms_norm's kernel gives, and every
+// product decode_gemv's of normed within summation order and an fp64 reference — dense bf16/f16/fp32 and MLX affine 4/8-bit, M = 1 and 3, with and without a
 // residual, one to three segments, rows of 2,048 and 4,096 (the 1B's and the 8B's hidden sizes), 64
 // and 1,000 (not a multiple of the 256 threads).
 TEST(DecodeGemvNormed, GpuSameBitsAsNormKernelThenGemv) {
@@ -122,18 +135,20 @@ TEST(DecodeGemvNormed, GpuSameBitsAsNormKernelThenGemv) {
               EXPECT_TRUE(at::equal(g.normed, normed)) << what;
               const std::vector<at::Tensor> ref = hearth::nn::decode_gemv(normed, some);
               ASSERT_EQ(ref.size(), n) << what;
-              for (size_t i = 0; i < n; ++i) {
+              for (size_t i = 0; i < n; ++i) {  // a normed launch may sum a row in another order
                 EXPECT_EQ(g.ys[i].sizes(), ref[i].sizes()) << what;
-                EXPECT_TRUE(at::equal(g.ys[i], ref[i])) << what << " segment " << i;
+                EXPECT_LE(dgn_rel_err(g.ys[i], ref[i]), dt == at::kFloat ? 1e-5 : 1e-2) << what << " segment " << i;
+                const at::Tensor exact = at::matmul(normed.to(at::kDouble), dgn_dense(some[i]).to(at::kDouble).t());
+                EXPECT_LE(dgn_rel_err(g.ys[i], exact), dt == at::kFloat ? 1e-5 : dt == at::kHalf ? 2e-3 : 1e-2) << what;
               }
             }
           }
   EXPECT_EQ(fused_cases, 408);  // every case that fits (dgn_fits) took the fused launch
 }
 
-// Through the modules: forward_many_normed on CUDA takes the fused launch (one row) and the
-// fallback (cuBLAS rows) with the same results as the norm then forward_many; active adapters are
-// added from the normed input.
+// Through the modules: forward_many_normed on CUDA takes the fused launch (one row: the same values
+// as the norm then forward_many, within summation order) and the fallback (cuBLAS rows: the same
+// bits); active adapters are added from the normed input.
 TEST(DecodeGemvNormed, GpuLinearAndMlpMatchTheUnfusedModules) {
   if (!dgn_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
   DgnFusedSwitch on(true);
@@ -155,12 +170,14 @@ TEST(DecodeGemvNormed, GpuLinearAndMlpMatchTheUnfusedModules) {
       const auto [sum, out] = mlp.forward_normed({x, r, &norm});
       const auto [s2, n2] = norm.forward_add(x, r);
       EXPECT_TRUE(at::equal(sum, s2)) << "B " << B << " adapter " << adapter;
-      EXPECT_TRUE(at::equal(out, mlp.forward(n2))) << "B " << B << " adapter " << adapter;
+      EXPECT_LE(dgn_rel_err(out, mlp.forward(n2)), 2e-2) << "B " << B << " adapter " << adapter;
       const hearth::nn::Linear::NormedProducts p =
           hearth::nn::Linear::forward_many_normed({x, r, &norm}, {&mlp.gate_proj, &mlp.up_proj});
+      EXPECT_TRUE(at::equal(p.normed, n2));
       const std::vector<at::Tensor> ref = hearth::nn::Linear::forward_many(n2, {&mlp.gate_proj, &mlp.up_proj});
-      EXPECT_TRUE(at::equal(p.ys[0], ref[0])) << "B " << B << " adapter " << adapter;
-      EXPECT_TRUE(at::equal(p.ys[1], ref[1])) << "B " << B << " adapter " << adapter;
+      EXPECT_LE(dgn_rel_err(p.ys[0], ref[0]), 1e-2) << "B " << B << " adapter " << adapter;
+      EXPECT_LE(dgn_rel_err(p.ys[1], ref[1]), 1e-2) << "B " << B << " adapter " << adapter;
+      if (B > 1) EXPECT_TRUE(at::equal(p.ys[1], ref[1])) << "cuBLAS rows take the unfused path";
     }
   }
 }
