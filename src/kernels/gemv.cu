@@ -15,14 +15,19 @@
 // same layout with ordered loads: qkv 2048→2048+512+512 5.07 → 4.08, o 2048→2048 4.14 → 3.15,
 // gate/up 2048→2×8192 18.67 → 16.95, down 8192→2048 16.27 → 13.61, lm_head 2048→128256 117.9 → 116.8.
 //
-// Lanes per row (lanes_log2): dense rows get at most kDenseChunksPerLane (2) chunks a lane, up to
-// 256 lanes, from the bench's split-K candidate (a row over S warps of U chunks a lane, each warp a
+// Lanes per row (lanes_log2): dense rows of one warp's tile or less keep one warp or fewer lanes
+// (~8 chunks a lane); longer rows spread over up to 8 warps, at most kDenseChunksPerLane (4) chunks a
+// lane. In the whole 1B step (H200, HEARTH_GRAPH_PROFILE, 2026-12-03) the 2048-wide rows over 128
+// lanes of 2 chunks lost to one warp of 8 (gate/up 31.0 µs a layer against 20.4; lm_head ~134
+// against 118; q/k/v 5.0–6.3 against 4.4–4.9) while the 8192-wide down projection over 256 lanes of
+// 4 won (10.5–12.9 µs against 16.3), although the isolated bench below had favoured the split rows
+// for all of them. The bench's split-K candidate (a row over S warps of U chunks a lane, each warp a
 // contiguous slice where gemv() interleaves its lanes over the whole row: the same 512 bytes per
 // warp-wide load), same machine and setup: o S=4 U=2 2.87 µs, gate/up S=4 U=2 16.29, down S=8 U=4
 // 9.10 (S=4 U=8 10.15; one warp with 16-chunk tiles 10.40), lm_head S=4 U=2 115.9 — each the best
-// of its shape; qkv ran best in one warp (4.08; S=2 U=4 4.34), which this rule gives up for o's
-// gain since q has o's shape and the rule sees one segment. gemv() itself in this layout: not
-// measured yet. Affine rows keep ~kUnroll chunks a lane (up to a warp) and widen, now past one
+// of its shape; qkv ran best in one warp (4.08; S=2 U=4 4.34). This rule (one warp for 2048-wide
+// rows, 256 lanes of 4 for 8192) is built from those step measurements; the step with it was not
+// profiled yet (the device time ran out). Affine rows keep ~kUnroll chunks a lane (up to a warp) and widen, now past one
 // warp, until their matrix has kAffineMinWarps warps. For affine weights x is staged once per block
 // in shared memory as fp32 (padded per chunk so a warp's 16-byte reads hit distinct banks) when it
 // fits; dense rows, and affine ones past the limit, re-read it per chunk from L1/L2.
@@ -52,9 +57,9 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kUnroll = 8;  // an affine lane's tile, and the deepest dense one: chunks loaded before any use
 constexpr int kMaxLanesLog2 = 8;  // a row over at most the block's 8 warps
-// Dense rows: lanes per row are the power of two (4..256) that leaves a lane at most this many
-// chunks (2048-wide bf16: 128 lanes; 8192-wide: 256 lanes of 4). The numbers at the top of the file.
-constexpr int kDenseChunksPerLane = 2;
+// Dense rows longer than one warp's tile spread over warps until a lane has at most this many
+// chunks (8192-wide bf16: 256 lanes of 4). The numbers at the top of the file.
+constexpr int kDenseChunksPerLane = 4;
 // Affine segments widen their rows' lane groups until the segment has this many warps (or a lane
 // would be left without a chunk): measured on the H200 (Qwen3.5-0.8B MLX 4-bit), a 1024-row matrix
 // ran at 9.0 µs with 256 warps and 5.3 µs with 1,024, while 7,168 rows ran best at 896 warps
@@ -539,20 +544,23 @@ const char* launch_m(const GemvArgs& a, const Segs& segs, unsigned blocks, int t
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
 
-// Lanes per row (log2, 2..8) of one segment. Dense: the power of two that leaves a lane at most
-// kDenseChunksPerLane chunks, up to 256 lanes (8 warps). Affine: the power of two in 4..32 that
+// Lanes per row (log2, 2..8) of one segment. Dense: the power of two in 4..32 that gives a lane
+// about kUnroll chunks (one tile); a row longer than 32 lanes' tiles then widens, up to 256 lanes
+// (8 warps), until a lane has at most kDenseChunksPerLane chunks. Affine: the power of two in 4..32 that
 // gives a lane about kUnroll chunks, then widened (up to a lane per chunk, and past one warp) until
 // the segment has kAffineMinWarps warps. A function of `in`, the format and the segment's own rows
 // only, so a grouped launch gives each segment the bits of its separate launch.
-// Dense bf16 (fp32 rows have twice the chunks): in 2048 → 128 lanes (2 chunks each: 1B q/k/v, o,
-// gate/up, lm_head), 4096 → 256 (2), 8192 → 256 (4: 1B down), 14336 → 256 (7: 8B down).
+// Dense bf16 (fp32 rows have twice the chunks): in 2048 → 32 lanes (8 chunks each: 1B q/k/v, o,
+// gate/up, lm_head), 4096 → 128 (4: the 8B's), 8192 → 256 (4: 1B down), 14336 → 256 (7: 8B down).
 template <typename TX, int Kind>
 int lanes_log2(int64_t in, int64_t rows) {
   const int64_t chunks = in / codes_per_chunk<TX, Kind>();
   int l = 2;
   if constexpr (Kind == 0) {
     (void)rows;
-    while (l < kMaxLanesLog2 && (int64_t{1} << l) * kDenseChunksPerLane < chunks) ++l;
+    while (l < 5 && (int64_t{2} << l) * kUnroll <= chunks) ++l;
+    if (chunks > (int64_t{1} << l) * kUnroll)  // more than one warp's tile: spread over warps
+      while (l < kMaxLanesLog2 && (int64_t{1} << l) * kDenseChunksPerLane < chunks) ++l;
   } else {
     while (l < 5 && (int64_t{2} << l) * kUnroll <= chunks) ++l;
     while (l < kMaxLanesLog2 && (int64_t{2} << l) <= chunks && rows * (int64_t{1} << l) / 32 < kAffineMinWarps) ++l;

@@ -44,6 +44,13 @@ struct NormedGemv {
 NormedGemv decode_gemv_normed(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps,
                               const std::vector<GemvOperand>& ws);
 
+/// The most output rows (summed over the Linears) for which Linear::forward_many_normed runs the
+/// norm inside the GEMV launch. Every block of a normed launch computes the whole norm (one warp per
+/// row, 8 rows a block), so its cost grows with the rows: in the 1B step (H200, bf16) the q/k/v
+/// launch (3,072 rows, 384 blocks) took 7.2–9.0 µs with the norm against 4.4–4.9 + a 4.3 µs norm
+/// kernel unfused, the gate/up launch (16,384 rows) 30–34 µs against 20.4 + 4.6.
+constexpr int64_t kGemvNormMaxRows = 4096;
+
 /// Whether Linear::forward_many_normed may use decode_gemv_normed: HEARTH_GEMV_NORM=0 turns it off
 /// (the norm kernel, then the GEMV); on otherwise. Read once.
 bool gemv_norm_enabled();

@@ -177,11 +177,14 @@ Linear::NormedProducts Linear::forward_many_normed(const NormedInput& in, std::i
                "Linear::forward_many_normed: needs a norm and 1 to 3 Linears");
   std::vector<GemvOperand> ops;
   bool fused = gemv_norm_enabled();
+  int64_t rows = 0;
   for (const Linear* l : ls) {
+    rows += l->out_features();
     if (l->bias_) fused = false;
     ops.push_back(l->qweight_ ? GemvOperand{{}, &*l->qweight_} : GemvOperand{l->weight_, nullptr});
   }
   if (fused && !ops[0].quant && gemv_rows(in.x) > dense_gemv_max_rows()) fused = false;  // cuBLAS (decode_gemv.h)
+  if (rows > kGemvNormMaxRows) fused = false;  // the norm once per 8 rows costs more than its launch
   if (fused) {
     NormedGemv g = decode_gemv_normed(in.x, in.residual, in.norm->weight(), in.norm->eps(), ops);
     if (!g.ys.empty()) {

@@ -129,8 +129,9 @@ class Linear {
     std::vector<at::Tensor> ys;  // ls[i]->forward(normed) each
   };
   /// {sum, normed, forward_many(normed, ls)} with normed = in.norm->forward_add(in.x, in.residual)
-  /// (or forward(in.x)): on a decode-sized CUDA input the norm runs inside the GEMV launch
-  /// (nn/decode_gemv.h decode_gemv_normed: the same bits, one launch fewer), each Linear's active
+  /// (or forward(in.x)): on a decode-sized CUDA input with at most kGemvNormMaxRows output rows in
+  /// all the norm runs inside the GEMV launch (nn/decode_gemv.h decode_gemv_normed: the same sum
+  /// and normed bits, products within summation order; one launch fewer), each Linear's active
   /// adapters then added from `normed` as forward() adds them; otherwise the norm and forward_many
   /// in turn. 1 ≤ |ls| ≤ 3. Throws what forward_many and the norm throw.
   static NormedProducts forward_many_normed(const NormedInput& in, std::initializer_list<const Linear*> ls);

@@ -16,8 +16,8 @@ struct GatedMLP {
   /// saves only x); same values as forward_whole. Throws what Linear::forward throws.
   at::Tensor forward(const at::Tensor& x) const;
   /// {sum, forward(norm(sum))} for an input still to be normalised (Linear::NormedInput, sum = x +
-  /// residual): on the decode path the norm runs inside the gate/up GEMV launch
-  /// (Linear::forward_many_normed, the same bits); inside an MlpChunkScope the norm runs first and
+  /// residual): on the decode path the norm may run inside the gate/up GEMV launch
+  /// (Linear::forward_many_normed: small MLPs only, nn::kGemvNormMaxRows); inside an MlpChunkScope the norm runs first and
   /// forward() chunks as usual. Throws what the norm and forward throw.
   std::pair<at::Tensor, at::Tensor> forward_normed(const Linear::NormedInput& in) const;
   /// The whole formula at once (every intermediate saved by autograd when grad is on).

@@ -66,8 +66,9 @@ struct LlamaDecoderLayer {
   /// {sum, delta}, the layer's output being sum + delta ([B, T, C] each). `pending`, when defined,
   /// is the previous layer's delta not yet added to x: the input norm adds it in its own kernel
   /// (nn::RMSNorm::forward_add), so consecutive layers skip one elementwise launch each. The same
-  /// values as adding first (an addition rounds the same in either order). On the decode path both
-  /// norms run inside the GEMV launch after them (q/k/v, gate/up: nn::Linear::forward_many_normed).
+  /// values as adding first (an addition rounds the same in either order). On the decode path a norm
+  /// runs inside the GEMV launch after it where nn::Linear::forward_many_normed fuses it (the 1B's
+  /// q/k/v; not its gate/up, past nn::kGemvNormMaxRows).
   std::pair<at::Tensor, at::Tensor> forward_unadded(const at::Tensor& x, const at::Tensor& pending,
                                                     const std::vector<AttentionRows>& groups) const;
 };
