@@ -1,6 +1,7 @@
 // `hearth bench`: end-to-end prefill/decode speed of a model folder on random prompt ids,
 // greedy, median over runs after one warmup. Not a micro-benchmark of kernels (bench/).
 #include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -26,6 +27,7 @@ struct BenchArgs {
   int64_t prompt_tokens = 512, gen_tokens = 128;
   int runs = 3;
   int64_t batch = 1;  // sequences decoded together (continuous batching's step)
+  std::string op_trace;  // a Chrome trace of one more prefill's host-side ATen ops, when set
 };
 
 double median(std::vector<double> v) {
@@ -101,6 +103,10 @@ std::function<int()> setup_bench(CLI::App& app) {
                  "Sequences decoded together in one batched step, as the server's continuous batching does "
                  "(default 1: the single-sequence path); reports the aggregate decode tok/s")
       ->check(CLI::Range(1, 1024));
+  app.add_option("--op-trace", a->op_trace,
+                 "After the timed runs, one more prefill (the prompt, one token generated) under PyTorch's "
+                 "legacy profiler: its ATen ops with host start/duration, as a Chrome trace in this file "
+                 "(tools/op_trace_summary.py sums it by op); the host cost of the eager forward");
   app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
   hearth::cli::add_threads_option(app);
   app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's torch_dtype on cuda, float32 on cpu)");
@@ -159,6 +165,16 @@ std::function<int()> setup_bench(CLI::App& app) {
       std::printf("decode without the static setup: %.1f tok/s (setup %.1f ms per run: caches copied, step recorded)\n",
                   median(steady), median(setup_ms));
     std::printf("TTFT: %.1f ms\npeak memory: %.3f GB\n", median(ttft), peak / 1e9);
+    if (!a->op_trace.empty()) {
+      hearth::generate::GenerateOptions one = opts;
+      one.max_tokens = 1;
+      {
+        torch::autograd::profiler::RecordProfile trace(a->op_trace);
+        hearth::generate::generate(*model, prompt, one);
+        hearth::compat::synchronize(where.device);
+      }
+      std::printf("op trace: %s\n", a->op_trace.c_str());
+    }
     return 0;
   };
 }

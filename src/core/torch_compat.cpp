@@ -1,6 +1,8 @@
 // Version- and device-dependent helpers behind torch_compat.h.
 #include "core/torch_compat.h"
 
+#include <atomic>
+
 #include "core/env.h"
 #include "core/error.h"
 
@@ -97,6 +99,16 @@ void synchronize(const at::Device& device) {
 #endif
 }
 
+namespace {
+std::atomic<bool>& sdpa_cudnn_flag() {
+  static std::atomic<bool> on{env_equals("HEARTH_SDPA_CUDNN", "1")};
+  return on;
+}
+}  // namespace
+
+bool sdpa_cudnn_for_inference() { return sdpa_cudnn_flag().load(std::memory_order_relaxed); }
+bool set_sdpa_cudnn_for_inference(bool on) { return sdpa_cudnn_flag().exchange(on); }
+
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& mask,
                 bool is_causal, double scale, bool enable_gqa) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
@@ -106,7 +118,7 @@ at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
   // no autograd (inference) leaves cuDNN out and SDPA picks flash / memory-efficient attention;
   // training keeps PyTorch's choice, and HEARTH_SDPA_CUDNN=1 gives inference it too. The switch is
   // the process-wide one, set and restored around the call (one engine thread runs inference).
-  static const bool cudnn_for_inference = env_equals("HEARTH_SDPA_CUDNN", "1");
+  const bool cudnn_for_inference = sdpa_cudnn_for_inference();
   const bool recording = c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   struct CudnnOff {
     const bool on;

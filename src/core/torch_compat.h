@@ -21,10 +21,17 @@ constexpr bool kHasSdpaGqa = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 
 /// (H % Hkv == 0, q head h reads kv head h / (H / Hkv), as repeat_kv would lay them out); mask bool
 /// (true = attend) or additive float, broadcastable to [B, H, T, S]. A call that records no autograd
 /// leaves SDPA's cuDNN backend out (it plans each new shape for 40-760 ms on the H200; see the .cpp),
-/// unless HEARTH_SDPA_CUDNN=1. Throws hearth::Error on builds
+/// unless sdpa_cudnn_for_inference(). Throws hearth::Error on builds
 /// without SDPA, or with enable_gqa on builds without it (kHasSdpaGqa false).
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& mask,
                 bool is_causal, double scale, bool enable_gqa = false);
+
+/// Whether sdpa lets inference calls use cuDNN's backend too (PyTorch's own choice, as transformers
+/// gets it: what bit-identical parity with its SDPA runs needs). Off by default (the per-shape
+/// planning above); HEARTH_SDPA_CUDNN=1 turns it on for the process, set_sdpa_cudnn_for_inference
+/// at run time (returns the previous setting; process-wide).
+bool sdpa_cudnn_for_inference();
+bool set_sdpa_cudnn_for_inference(bool on);
 
 /// One at::_fused_adamw_ (multi-tensor AdamW, PyTorch >= 2.4) over same-device, same-dtype lists;
 /// `steps` are float32 scalars on that device, already incremented. Returns false, touching nothing,

@@ -89,14 +89,6 @@ std::vector<std::vector<Chunk>> forward_groups(std::vector<Chunk> padded, std::v
   return groups;
 }
 
-// `ids` as an int64 tensor on `device`. To a GPU through pinned memory without blocking: a plain
-// copy from pageable memory waits for the stream (a device sync), which read_logprobs must not
-// pay besides its one read.
-at::Tensor ids_to(const std::vector<int64_t>& ids, const at::Device& device) {
-  at::Tensor host = at::tensor(ids, at::TensorOptions().dtype(at::kLong));
-  if (!device.is_cuda()) return host.to(device);
-  return host.pin_memory().to(device, /*non_blocking=*/true);
-}
 }  // namespace
 
 Sequence::Sequence(std::vector<int64_t> prompt, GenerateOptions opts, cache::Caches caches,
@@ -275,7 +267,7 @@ void Sequence::prefill_together(models::Model& model, const std::vector<Sequence
     adapters.push_back(s->adapters_);
   }
   const at::Device device = model.placement().device;
-  at::Tensor x = at::tensor(ids, at::TensorOptions().dtype(at::kLong)).view({B, T}).to(device);
+  at::Tensor x = ids_to(ids, device).view({B, T});
   at::Tensor hidden;  // [B, T, C]
   {
     cache::Caches view = slots ? slots->prefill_view(rows) : cache::rows_view(caches);
@@ -297,7 +289,7 @@ void Sequence::prefill_together(models::Model& model, const std::vector<Sequence
     }
   at::Tensor logits;  // [E, 1, V], E = last_rows.size()
   if (!last_rows.empty()) {
-    at::Tensor where = at::tensor(last_positions, at::TensorOptions().dtype(at::kLong)).to(device);
+    at::Tensor where = ids_to(last_positions, device);
     at::Tensor last = hidden.reshape({B * T, hidden.size(2)}).index_select(0, where).unsqueeze(1);  // [E, 1, C]
     nn::RowAdapters scope(std::move(last_adapters));
     logits = model.head(last);

@@ -300,8 +300,10 @@ cache::Caches DecodeSlots::prefill_view(const std::vector<Sequence*>& rows) {
     slots.push_back(s->slot_);
     offsets.push_back(s->offset_);
   }
+  const at::Tensor slots_device = ids_to(slots, device_);  // one copy for every layer of the forward
   cache::Caches view;
-  for (const auto& [keys, values] : buffers_) view.push_back(std::make_unique<SlotRowsCache>(keys, values, slots, offsets));
+  for (const auto& [keys, values] : buffers_)
+    view.push_back(std::make_unique<SlotRowsCache>(keys, values, slots, slots_device, offsets));
   return view;
 }
 

@@ -8,10 +8,8 @@ namespace hearth::generate {
 class SlotRowsCache::Group final : public cache::KVCacheBase {
  public:
   Group(const SlotRowsCache& view, int64_t begin, int64_t count)
-      : keys_(view.keys_), values_(view.values_), begin_(begin), count_(count), offset_(view.offsets_[begin]) {
-    std::vector<int64_t> slots(view.slots_.begin() + begin, view.slots_.begin() + begin + count);
-    index_ = at::tensor(slots, at::TensorOptions().dtype(at::kLong)).to(keys_.device());
-  }
+      : keys_(view.keys_), values_(view.values_), index_(view.slots_device_.narrow(0, begin, count)), begin_(begin),
+        count_(count), offset_(view.offsets_[begin]) {}
   cache::KVView update(const at::Tensor& k, const at::Tensor& v) override {
     const int64_t T = k.size(2);
     HEARTH_CHECK(k.size(0) == count_ && v.size(0) == count_, "decode slots: a group of ", count_, " rows got k/v of ",
@@ -37,12 +35,15 @@ class SlotRowsCache::Group final : public cache::KVCacheBase {
   int64_t begin_, count_, offset_;
 };
 
-SlotRowsCache::SlotRowsCache(at::Tensor keys, at::Tensor values, std::vector<int64_t> slots,
+SlotRowsCache::SlotRowsCache(at::Tensor keys, at::Tensor values, std::vector<int64_t> slots, at::Tensor slots_device,
                              std::vector<int64_t> offsets)
     : RowsCache({}), keys_(std::move(keys)), values_(std::move(values)), slots_(std::move(slots)),
-      offsets_(std::move(offsets)) {
+      slots_device_(std::move(slots_device)), offsets_(std::move(offsets)) {
   HEARTH_CHECK(slots_.size() == offsets_.size(), "decode slots: ", slots_.size(), " slots for ", offsets_.size(),
                " offsets");
+  HEARTH_CHECK(slots_device_.dim() == 1 && slots_device_.size(0) == static_cast<int64_t>(slots_.size()) &&
+                   slots_device_.scalar_type() == at::kLong && slots_device_.device() == keys_.device(),
+               "decode slots: the device slot index must be int64 [", slots_.size(), "] on ", keys_.device());
 }
 
 SlotRowsCache::~SlotRowsCache() = default;

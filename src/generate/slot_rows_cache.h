@@ -14,7 +14,9 @@
 namespace hearth::generate {
 
 /// One layer of a prefill forward over pool rows. keys/values: the pool's buffers of the layer
-/// [S, Hkv, C, D]; slots[b]: batch row b's slot; offsets[b]: the tokens its slot row holds (the
+/// [S, Hkv, C, D]; slots[b]: batch row b's slot, also as `slots_device` (int64 [B] on the buffers'
+/// device, made once for every layer of the view: a host-to-device copy inside the forward would
+/// wait for the layers queued before it); offsets[b]: the tokens its slot row holds (the
 /// position of its chunk's first token). Rows are groupable when at one offset; group(begin, count)
 /// is a KV cache of those rows whose update(k, v) (k/v [count, Hkv, T, D]) writes positions
 /// [offset, offset + T) of their slot rows (index_copy_) and returns rows' keys/values [count, Hkv,
@@ -23,7 +25,8 @@ namespace hearth::generate {
 /// hearth::Error for a group whose rows sit at different offsets, outside the rows, or T past C.
 class SlotRowsCache final : public cache::RowsCache {
  public:
-  SlotRowsCache(at::Tensor keys, at::Tensor values, std::vector<int64_t> slots, std::vector<int64_t> offsets);
+  SlotRowsCache(at::Tensor keys, at::Tensor values, std::vector<int64_t> slots, at::Tensor slots_device,
+                std::vector<int64_t> offsets);
   ~SlotRowsCache() override;
   int64_t batch() const override { return static_cast<int64_t>(slots_.size()); }
   cache::LayerCache* row(int64_t b) override { return group(b, 1); }
@@ -33,7 +36,9 @@ class SlotRowsCache final : public cache::RowsCache {
  private:
   class Group;
   at::Tensor keys_, values_;
-  std::vector<int64_t> slots_, offsets_;
+  std::vector<int64_t> slots_;
+  at::Tensor slots_device_;
+  std::vector<int64_t> offsets_;
   std::vector<std::unique_ptr<Group>> groups_;
 };
 

@@ -1,7 +1,12 @@
 // What the two static-caches decode paths share (graph_decode.cpp: one sequence; decode_slots.cpp:
-// the server's slot pool): their environment switches and the sampling they can run on the graph's
-// own argmax. Internal to src/generate/; not the paths themselves.
+// the server's slot pool): their environment switches, the sampling they can run on the graph's
+// own argmax, and host ids copied to the device without a stream sync. Internal to src/generate/;
+// not the paths themselves.
 #pragma once
+#include <ATen/ATen.h>
+
+#include <vector>
+
 #include "core/env.h"
 #include "generate/generate.h"
 #include "generate/sampler.h"
@@ -23,6 +28,15 @@ inline bool plain_greedy(const GenerateOptions& o) { return !o.logprobs && greed
 /// The same argmax, with the step's log-probabilities handed to the callback.
 inline bool greedy_with_logprobs(const GenerateOptions& o) {
   return o.logprobs && greedy_without_processors(o.sampling);
+}
+
+/// `ids` as an int64 tensor [ids.size()] on `device`. To a GPU through pinned memory without
+/// blocking: a plain copy from pageable memory waits for the stream (a device sync), which a
+/// forward in flight (one per layer) or read_logprobs must not pay.
+inline at::Tensor ids_to(const std::vector<int64_t>& ids, const at::Device& device) {
+  at::Tensor host = at::tensor(ids, at::TensorOptions().dtype(at::kLong));
+  if (!device.is_cuda()) return host.to(device);
+  return host.pin_memory().to(device, /*non_blocking=*/true);
 }
 
 }  // namespace hearth::generate

@@ -39,4 +39,27 @@ struct RopeCacheArgs {
 /// else a one-line reason (bad sizes or the CUDA launch error string).
 const char* rope_cache_write(const RopeCacheArgs& a);
 
+/// One tensor's RoPE over any number of tokens (a prompt chunk): x [B, H, T, D] in, y of the same
+/// shape out, both at their own strides (elements, the head dim contiguous). cos/sin rows of `rot`
+/// contiguous values, row (b, t) at b·cs_b + t·cs_t (a stride 0 broadcasts: [T, rot] tables shared
+/// by every row have cs_b = 0).
+struct RopeArgs {
+  const void* x = nullptr;
+  int64_t x_sb = 0, x_sh = 0, x_st = 0;
+  void* y = nullptr;  // may not alias x
+  int64_t y_sb = 0, y_sh = 0, y_st = 0;
+  const void* cos = nullptr;
+  const void* sin = nullptr;
+  int64_t cs_b = 0, cs_t = 0;
+  int64_t B = 0, H = 0, T = 0, D = 0, rot = 0;  // rot: rotated dims (even, <= D); the rest copied
+  QDtype dtype = QDtype::kFloat32;
+  void* stream = nullptr;  // cudaStream_t; nullptr = the legacy default stream
+};
+
+/// y = rope(x) in one launch (one block per (row, token)) where the tensor ops launch seven (two
+/// narrows, neg, cat, two muls, an add): the same roundings as rope_cache_write, so bit-identical
+/// to nn::apply_rotary's tensor ops. Asynchronous on `stream`; nullptr on success, else a one-line
+/// reason (bad sizes or the CUDA launch error string).
+const char* rope(const RopeArgs& a);
+
 }  // namespace hearth::kernels

@@ -242,16 +242,28 @@ at::Tensor attention_grouped(const at::Tensor& q, const at::Tensor& k, const at:
 // PyTorch 2.11). There both calls take the same kernel (cuDNN's by default, flash's with cuDNN
 // off; both accept GQA; checked for bf16/fp16, head dims 128 and 64), whose output, dk and dv are
 // bit-identical to the repeated call's (dq differs from run to run in either: atomics), so the
-// forward without a graph and its recomputation agree. Not inference (no grad: the repeated
-// call, as transformers makes it). Head dims up to 256 only: neither flash nor cuDNN takes more and
-// the memory-efficient kernel (the one that takes Gemma 4's 512) has no GQA, so enable_gqa there
-// would fall back to the math path's [B, H, T, T] scores.
+// forward without a graph and its recomputation agree. Inference: sdpa_gqa_inference_applies.
+// Head dims up to 256 only: neither flash nor cuDNN takes more and the memory-efficient kernel
+// (the one that takes Gemma 4's 512) has no GQA, so enable_gqa there would fall back to the math
+// path's [B, H, T, T] scores.
 bool sdpa_gqa_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   if (!compat::kHasSdpaGqa || !lean_grad_enabled() || !records_grad(q, k, v) || !q.is_cuda()) return false;
   if (q.size(3) > 256) return false;
   const at::ScalarType st = q.scalar_type();
   return (st == at::kBFloat16 || st == at::kHalf) && k.scalar_type() == st && v.scalar_type() == st &&
          k.device() == q.device() && v.device() == q.device();
+}
+
+// Inference (nothing recorded) without a mask, as transformers' sdpa_attention_forward decides
+// (integrations/sdpa_attention.py use_gqa_in_sdpa: PyTorch >= 2.5 and attention_mask None): SDPA
+// reads each kv head in place (enable_gqa) instead of repeat_kv's copies — the call transformers
+// makes, so its bits are the reference's, and a prompt's keys and values are not copied n_rep times
+// per layer. Head dims up to 256 only (flash's limit): past it SDPA would fall back to the math
+// path's [B, H, T, S] scores, so those keep the repeated call.
+bool sdpa_gqa_inference_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (!compat::kHasSdpaGqa || records_grad(q, k, v) || q.size(3) > 256) return false;
+  return k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type() && k.device() == q.device() &&
+         v.device() == q.device();
 }
 }  // namespace
 
@@ -306,10 +318,6 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     // Like transformers' sdpa_attention_forward: is_causal when no explicit mask is needed beyond
     // square causality; otherwise an explicit mask.
     const bool plain_causal = !p.mask.defined() && T > 1 && T == S && p.q_pos0 == p.k_pos0 && !p.sliding_window;
-    if (n_rep > 1 && plain_causal && sdpa_gqa_applies(q, k, v))
-      return compat::sdpa(q, k, v, c10::nullopt, /*is_causal=*/true, p.scale, /*enable_gqa=*/true);
-    at::Tensor keys = repeat_kv(k, n_rep);
-    at::Tensor values = repeat_kv(v, n_rep);
     c10::optional<at::Tensor> mask;
     if (p.mask.defined()) {
       mask = p.mask.to(q.scalar_type());
@@ -317,7 +325,9 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       at::Tensor m = attention_mask(T, S, p, q.scalar_type(), q.device());
       if (m.defined()) mask = m;
     }
-    return compat::sdpa(q, keys, values, mask, plain_causal, p.scale);
+    if (n_rep > 1 && ((plain_causal && sdpa_gqa_applies(q, k, v)) || (!mask && sdpa_gqa_inference_applies(q, k, v))))
+      return compat::sdpa(q, k, v, mask, plain_causal, p.scale, /*enable_gqa=*/true);
+    return compat::sdpa(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask, plain_causal, p.scale);
   }
   at::Tensor keys = repeat_kv(k, n_rep);
   at::Tensor values = repeat_kv(v, n_rep);

@@ -228,6 +228,45 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   return at::silu(gate) * up;
 }
 
+at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+#ifdef HEARTH_WITH_CUDA_KERNELS
+  if (!kernel_applies({&x, &cos, &sin})) return {};
+  if (x.dim() != 4 || x.numel() == 0 || x.stride(3) != 1 || sin.sizes() != cos.sizes() ||
+      sin.strides() != cos.strides() || cos.stride(-1) != 1)
+    return {};
+  const int64_t B = x.size(0), T = x.size(2), D = x.size(3), rot = cos.size(-1);
+  if (rot < 2 || rot % 2 != 0 || rot > D) return {};
+  int64_t cs_b = 0, cs_t = 0;
+  if (cos.dim() == 2 && (cos.size(0) == T || cos.size(0) == 1)) {
+    cs_t = cos.size(0) == 1 ? 0 : cos.stride(0);
+  } else if (cos.dim() == 4 && (cos.size(0) == B || cos.size(0) == 1) && cos.size(1) == 1 &&
+             (cos.size(2) == T || cos.size(2) == 1)) {
+    cs_b = cos.size(0) == 1 ? 0 : cos.stride(0);
+    cs_t = cos.size(2) == 1 ? 0 : cos.stride(2);
+  } else {
+    return {};
+  }
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor y = at::empty_like(x);
+  kernels::RopeArgs a;
+  a.x = x.data_ptr();
+  a.x_sb = x.stride(0), a.x_sh = x.stride(1), a.x_st = x.stride(2);
+  a.y = y.data_ptr();
+  a.y_sb = y.stride(0), a.y_sh = y.stride(1), a.y_st = y.stride(2);
+  a.cos = cos.data_ptr();
+  a.sin = sin.data_ptr();
+  a.cs_b = cs_b, a.cs_t = cs_t;
+  a.B = B, a.H = x.size(1), a.T = T, a.D = D, a.rot = rot;
+  a.dtype = fused_qdtype(x.scalar_type());
+  a.stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  if (const char* err = kernels::rope(a)) throw Error(cat("fused_rotary: ", err));
+  return y;
+#else
+  (void)x, (void)cos, (void)sin;
+  return {};
+#endif
+}
+
 at::Tensor rope_cache_write(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
                             const at::Tensor& sin, const at::Tensor& positions, const at::Tensor& flat_keys,
                             const at::Tensor& flat_values, int64_t row_stride) {

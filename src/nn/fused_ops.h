@@ -68,6 +68,15 @@ std::pair<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x, const 
 /// at::silu(gate) * up ([..., I] each, one float dtype); the fused kernel is bit-identical to it.
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up);
 
+/// apply_rotary(x, cos, sin)'s values from one kernel (kernels/rope_cache.h rope): x [B, H, T, D]
+/// (any strides, the head dim contiguous); cos, sin [T, rot] or [B or 1, 1, T or 1, rot] with the
+/// last dim contiguous, rot even and <= D (the dims past rot copied). The result has x's shape
+/// (empty_like's strides). Bit-identical to the tensor ops. Undefined tensor, computing nothing,
+/// where the kernel does not apply (not built or switched off, not CUDA, mixed dtypes, autograd
+/// recording, other shapes): nn::apply_rotary then runs its tensor ops. Throws Error on a launch
+/// failure.
+at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
 /// A static decode step's RoPE and cache write in one kernel (kernels/rope_cache.h): returns
 /// apply_rotary(q, cos, sin) (same shape and strides as q) after writing apply_rotary(k, cos, sin)
 /// and v at each row's position into the static cache storage — bit-identical to nn::apply_rotary

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "nn/fused_ops.h"
 #include "nn/lean_grad.h"
 
 namespace hearth::nn {
@@ -228,6 +229,8 @@ at::Tensor rotate_half(const at::Tensor& x) {
 }
 
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  // CUDA inference: one kernel with the same roundings (nn/fused_ops.h), not seven launches.
+  if (at::Tensor y = fused_rotary(x, cos, sin); y.defined()) return y;
   // While autograd records, the lean Function (nn/lean_grad.h): the same values, fewer temporaries.
   auto rotate = [&](const at::Tensor& xr) {
     return rotary_lean_applies(xr, cos, sin) ? rotary_lean(xr, cos, sin) : (xr * cos) + (rotate_half(xr) * sin);

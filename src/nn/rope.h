@@ -74,7 +74,8 @@ at::Tensor rotate_half(const at::Tensor& x);
 /// q·cos + rotate_half(q)·sin for q [B, H, T, D] and cos/sin [T, D] (broadcast over B, H).
 /// Partial rotary (cos.size(-1) < D) rotates the first cos.size(-1) dims and passes the rest.
 /// While autograd records on x, the rotation runs as nn::rotary_lean (nn/lean_grad.h): the same
-/// values bit for bit, fewer [.., T, D] temporaries in the forward and the backward.
+/// values bit for bit, fewer [.., T, D] temporaries in the forward and the backward. On CUDA
+/// without autograd (and the fused kernels on) one kernel computes the same bits (nn::fused_rotary).
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 }  // namespace hearth::nn

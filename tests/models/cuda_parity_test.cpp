@@ -4,8 +4,10 @@
 // attention path is compared with transformers' eager run and Hearth's SDPA path with transformers'
 // sdpa run: 100 greedy tokens through the KV cache must be identical; prompt and first decode-step
 // logits are compared and their max |Δ| printed (0 = bit-identical). This tier runs with the fused
-// decode kernels off (nn/fused_ops.h: their RMSNorm sums squares in another order); a second pass
-// with them on (the default) prints the same numbers, the price of the fused path.
+// decode kernels off (nn/fused_ops.h: their RMSNorm sums squares in another order) and SDPA free to
+// take cuDNN as PyTorch's default does (compat::set_sdpa_cudnn_for_inference); a second pass with
+// Hearth's defaults (fused kernels on, cuDNN out of inference) prints the same numbers, the price
+// of the fast path.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -47,10 +49,16 @@ bool set_backend(hearth::models::Model* model, hearth::nn::AttentionBackend back
 void check_model(const fs::path& gdir, const std::string& golden_file, hearth::nn::AttentionBackend backend,
                  bool fused = false, size_t min_agree = 0) {
   const bool was_fused = hearth::nn::set_fused_decode(fused);
+  // The strict tier lets SDPA pick its backends as PyTorch does for transformers (cuDNN's included);
+  // Hearth's default leaves cuDNN out of inference (torch_compat.h), which changes bits.
+  const bool was_cudnn = hearth::compat::set_sdpa_cudnn_for_inference(!fused);
   struct Restore {
-    bool on;
-    ~Restore() { hearth::nn::set_fused_decode(on); }
-  } restore{was_fused};
+    bool on, cudnn;
+    ~Restore() {
+      hearth::nn::set_fused_decode(on);
+      hearth::compat::set_sdpa_cudnn_for_inference(cudnn);
+    }
+  } restore{was_fused, was_cudnn};
   auto golden = hearth::io::read_json(gdir / golden_file);
   const fs::path model_dir = golden["model"].get<std::string>();
   auto model = hearth::models::load_model(model_dir, {at::kCUDA, at::kBFloat16});

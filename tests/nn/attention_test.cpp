@@ -115,6 +115,36 @@ TEST(Attention, SdpaMatchesPlain) {
   EXPECT_TRUE(at::allclose(attention(q, k.narrow(2, 0, 6), v.narrow(2, 0, 6), sq), plain, 1e-5, 1e-5));
 }
 
+// CUDA inference of a square causal GQA prompt: attention() makes transformers' call (enable_gqa,
+// each kv head read in place), whose output is bit-identical to the repeated call's (what Hearth
+// made before), for bf16 and fp16, head dims 64 and 128, GQA 4:1 and MQA, and a batch of rows.
+TEST(Attention, CudaInferenceGqaIsTheRepeatedCall) {
+  if (!hearth::compat::cuda_available()) GTEST_SKIP() << "needs CUDA (GPU machine)";
+  if (!hearth::compat::kHasSdpaGqa) GTEST_SKIP() << "libtorch " << hearth::compat::torch_version() << " has no enable_gqa";
+  struct Case {
+    int64_t B, H, Hkv, T, D;
+  };
+  for (at::ScalarType st : {at::kBFloat16, at::kHalf}) {
+    for (Case c : {Case{1, 32, 8, 128, 64}, Case{3, 8, 2, 77, 128}, Case{2, 4, 1, 300, 64}}) {
+      at::manual_seed(c.T);
+      const auto o = at::TensorOptions().dtype(st).device(at::kCUDA);
+      // [B, T, H, D] projections viewed [B, H, T, D], as the attention modules pass them.
+      const at::Tensor q = at::randn({c.B, c.T, c.H, c.D}, o).transpose(1, 2);
+      const at::Tensor k = at::randn({c.B, c.T, c.Hkv, c.D}, o).transpose(1, 2);
+      const at::Tensor v = at::randn({c.B, c.T, c.Hkv, c.D}, o).transpose(1, 2);
+      AttentionParams p;
+      p.scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+      p.backend = AttentionBackend::kSdpa;
+      const at::Tensor got = attention(q, k, v, p);
+      const int64_t rep = c.H / c.Hkv;
+      const at::Tensor want = hearth::compat::sdpa(q, repeat_kv(k, rep), repeat_kv(v, rep), c10::nullopt, true, p.scale);
+      EXPECT_TRUE(at::equal(got, want)) << c10::toString(st) << " H " << c.H << " Hkv " << c.Hkv << " T " << c.T
+                                        << " D " << c.D << ": max |d| "
+                                        << (got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>();
+    }
+  }
+}
+
 // Long windowed blocks go by query blocks (attention_sliding_blocked): the same values and
 // gradients as one masked call, for square training blocks and for a chunk of queries after cached
 // keys, with the last block shorter than the others. Inputs in double; the plain path's softmax is

@@ -2,7 +2,8 @@
 // (residual add, LlamaRMSNorm; at::silu · up); on CUDA with HEARTH_WITH_CUDA_KERNELS the fused
 // kernels (kernels/norm_act.cu) against those same ops on the same device — the sum and silu_mul
 // bit-identical, the norm within one rounding of the dtype; nn::rope_cache_write (kernels/
-// rope_cache.cu) against nn::apply_rotary + StaticKVCache::update, bit-identical. The CUDA tests
+// rope_cache.cu) against nn::apply_rotary + StaticKVCache::update, bit-identical; nn::fused_rotary
+// against apply_rotary's tensor ops, bit-identical. The CUDA tests
 // skip without a GPU.
 #include <gtest/gtest.h>
 
@@ -109,8 +110,12 @@ std::pair<at::Tensor, at::Tensor> fused_ops_rope_both(at::ScalarType st, at::Dev
   const at::Tensor table_cos = at::randn({S, rot}, o), table_sin = at::randn({S, rot}, o);
   const at::Tensor cos = table_cos.index_select(0, state->positions).view({B, 1, 1, rot});
   const at::Tensor sin = table_sin.index_select(0, state->positions).view({B, 1, 1, rot});
-  const at::Tensor want_q = hearth::nn::apply_rotary(q, cos, sin);
-  ref.update(hearth::nn::apply_rotary(k, cos, sin), v);
+  at::Tensor want_q;
+  {
+    const hearth::nn::FusedDecodeOff tensor_ops;  // the reference: apply_rotary's tensor ops
+    want_q = hearth::nn::apply_rotary(q, cos, sin);
+    ref.update(hearth::nn::apply_rotary(k, cos, sin), v);
+  }
   const at::Tensor got_q = hearth::nn::rope_cache_write(q, k, v, cos, sin, state->positions, fused.flat_keys(),
                                                         fused.flat_values(), fused.row_stride());
   if (got_q.defined()) {
@@ -154,6 +159,63 @@ TEST(FusedOps, RopeCacheWriteIsApplyRotaryAndUpdate) {
                                         << ": max |d| " << (got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>();
     }
   }
+}
+
+TEST(FusedOps, FusedRotaryIsApplyRotarysTensorOps) {
+  {  // the CPU leaves it to the tensor ops
+    FusedOpsSwitch on(true);
+    const at::Tensor x = at::randn({1, 2, 3, 8}), cos = at::randn({3, 8}), sin = at::randn({3, 8});
+    EXPECT_FALSE(hearth::nn::fused_rotary(x, cos, sin).defined());
+  }
+  if (!hearth::compat::cuda_available()) GTEST_SKIP() << "needs CUDA (GPU machine)";
+#ifndef HEARTH_WITH_CUDA_KERNELS
+  GTEST_SKIP() << "built without Hearth's CUDA kernels";
+#endif
+  const at::Device cuda(at::kCUDA, 0);
+  FusedOpsSwitch on(true);
+  struct Case {
+    int64_t B, T, H, D, rot;
+    int table;  // 0: cos [T, rot]; 1: [B, 1, T, rot]; 2: [1, 1, T, rot]; 3: [B, 1, 1, rot] (T = 1)
+  };
+  // A prompt chunk of GQA q heads; k heads at D 128 half rotated; per-row tables (decode rows and
+  // batched prefill); one token per row; Gemma-sized heads (D 256 and 512, more dims than threads).
+  const std::vector<Case> cases = {{1, 37, 8, 64, 64, 0}, {2, 5, 2, 128, 64, 0}, {3, 4, 4, 64, 64, 1},
+                                   {2, 6, 3, 80, 80, 2},  {5, 1, 4, 64, 64, 3},  {1, 9, 2, 256, 256, 0},
+                                   {1, 3, 1, 512, 128, 0}};
+  for (at::ScalarType st : {at::kFloat, at::kHalf, at::kBFloat16}) {
+    const auto o = at::TensorOptions().dtype(st).device(cuda);
+    for (const Case& c : cases) {
+      at::manual_seed(c.D * 7 + c.T);
+      // [B, T, H, D] projections viewed [B, H, T, D], as the attention modules make them.
+      const at::Tensor x = at::randn({c.B, c.T, c.H, c.D}, o).transpose(1, 2);
+      std::vector<int64_t> shape;
+      switch (c.table) {
+        case 0: shape = {c.T, c.rot}; break;
+        case 1: shape = {c.B, 1, c.T, c.rot}; break;
+        case 2: shape = {1, 1, c.T, c.rot}; break;
+        default: shape = {c.B, 1, 1, c.rot}; break;
+      }
+      const at::Tensor cos = at::randn(shape, o), sin = at::randn(shape, o);
+      at::Tensor want;
+      {
+        const hearth::nn::FusedDecodeOff tensor_ops;
+        want = hearth::nn::apply_rotary(x, cos, sin);
+      }
+      const at::Tensor got = hearth::nn::fused_rotary(x, cos, sin);
+      ASSERT_TRUE(got.defined()) << c10::toString(st) << " D " << c.D << " table " << c.table;
+      EXPECT_EQ(got.sizes(), want.sizes());
+      EXPECT_TRUE(at::equal(got, want)) << c10::toString(st) << " B " << c.B << " T " << c.T << " D " << c.D
+                                        << " rot " << c.rot << " table " << c.table << ": max |d| "
+                                        << (got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>();
+      EXPECT_TRUE(at::equal(hearth::nn::apply_rotary(x, cos, sin), want));  // apply_rotary takes the kernel
+    }
+  }
+  // Not for the kernel: an odd rotated width, mixed dtypes, a table per head.
+  const auto bf = at::TensorOptions().dtype(at::kBFloat16).device(cuda);
+  const at::Tensor x = at::randn({1, 2, 3, 8}, bf);
+  EXPECT_FALSE(hearth::nn::fused_rotary(x, at::randn({3, 7}, bf), at::randn({3, 7}, bf)).defined());
+  EXPECT_FALSE(hearth::nn::fused_rotary(x, at::randn({3, 8}, bf.dtype(at::kFloat)), at::randn({3, 8}, bf.dtype(at::kFloat))).defined());
+  EXPECT_FALSE(hearth::nn::fused_rotary(x, at::randn({1, 2, 3, 8}, bf), at::randn({1, 2, 3, 8}, bf)).defined());
 }
 
 TEST(FusedOps, FusedDecodeOffScopesTheCallingThreadOnly) {
