@@ -12,20 +12,40 @@ import collections
 import json
 
 
+class TraceError(Exception):
+    """A trace file that cannot be read or is not a Chrome trace (a one-line reason)."""
+
+
 def load_events(path):
-    with open(path) as f:
-        data = json.load(f)
-    raw = data["traceEvents"] if isinstance(data, dict) else data
+    """[(tid, start_us, end_us, name)] of a Chrome trace's complete (X) and begin/end (B/E) events."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as e:
+        raise TraceError(f"cannot read ({e.strerror})")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TraceError(f"not JSON ({e})")
+    raw = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(raw, list):
+        raise TraceError("not a Chrome trace: expected a list of events or an object with a traceEvents list")
     events, open_ = [], {}
-    for e in raw:
-        ph = e.get("ph")
-        key = (e.get("tid"), e.get("name"))
-        if ph == "X":
-            events.append((e.get("tid"), float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e["name"]))
-        elif ph == "B":
-            open_.setdefault(key, []).append(float(e["ts"]))
-        elif ph == "E" and open_.get(key):
-            events.append((e.get("tid"), open_[key].pop(), float(e["ts"]), e["name"]))
+    for i, e in enumerate(raw):
+        if not isinstance(e, dict):
+            raise TraceError(f"event {i} is not an object")
+        try:
+            ph = e.get("ph")
+            key = (e.get("tid"), e.get("name"))
+            if ph == "X":
+                t0 = float(e["ts"])
+                events.append((e.get("tid"), t0, t0 + float(e.get("dur", 0)), str(e["name"])))
+            elif ph == "B":
+                open_.setdefault(key, []).append(float(e["ts"]))
+            elif ph == "E" and open_.get(key):
+                events.append((e.get("tid"), open_[key].pop(), float(e["ts"]), str(e["name"])))
+        except KeyError as k:
+            raise TraceError(f"event {i} has no {k.args[0]!r}")
+        except (TypeError, ValueError):
+            raise TraceError(f"event {i}: ts/dur are not numbers")
     return events
 
 
@@ -34,7 +54,11 @@ def main():
     ap.add_argument("trace")
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
-    events = sorted(load_events(args.trace), key=lambda e: (e[0], e[1], -e[2]))
+    try:
+        events = load_events(args.trace)
+    except TraceError as e:
+        raise SystemExit(f"{args.trace}: {e}")
+    events.sort(key=lambda e: (str(e[0]), e[1], -e[2]))
     if not events:
         raise SystemExit(f"{args.trace}: no events")
     top = []

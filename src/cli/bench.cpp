@@ -16,6 +16,7 @@
 #include "generate/batch.h"
 #include "generate/decode_slots.h"
 #include "generate/generate.h"
+#include "io/atomic_file.h"
 #include "io/hf_config.h"
 #include "models/registry.h"
 #include "nn/param_source.h"
@@ -106,13 +107,28 @@ std::function<int()> setup_bench(CLI::App& app) {
   app.add_option("--op-trace", a->op_trace,
                  "After the timed runs, one more prefill (the prompt, one token generated) under PyTorch's "
                  "legacy profiler: its ATen ops with host start/duration, as a Chrome trace in this file "
-                 "(tools/op_trace_summary.py sums it by op); the host cost of the eager forward");
+                 "(tools/op_trace_summary.py sums it by op); the host cost of the eager forward")
+      ->check(CLI::Validator(
+          [](std::string& v) { return v.empty() ? std::string("needs a file path") : std::string(); }, "FILE"));
   app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
   hearth::cli::add_threads_option(app);
   app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's torch_dtype on cuda, float32 on cpu)");
   return [a] {
     HEARTH_CHECK(a->prompt_tokens > 0 && a->gen_tokens > 0 && a->runs > 0,
                  "bench: --prompt-tokens, --gen-tokens and --runs must be positive");
+    constexpr int64_t kMaxTokens = int64_t{1} << 31;  // keeps their sum below overflow for the context check
+    HEARTH_CHECK(a->prompt_tokens <= kMaxTokens && a->gen_tokens <= kMaxTokens, "bench: --prompt-tokens and ",
+                 "--gen-tokens must be at most ", kMaxTokens);
+    if (!a->op_trace.empty()) {
+      // Checked before the model loads and the timed runs, not after them.
+      HEARTH_CHECK(a->batch == 1, "bench: --op-trace traces one sequence's prefill; it does not combine with --batch");
+      const std::filesystem::path trace(a->op_trace);
+      const std::filesystem::path dir = trace.has_parent_path() ? trace.parent_path() : std::filesystem::path(".");
+      HEARTH_CHECK(std::filesystem::is_directory(dir), "bench: --op-trace ", a->op_trace, ": folder ", dir.string(),
+                   " does not exist");
+      HEARTH_CHECK(!std::filesystem::is_directory(trace), "bench: --op-trace ", a->op_trace,
+                   " is a folder; give a file path");
+    }
     // Positions past the trained context are not a measurement of the model: refuse them.
     const std::filesystem::path cfg_path = std::filesystem::path(a->model) / "config.json";
     const nlohmann::json cfg = hearth::io::read_json(cfg_path);
@@ -168,11 +184,13 @@ std::function<int()> setup_bench(CLI::App& app) {
     if (!a->op_trace.empty()) {
       hearth::generate::GenerateOptions one = opts;
       one.max_tokens = 1;
-      {
-        torch::autograd::profiler::RecordProfile trace(a->op_trace);
+      // Written beside the path and renamed over it (io/atomic_file.h): a failed write leaves
+      // nothing half-written and ends with the error.
+      hearth::io::write_file_atomic(a->op_trace, [&](std::ostream& out) {
+        torch::autograd::profiler::RecordProfile trace(out);
         hearth::generate::generate(*model, prompt, one);
         hearth::compat::synchronize(where.device);
-      }
+      });
       std::printf("op trace: %s\n", a->op_trace.c_str());
     }
     return 0;

@@ -26,8 +26,9 @@
 // warp-wide load), same machine and setup: o S=4 U=2 2.87 µs, gate/up S=4 U=2 16.29, down S=8 U=4
 // 9.10 (S=4 U=8 10.15; one warp with 16-chunk tiles 10.40), lm_head S=4 U=2 115.9 — each the best
 // of its shape; qkv ran best in one warp (4.08; S=2 U=4 4.34). This rule (one warp for 2048-wide
-// rows, 256 lanes of 4 for 8192) is built from those step measurements; the step with it was not
-// profiled yet (the device time ran out). Affine rows keep ~kUnroll chunks a lane (up to a warp) and widen, now past one
+// rows, 256 lanes of 4 for 8192) is built from those step measurements; the step with it (H200,
+// 2026-12-04): 1,138.2 µs against 1,274.6 (gate/up 20.0–25.6 µs, down 10.5–11.6, o 3.5–5.7, lm_head
+// ~120), 806 tok/s against 742. Affine rows keep ~kUnroll chunks a lane (up to a warp) and widen, now past one
 // warp, until their matrix has kAffineMinWarps warps. For affine weights x is staged once per block
 // in shared memory as fp32 (padded per chunk so a warp's 16-byte reads hit distinct banks) when it
 // fits; dense rows, and affine ones past the limit, re-read it per chunk from L1/L2.

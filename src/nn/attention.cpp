@@ -258,12 +258,16 @@ bool sdpa_gqa_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 // (integrations/sdpa_attention.py use_gqa_in_sdpa: PyTorch >= 2.5 and attention_mask None): SDPA
 // reads each kv head in place (enable_gqa) instead of repeat_kv's copies — the call transformers
 // makes, so its bits are the reference's, and a prompt's keys and values are not copied n_rep times
-// per layer. Head dims up to 256 only (flash's limit): past it SDPA would fall back to the math
-// path's [B, H, T, S] scores, so those keep the repeated call.
+// per layer. Only where flash takes it (CUDA, half or bf16, head dims up to 256): elsewhere SDPA
+// would fall back from the memory-efficient kernel (no GQA) to the math path's [B, H, T, S]
+// scores, so those keep the repeated call. There a square causal block's output is bit-identical
+// to the repeated call's (Attention.CudaInferenceGqaIsTheRepeatedCall), so training's graph-free
+// forwards (boundaries) and its recomputation (sdpa_gqa_applies or the repeated call) agree.
 bool sdpa_gqa_inference_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  if (!compat::kHasSdpaGqa || records_grad(q, k, v) || q.size(3) > 256) return false;
-  return k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type() && k.device() == q.device() &&
-         v.device() == q.device();
+  if (!compat::kHasSdpaGqa || !q.is_cuda() || records_grad(q, k, v) || q.size(3) > 256) return false;
+  const at::ScalarType st = q.scalar_type();
+  return (st == at::kBFloat16 || st == at::kHalf) && k.scalar_type() == st && v.scalar_type() == st &&
+         k.device() == q.device() && v.device() == q.device();
 }
 }  // namespace
 

@@ -171,4 +171,32 @@ TEST(InputChecksCli, BenchBeyondTheContextIsOneLine) {
   EXPECT_NE(ok.out.find("prompt 8 tokens, generate 2 tokens"), std::string::npos) << ok.out;
 }
 
+// --op-trace: a folder that is missing, a folder for the file, --batch are refused before the
+// model loads; a good path gets a Chrome trace of the prefill's ATen ops, written whole.
+TEST(InputChecksCli, BenchOpTraceRefusesBadPathsAndWritesATrace) {
+  TempDir d;
+  const std::string model = "bench --model " + shell_quote(golden_model("llama_mha").string()) +
+                            " --device cpu --runs 1 --prompt-tokens 8 --gen-tokens 2";
+  const std::string missing = (d.path() / "no" / "t.json").string();
+  expect_one_line_error(hearth_run(model + " --op-trace " + shell_quote(missing), d), "does not exist");
+  expect_one_line_error(hearth_run(model + " --op-trace " + shell_quote(d.path().string()), d),
+                        "is a folder; give a file path");
+  expect_one_line_error(hearth_run(model + " --batch 2 --op-trace " + shell_quote((d.path() / "b.json").string()), d),
+                        "does not combine with --batch");
+  const auto trace = d.path() / "t.json";
+  const CliRun ok = hearth_run(model + " --op-trace " + shell_quote(trace.string()), d);
+  ASSERT_EQ(ok.rc, 0) << ok.err;
+  const nlohmann::json j = hearth::io::read_json(trace);
+  const nlohmann::json& events = j.is_object() ? j["traceEvents"] : j;
+  ASSERT_TRUE(events.is_array());
+  int64_t rotary = 0, embedding = 0;
+  for (const auto& e : events) {
+    const std::string name = e.value("name", "");
+    rotary += name == "aten::neg";  // rotate_half's, in each of the 2 layers' q and k on the CPU
+    embedding += name == "aten::embedding";
+  }
+  EXPECT_EQ(embedding, 1);
+  EXPECT_GE(rotary, 4);
+}
+
 }  // namespace
