@@ -235,39 +235,38 @@ at::Tensor attention_grouped(const at::Tensor& q, const at::Tensor& k, const at:
   return out.reshape({B, H, T, D});
 }
 
-// The training path of square causal SDPA on PyTorch >= 2.5: autograd recording, CUDA, half or
-// bf16 q/k/v, lean path on (nn/lean_grad.h). SDPA then reads each kv head in place (enable_gqa)
-// instead of repeat_kv's copies, which its backward would keep: at 512K tokens of the 8B shape
-// (32 q heads, 8 kv heads, bf16) 8.6 GB fewer saved and a 6.4 GB lower attention peak (H200,
-// PyTorch 2.11). There both calls take the same kernel (cuDNN's by default, flash's with cuDNN
-// off; both accept GQA; checked for bf16/fp16, head dims 128 and 64), whose output, dk and dv are
-// bit-identical to the repeated call's (dq differs from run to run in either: atomics), so the
-// forward without a graph and its recomputation agree. Inference: sdpa_gqa_inference_applies.
-// Head dims up to 256 only: neither flash nor cuDNN takes more and the memory-efficient kernel
-// (the one that takes Gemma 4's 512) has no GQA, so enable_gqa there would fall back to the math
-// path's [B, H, T, T] scores.
-bool sdpa_gqa_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  if (!compat::kHasSdpaGqa || !lean_grad_enabled() || !records_grad(q, k, v) || !q.is_cuda()) return false;
-  if (q.size(3) > 256) return false;
+// Operands SDPA's flash kernel takes with enable_gqa (PyTorch >= 2.5): CUDA, half or bf16 q/k/v of
+// one dtype and device, head dims up to 256. Neither flash nor cuDNN takes more and the
+// memory-efficient kernel (the one that takes Gemma 4's 512) has no GQA, so enable_gqa there would
+// fall back to the math path's [B, H, T, S] scores; elsewhere the repeated call stays.
+bool flash_gqa_operands(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (!compat::kHasSdpaGqa || !q.is_cuda() || q.size(3) > 256) return false;
   const at::ScalarType st = q.scalar_type();
   return (st == at::kBFloat16 || st == at::kHalf) && k.scalar_type() == st && v.scalar_type() == st &&
          k.device() == q.device() && v.device() == q.device();
+}
+
+// The training path of square causal SDPA: autograd recording, lean path on (nn/lean_grad.h),
+// flash_gqa_operands. SDPA then reads each kv head in place (enable_gqa) instead of repeat_kv's
+// copies, which its backward would keep: at 512K tokens of the 8B shape (32 q heads, 8 kv heads,
+// bf16) 8.6 GB fewer saved and a 6.4 GB lower attention peak (H200, PyTorch 2.11). There both calls
+// take the same kernel (cuDNN's by default, flash's with cuDNN off; both accept GQA; checked for
+// bf16/fp16, head dims 128 and 64), whose output, dk and dv are bit-identical to the repeated
+// call's (dq differs from run to run in either: atomics), so the forward without a graph and its
+// recomputation agree. Inference: sdpa_gqa_inference_applies.
+bool sdpa_gqa_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  return lean_grad_enabled() && records_grad(q, k, v) && flash_gqa_operands(q, k, v);
 }
 
 // Inference (nothing recorded) without a mask, as transformers' sdpa_attention_forward decides
 // (integrations/sdpa_attention.py use_gqa_in_sdpa: PyTorch >= 2.5 and attention_mask None): SDPA
 // reads each kv head in place (enable_gqa) instead of repeat_kv's copies — the call transformers
 // makes, so its bits are the reference's, and a prompt's keys and values are not copied n_rep times
-// per layer. Only where flash takes it (CUDA, half or bf16, head dims up to 256): elsewhere SDPA
-// would fall back from the memory-efficient kernel (no GQA) to the math path's [B, H, T, S]
-// scores, so those keep the repeated call. There a square causal block's output is bit-identical
+// per layer. Only with flash_gqa_operands. There a square causal block's output is bit-identical
 // to the repeated call's (Attention.CudaInferenceGqaIsTheRepeatedCall), so training's graph-free
 // forwards (boundaries) and its recomputation (sdpa_gqa_applies or the repeated call) agree.
 bool sdpa_gqa_inference_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  if (!compat::kHasSdpaGqa || !q.is_cuda() || records_grad(q, k, v) || q.size(3) > 256) return false;
-  const at::ScalarType st = q.scalar_type();
-  return (st == at::kBFloat16 || st == at::kHalf) && k.scalar_type() == st && v.scalar_type() == st &&
-         k.device() == q.device() && v.device() == q.device();
+  return !records_grad(q, k, v) && flash_gqa_operands(q, k, v);
 }
 }  // namespace
 
