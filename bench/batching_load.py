@@ -41,7 +41,7 @@ bench/fake_stream_server.py stands in for the server to measure what the clients
 
   python3 bench/batching_load.py --model DIR [--bin build/hearth] [--clients 1,8,32] [--requests 4]
                                  [--tokens 64] [--device cpu] [--max-num-seqs 32] [--client-procs N]
-                                 [--no-logprobs] [--server-args "--no-cuda-graph-warmup ..."]
+                                 [--no-logprobs] [--rounds N] [--server-args "--no-cuda-graph-warmup ..."]
 """
 import argparse
 import asyncio
@@ -316,9 +316,14 @@ def main():
     ap.add_argument("--max-num-seqs", default="32")
     ap.add_argument("--no-logprobs", action="store_true", help="requests without logprobs (see above)")
     ap.add_argument("--server-args", default="", help="extra `hearth serve` flags, split on spaces")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="runs of each client count, one after another on the same server (the first "
+                         "meets shapes the server has not run yet; later ones show it warm)")
     ap.add_argument("--client-procs", type=int, default=0,
                     help="client processes (default: one per 16 clients, at most a quarter of the cores)")
     a = ap.parse_args()
+    if a.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {a.rounds}")
     cmd = [a.bin, "serve", "--model", a.model, "--device", a.device, "--port", "0", "--max-num-seqs",
            a.max_num_seqs, "--max-queue", "1024", "--prompt-cache-bytes", "0"]
     if a.dtype:
@@ -334,7 +339,7 @@ def main():
         url = m.group(0) if m else None
     try:
         asyncio.run(one(url, -1, a.tokens, not a.no_logprobs))  # warmup
-        for C in [int(c) for c in a.clients.split(",")]:
+        for C in [int(c) for c in a.clients.split(",") for _ in range(a.rounds)]:
             rss0 = rss_mib(proc.pid)
             hist0 = ttft_histogram(url)
             queue0 = ttft_histogram(url, QUEUE)

@@ -205,6 +205,7 @@ int64_t Sequence::chunk_at(int64_t at) const {
 }
 
 void Sequence::prefill_alone(models::Model& model, int64_t len) {
+  const Clock::time_point t0 = Clock::now();
   const int64_t n = static_cast<int64_t>(prompt_.size());
   at::Tensor ids = at::tensor(std::vector<int64_t>(prompt_.begin() + offset_, prompt_.begin() + offset_ + len),
                               at::TensorOptions().dtype(at::kLong))
@@ -216,8 +217,9 @@ void Sequence::prefill_alone(models::Model& model, int64_t len) {
     nn::ActiveAdapters scope(adapters_);
     logits = model.forward(ids, offset_, &caches_, /*logits_to_keep=*/1);
   }
-  StepTrace::prefill_forward(1);
-  end_chunk(model, len, last ? logits[0][-1] : at::Tensor());
+  const Clock::time_point t1 = Clock::now();
+  end_chunk(model, len, last ? logits[0][-1] : at::Tensor());  // its sampling waits for the forward
+  StepTrace::prefill_forward(1, seconds(t0, t1), 0, seconds(t1, Clock::now()));
 }
 
 void Sequence::end_chunk(models::Model& model, int64_t len, const at::Tensor& last_logits, int64_t greedy) {
@@ -254,6 +256,7 @@ void Sequence::prefill_together(models::Model& model, const std::vector<Sequence
   // of every real token's output; its keys/values, appended to the row's caches by the forward, are
   // trimmed right after (step() pads only rows whose caches trim exactly) — or, for rows in decode
   // slots, left past the row's prompt, hidden by the decode step's masks until overwritten.
+  const Clock::time_point t0 = Clock::now();
   const int64_t B = static_cast<int64_t>(rows.size()), T = *std::max_element(lens.begin(), lens.end());
   std::vector<int64_t> ids(static_cast<size_t>(B * T), 0);
   models::Positions pos;
@@ -274,7 +277,7 @@ void Sequence::prefill_together(models::Model& model, const std::vector<Sequence
     nn::RowAdapters scope(adapters);
     hidden = model.forward_layers(model.embed(x), 0, model.num_layers(), pos, &view).hidden;
   }
-  StepTrace::prefill_forward(B);
+  const Clock::time_point t1 = Clock::now();
   for (int64_t b = 0; b < B && !slots; ++b)
     HEARTH_CHECK(T == lens[b] || cache::trim_all(rows[b]->caches_, T - lens[b]),
                  "generate: a padded prefill could not trim its padding from a cache");
@@ -302,6 +305,7 @@ void Sequence::prefill_together(models::Model& model, const std::vector<Sequence
       greedy = logits.select(1, 0).to(at::kFloat).argmax(-1).to(at::kCPU);
       break;
     }
+  const Clock::time_point t2 = Clock::now();  // the first tokens on the host (greedy rows), or queued
   size_t e = 0;
   for (int64_t b = 0; b < B; ++b) {
     const bool completes = e < last_rows.size() && last_rows[e] == b;
@@ -312,6 +316,7 @@ void Sequence::prefill_together(models::Model& model, const std::vector<Sequence
     rows[b]->end_chunk(model, lens[b], completes ? logits[static_cast<int64_t>(e++)][0] : at::Tensor(), id);
     if (rows[b]->done()) rows[b]->finish_stats(model);
   }
+  StepTrace::prefill_forward(B, seconds(t0, t1), seconds(t1, t2), seconds(t2, Clock::now()));
 }
 
 bool Sequence::sample(const at::Tensor& last_logits, int64_t* next, at::Tensor* logprobs) {

@@ -12,7 +12,8 @@ namespace hearth::generate {
 /// argmax reaches the host: on CUDA the graph replay and the wait for it), slot_emit (the slots'
 /// rows handed their tokens on the host: sampling, logprobs, the callbacks into the server, rows
 /// that ended read back), ragged (rows decoding outside the slots), with the mean rows per step and
-/// the prefill forwards and their rows per step, and the logprob reads per step. Off unless HEARTH_STEP_TRACE=1 (read once); then
+/// the prefill forwards and their rows per step (and per forward: its launch, wait and emit times,
+/// the longest forward), and the logprob reads per step. Off unless HEARTH_STEP_TRACE=1 (read once); then
 /// each phase costs two clock reads. Single-threaded use (the generating thread).
 class StepTrace {
  public:
@@ -30,8 +31,13 @@ class StepTrace {
     Phase phase_;
     std::chrono::steady_clock::time_point t0_;
   };
-  /// One prefill forward of `rows` rows ran.
-  static void prefill_forward(int64_t rows);
+  /// One prefill forward of `rows` rows ran. With the trace on, the three parts of its wall time
+  /// (seconds) are summed for the report: `launch` until the forward's last op was queued (host
+  /// work; on the CPU, the forward itself), `wait` until its first tokens reached the host (the
+  /// device finishing), `emit` handing
+  /// them to their sequences (sampling, callbacks; for a prompt prefilled alone `emit` includes the
+  /// wait, as its sampling is what waits); the longest whole forward is reported too.
+  static void prefill_forward(int64_t rows, double launch, double wait, double emit);
   /// One step ended with `rows` decoding rows (0: a prefill-only step, not counted).
   static void end_step(int64_t rows);
   /// One device-to-host read of tokens' logprobs (read_logprobs, batch.h). Counted whether the

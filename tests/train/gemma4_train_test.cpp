@@ -107,7 +107,10 @@ TEST_P(Gemma4Lora, GradsMatchTransformersAndSegmentedEqualsFull) {
     const std::string module = p.name.substr(0, p.name.size() - 7);
     ASSERT_TRUE(p.tensor.grad().defined()) << p.name;
     const double e = rel_err(p.tensor.grad(), grads->tensor("base_model.model." + module + "." + suffix + ".default.weight"));
-    EXPECT_LT(e, 3e-5) << v << " " << p.name;  // fp32 noise of these large-activation models (see the parity test)
+    // fp32 noise of these large-activation models (see the parity test): under 3e-5 with 2 threads,
+    // up to 4.4e-5 for gemma4_mm with 4 OpenMP threads on the 16-core GPU machine (BLAS sums in
+    // another order); a wrong gradient is off by 1e-2 and more.
+    EXPECT_LT(e, 1e-4) << v << " " << p.name;
     worst = std::max(worst, e);
   }
   std::printf("[gemma4 lora] %s: loss %.8f (transformers %.8f), worst grad rel err %.3g\n", v.c_str(), loss, ref_loss,
