@@ -2,7 +2,7 @@
 """Continuous-batching load benchmark, the Python twin of bench/batching_load.mjs for machines
 without Node (the GPU machine): for each client count C, C concurrent streaming clients each send R
 completions (greedy, max_tokens T; the count comes from usage) to one `hearth serve` on loopback.
-Prints one JSON line per C: aggregate generated tok/s, TTFT and latency p50/p99 (and TTFT mean),
+Prints one JSON line per C and round (--rounds: each C run again on the same server): aggregate generated tok/s, TTFT and latency p50/p99 (and TTFT mean),
 the server's own TTFT from /metrics, failures, the server's RSS before/after, the clients' CPU
 share. Loopback only, bounded (R requests per client). Standard library only.
 
@@ -133,8 +133,9 @@ class StreamedCompletion(asyncio.Protocol):
                     head = buf[pos:i].decode("latin-1").split("\r\n")
                     pos = i + 4
                     status = int(head[0].split(" ", 2)[1])
-                    if status != 200:
-                        raise RuntimeError(f"status {status}")
+                    if status != 200:  # the server's one-line reason is in the body: show it
+                        body = buf[pos:].decode("utf-8", "replace").strip()
+                        raise RuntimeError(f"status {status}: {body[-300:]}")
                     fields = {k.strip().lower(): v.strip().lower() for k, _, v in (h.partition(":") for h in head[1:])}
                     if "chunked" not in fields.get("transfer-encoding", ""):
                         raise RuntimeError("a streamed answer without Transfer-Encoding: chunked")
@@ -324,6 +325,15 @@ def main():
     a = ap.parse_args()
     if a.rounds < 1:
         ap.error(f"--rounds must be at least 1, got {a.rounds}")
+    try:
+        client_counts = [int(c) for c in a.clients.split(",")]
+    except ValueError:
+        ap.error(f"--clients must be positive integers separated by commas, got {a.clients!r}")
+    for name, value in (("--clients", min(client_counts)), ("--requests", a.requests), ("--tokens", a.tokens)):
+        if value < 1:
+            ap.error(f"{name} must be at least 1, got {value}")
+    if a.client_procs < 0:
+        ap.error(f"--client-procs must be 0 (automatic) or more, got {a.client_procs}")
     cmd = [a.bin, "serve", "--model", a.model, "--device", a.device, "--port", "0", "--max-num-seqs",
            a.max_num_seqs, "--max-queue", "1024", "--prompt-cache-bytes", "0"]
     if a.dtype:
@@ -339,7 +349,7 @@ def main():
         url = m.group(0) if m else None
     try:
         asyncio.run(one(url, -1, a.tokens, not a.no_logprobs))  # warmup
-        for C in [int(c) for c in a.clients.split(",") for _ in range(a.rounds)]:
+        for C, rnd in [(c, r) for c in client_counts for r in range(1, a.rounds + 1)]:
             rss0 = rss_mib(proc.pid)
             hist0 = ttft_histogram(url)
             queue0 = ttft_histogram(url, QUEUE)
@@ -348,7 +358,7 @@ def main():
                                                            not a.no_logprobs)
             toks = sum(r["tokens"] for r in results)
             print(json.dumps({
-                "clients": C, "requests": len(results), "failures": failures,
+                "clients": C, "round": rnd, "requests": len(results), "failures": failures,
                 "aggregate_tok_s": round(toks / secs, 1),
                 "ttft_ms_p50": pct([r["ttft"] for r in results], 0.5),
                 "ttft_ms_p99": pct([r["ttft"] for r in results], 0.99),

@@ -84,7 +84,11 @@ int bench_batch(hearth::models::Model& model, const std::vector<int64_t>& prompt
               static_cast<long long>(opts.max_tokens), runs);
   std::printf("prefill (every prompt, batched steps, their first tokens and the first decode step): %.2f ms\n",
               median(prefill_ms));
-  if (slots)
+  if (opts.max_tokens <= 2)  // the first two tokens come from the prefill phase: nothing left to time
+    std::printf("decode: none (with --gen-tokens %lld every token comes from the prefill and the first decode "
+                "step; --gen-tokens 3 or more times decode)\n",
+                static_cast<long long>(opts.max_tokens));
+  else if (slots)
     std::printf("decode (aggregate over the batch, decode slots, %s): %.1f tok/s\n",
                 slots->graph_steps() > 0 ? "CUDA graphs" : "eager static step", median(rates));
   else

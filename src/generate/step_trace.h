@@ -34,7 +34,7 @@ class StepTrace {
   /// One prefill forward of `rows` rows ran. With the trace on, the three parts of its wall time
   /// (seconds) are summed for the report: `launch` until the forward's last op was queued (host
   /// work; on the CPU, the forward itself), `wait` until its first tokens reached the host (the
-  /// device finishing), `emit` handing
+  /// head and argmax of the rows that complete, and the device finishing), `emit` handing
   /// them to their sequences (sampling, callbacks; for a prompt prefilled alone `emit` includes the
   /// wait, as its sampling is what waits); the longest whole forward is reported too.
   static void prefill_forward(int64_t rows, double launch, double wait, double emit);

@@ -439,7 +439,7 @@ int64_t ModelEngine::start_decode_slots(int64_t num_seqs, int64_t memory_budget,
     return int64_t{0};
   };
   slots_.reset();
-  if (!opts_.decode_slots || !env_switch_on("HEARTH_DECODE_SLOTS")) return off("decode slots are off");
+  if (!opts_.decode_slots || !env_switch_on("HEARTH_DECODE_SLOTS")) return off("switched off by --no-decode-slots or HEARTH_DECODE_SLOTS=0");
   if (!batching_) return off("this model's RoPE (dynamic NTK) does not batch");
   if (num_seqs < 1) return off("no sequences to hold");
   int64_t capacity = context_length_;

@@ -199,4 +199,22 @@ TEST(InputChecksCli, BenchOpTraceRefusesBadPathsAndWritesATrace) {
   EXPECT_GE(rotary, 4);
 }
 
+// bench --batch with one or two generated tokens: every token comes from the prefill phase, so the
+// decode line says there is nothing to time (it printed "0.0 tok/s" before); three tokens time it.
+TEST(InputChecksCli, BenchBatchSaysWhenNothingIsLeftToTimeAsDecode) {
+  TempDir d;
+  const std::string model = "bench --model " + shell_quote(golden_model("llama_mha").string()) +
+                            " --device cpu --runs 1 --prompt-tokens 8 --batch 2 --gen-tokens ";
+  for (const char* n : {"1", "2"}) {
+    const CliRun r = hearth_run(model + n, d);
+    ASSERT_EQ(r.rc, 0) << r.err;
+    EXPECT_NE(r.out.find(std::string("decode: none (with --gen-tokens ") + n), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("tok/s"), std::string::npos) << r.out;
+  }
+  const CliRun r3 = hearth_run(model + "3", d);
+  ASSERT_EQ(r3.rc, 0) << r3.err;
+  EXPECT_NE(r3.out.find("decode (aggregate over the batch"), std::string::npos) << r3.out;
+  EXPECT_EQ(r3.out.find(" 0.0 tok/s"), std::string::npos) << r3.out;
+}
+
 }  // namespace
