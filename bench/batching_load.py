@@ -2,9 +2,10 @@
 """Continuous-batching load benchmark, the Python twin of bench/batching_load.mjs for machines
 without Node (the GPU machine): for each client count C, C concurrent streaming clients each send R
 completions (greedy, max_tokens T; the count comes from usage) to one `hearth serve` on loopback.
-Prints one JSON line per C and round (--rounds: each C run again on the same server): aggregate generated tok/s, TTFT and latency p50/p99 (and TTFT mean),
-the server's own TTFT from /metrics, failures, the server's RSS before/after, the clients' CPU
-share. Loopback only, bounded (R requests per client). Standard library only.
+Prints one JSON line per C and round (--rounds: each C run again on the same server): aggregate
+generated tok/s, TTFT and latency p50/p99 (and TTFT mean), the server's own TTFT from /metrics,
+failures, the server's RSS before/after, the clients' CPU share. Loopback only, bounded (R
+requests per client). Standard library only.
 
 The clients must not be what is measured: at GPU rates (32-128 streams, 10,000-25,000 chunks/s) a
 thread per client with http.client (this script before) spent its time under the GIL parsing

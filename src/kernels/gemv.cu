@@ -29,8 +29,8 @@
 // rows, 256 lanes of 4 for 8192) is built from those step measurements; the step with it (H200,
 // 2026-12-04): 1,138.2 µs against 1,274.6 (gate/up 20.0–25.6 µs, down 10.5–11.6, o 3.5–5.7, lm_head
 // ~120), 806 tok/s against 742. Affine rows keep ~kUnroll chunks a lane (up to a warp) and widen,
-// now past one warp, until their matrix has kAffineMinWarps warps. For affine weights x is staged once per block
-// in shared memory as fp32 (padded per chunk so a warp's 16-byte reads hit distinct banks) when it
+// now past one warp, until their matrix has kAffineMinWarps warps. For affine weights x is staged
+// once per block in shared memory as fp32 (padded per chunk so a warp's 16-byte reads hit distinct banks) when it
 // fits; dense rows, and affine ones past the limit, re-read it per chunk from L1/L2.
 //
 // A row's partial sums meet by xor shuffles inside each warp, then (rows over several warps) through
@@ -548,8 +548,9 @@ const char* launch_m(const GemvArgs& a, const Segs& segs, unsigned blocks, int t
 // Lanes per row (log2, 2..8) of one segment: first the power of two in 4..32 that gives a lane
 // about kUnroll chunks (one tile). Then a dense row longer than 32 lanes' tiles widens, up to 256
 // lanes (8 warps), until a lane has at most kDenseChunksPerLane chunks; an affine row widens (up to
-// a lane per chunk, and past one warp) until the segment has kAffineMinWarps warps. A function of `in`, the format and the segment's own rows
-// only, so a grouped launch gives each segment the bits of its separate launch.
+// a lane per chunk, and past one warp) until the segment has kAffineMinWarps warps. A function of
+// `in`, the format and the segment's own rows only, so a grouped launch gives each segment the bits
+// of its separate launch.
 // Dense bf16 (fp32 rows have twice the chunks): in 2048 → 32 lanes (8 chunks each: 1B q/k/v, o,
 // gate/up, lm_head), 4096 → 128 (4: the 8B's), 8192 → 256 (4: 1B down), 14336 → 256 (7: 8B down).
 template <typename TX, int Kind>
