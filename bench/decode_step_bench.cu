@@ -9,7 +9,8 @@
 // output, at the capacity given and at 4,160 keys.
 //   nvcc -std=c++17 -O3 -arch=sm_90 -cudart static -I src/kernels bench/decode_step_bench.cu \
 //     src/kernels/{gemv,norm_act,rope_cache,decode_attention}.cu -o /tmp/step_bench
-//   HEARTH_PDL=1 /tmp/step_bench [capacity=704] [position=575] [reps=50]
+//   HEARTH_PDL=1 /tmp/step_bench [capacity=704] [position=575] [reps=50] [nocand]
+// ("nocand": stop after the production kernels' lines, e.g. at a 32K capacity.)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -77,9 +78,17 @@ void norm(const bf16* x, const bf16* residual, bf16* sum, const bf16* w, bf16* y
 }
 
 // The split plan of the step: decode_attention_plan's, or `splits` splits (rounded to whole tiles).
+// The split kernel the step's attention runs (the production choice unless a line says otherwise).
+DecodeAttentionKernel g_kernel = DecodeAttentionKernel::kAuto;
+
 DecodeAttentionPlan attention_plan(int64_t S, int splits) {
-  const int tk = decode_attention_tile_keys(2, D, H / Hkv);
-  if (splits <= 0) return decode_attention_plan(Hkv, S, tk, 132);
+  DecodeAttentionArgs shape;
+  shape.B = 1, shape.H = H, shape.Hkv = Hkv, shape.T = 1, shape.S = S, shape.D = D;
+  shape.k_ss = shape.v_ss = D, shape.o_sb = shape.o_st = H * D, shape.o_sh = D;
+  shape.dtype = QDtype::kBFloat16;
+  shape.kernel = g_kernel;
+  const int tk = decode_attention_step_keys(shape);
+  if (splits <= 0) return decode_attention_plan(Hkv, S, tk, 132, decode_attention_blocks_per_sm(shape));
   DecodeAttentionPlan p;
   p.keys_per_split = ((S + splits - 1) / splits + tk - 1) / tk * tk;
   p.n_split = static_cast<int>((S + p.keys_per_split - 1) / p.keys_per_split);
@@ -122,6 +131,7 @@ void step(const std::vector<Layer>& layers, const Acts& t, const bf16* final_nor
       a.scale = 0.125f;
       a.dtype = QDtype::kBFloat16;
       a.plan = plan;
+      a.kernel = g_kernel;
       a.stream = st;
       check(decode_attention(a), "decode_attention");
       o_in = t.attn;
@@ -485,6 +495,7 @@ void prod_attention(const bf16* q, const bf16* kc, const bf16* vc, int64_t cap, 
   a.scale = 0.125f;
   a.dtype = QDtype::kBFloat16;
   a.plan = attention_plan(S, splits);
+  a.kernel = g_kernel;
   a.stream = st;
   check(decode_attention(a), "decode_attention");
 }
@@ -591,14 +602,26 @@ int main(int argc, char** argv) {
     us = time_graph(st, reps, [&] { step(layers, t, final_norm, head, S, false, st); }, &kernels);
     std::printf("without RoPE/cache/attention (%zu kernels): %8.1f us\n", kernels, us);
   }
-  // The attention alone (16 layers' launches in one graph), by split count: 0 = the plan's.
-  for (int splits : {0, 1, 2, 3, 6, 11, 22}) {
-    const DecodeAttentionPlan p = attention_plan(S, splits);
-    size_t kernels = 0;
-    const float us = time_graph(st, reps, [&] { step(layers, t, final_norm, head, S, true, st, splits, true); }, &kernels);
-    std::printf("attention only, %2d splits of %4lld keys (%zu kernels): %7.2f us per layer\n", p.n_split,
-                static_cast<long long>(p.keys_per_split), kernels, us / L);
+  // The attention alone (16 layers' launches in one graph), by kernel and split count: 0 = the
+  // plan's; then the whole step with each kernel at its plan.
+  const std::vector<int> split_counts =
+      S >= 8192 ? std::vector<int>{0, 16, 32, 47, 64, 96, 128} : std::vector<int>{0, 1, 2, 3, 6, 11, 22};
+  for (DecodeAttentionKernel kernel : {DecodeAttentionKernel::kCudaCores, DecodeAttentionKernel::kTensorCores}) {
+    g_kernel = kernel;
+    const char* name = kernel == DecodeAttentionKernel::kTensorCores ? "tensor cores" : "cuda cores";
+    for (int splits : split_counts) {
+      const DecodeAttentionPlan p = attention_plan(S, splits);
+      size_t kernels = 0;
+      const float us = time_graph(st, reps, [&] { step(layers, t, final_norm, head, S, true, st, splits, true); }, &kernels);
+      std::printf("attention only, %s, %3d splits of %5lld keys (%zu kernels): %7.2f us per layer\n", name, p.n_split,
+                  static_cast<long long>(p.keys_per_split), kernels, us / L);
+    }
+    const float us = time_graph(st, reps, [&] { step(layers, t, final_norm, head, S, true, st); });
+    std::printf("whole step, %s, plan's %d splits: %8.1f us = %6.1f tok/s\n", name, attention_plan(S, 0).n_split, us,
+                1e6 / us);
   }
+  g_kernel = DecodeAttentionKernel::kAuto;
+  if (argc > 4 && std::strcmp(argv[4], "nocand") == 0) return 0;
   for (int splits : {6, 11}) {
     size_t kernels = 0;
     const float us = time_graph(st, reps, [&] { step(layers, t, final_norm, head, S, true, st, splits); }, &kernels);

@@ -23,9 +23,11 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <mutex>
 
 #include "pdl.cuh"
 #include "decode_attention.h"
+#include "decode_attention_mma.cuh"
 #include "decode_attention_regs.cuh"
 #include "dtype.cuh"
 
@@ -293,31 +295,29 @@ __global__ void __launch_bounds__(kDaThreads, Wide ? 3 : 4) decode_attention_spl
   }
 }
 
-// The split kernel for R rows: the register kernel for bf16/fp16 with R ≤ 8 (its row bucket; the
-// kRowMask instance when rows have mask rows of their own), else the tile kernel (Wide above 8 rows).
+using SplitKernel = void (*)(DecodeAttentionArgs);
+// The split kernel for `a` (R rows): the tensor-core kernel where decode_attention_runs_mma, else
+// the register kernel for bf16/fp16 with R ≤ 8 (its row bucket), else the tile kernel (Wide above
+// 8 rows); the *RowMask instances when rows have mask rows of their own.
 template <typename T, int D>
-cudaError_t da_launch_split(const DecodeAttentionArgs& a, int64_t R, dim3 grid, cudaStream_t stream) {
-  const dim3 block(kDaThreads);
+SplitKernel da_split_kernel(const DecodeAttentionArgs& a, int64_t R) {
+  const bool own = a.mask != nullptr && a.T > 1 && a.m_st != 0;
   if constexpr (sizeof(T) == 2) {
+    if constexpr (D == 64 || D == 128) {
+      if (decode_attention_runs_mma(a)) return own ? da_mma::split_kernel<T, D, true> : da_mma::split_kernel<T, D, false>;
+    }
     if (decode_attention_uses_regs(2, R)) {
-      const bool own = a.mask != nullptr && a.T > 1 && a.m_st != 0;
       switch (decode_attention_regs_rows(R)) {
-        case 1: return launch_kernel(da_regs::split_kernel<T, D, 1, false>, grid, block, 0, stream, a);
-        case 2:
-          return own ? launch_kernel(da_regs::split_kernel<T, D, 2, true>, grid, block, 0, stream, a)
-                     : launch_kernel(da_regs::split_kernel<T, D, 2, false>, grid, block, 0, stream, a);
-        case 4:
-          return own ? launch_kernel(da_regs::split_kernel<T, D, 4, true>, grid, block, 0, stream, a)
-                     : launch_kernel(da_regs::split_kernel<T, D, 4, false>, grid, block, 0, stream, a);
-        default:
-          return own ? launch_kernel(da_regs::split_kernel<T, D, 8, true>, grid, block, 0, stream, a)
-                     : launch_kernel(da_regs::split_kernel<T, D, 8, false>, grid, block, 0, stream, a);
+        case 1: return da_regs::split_kernel<T, D, 1, false>;
+        case 2: return own ? da_regs::split_kernel<T, D, 2, true> : da_regs::split_kernel<T, D, 2, false>;
+        case 4: return own ? da_regs::split_kernel<T, D, 4, true> : da_regs::split_kernel<T, D, 4, false>;
+        default: return own ? da_regs::split_kernel<T, D, 8, true> : da_regs::split_kernel<T, D, 8, false>;
       }
     }
   } else {
-    if (R <= 8) return launch_kernel(decode_attention_split_kernel<T, D, false>, grid, block, 0, stream, a);
+    if (R <= 8) return decode_attention_split_kernel<T, D, false>;
   }
-  return launch_kernel(decode_attention_split_kernel<T, D, true>, grid, block, 0, stream, a);
+  return decode_attention_split_kernel<T, D, true>;
 }
 
 template <typename T, int D>
@@ -325,16 +325,25 @@ const char* da_launch(const DecodeAttentionArgs& a) {
   const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
   const int64_t R = a.H / a.Hkv * a.T;
   const dim3 grid(static_cast<unsigned>(a.plan.n_split), static_cast<unsigned>(a.B * a.Hkv));
-  cudaError_t e = da_launch_split<T, D>(a, R, grid, stream);
+  cudaError_t e = launch_kernel(da_split_kernel<T, D>(a, R), grid, dim3(kDaThreads), 0, stream, a);
   if (e != cudaSuccess) return cudaGetErrorString(e);
   if (a.plan.n_split > 1) {
-    constexpr int kRows = da_regs::kMergeRows<D>;
-    const int64_t groups = (R + kRows - 1) / kRows;
-    e = launch_kernel(da_regs::merge_kernel<T, D>, dim3(static_cast<unsigned>(a.B * a.Hkv * groups)),
-                      dim3(da_regs::kMergeThreads), 0, stream, a);
+    e = launch_kernel(da_regs::merge_kernel<T, D>, dim3(static_cast<unsigned>(a.B * a.Hkv * R)),
+                      dim3(da_regs::kMergeThreads<D>), 0, stream, a);
     if (e != cudaSuccess) return cudaGetErrorString(e);
   }
   return nullptr;
+}
+
+template <typename T>
+SplitKernel da_split_kernel_d(const DecodeAttentionArgs& a) {
+  const int64_t R = a.H / a.Hkv * a.T;
+  switch (a.D) {
+    case 64: return da_split_kernel<T, 64>(a, R);
+    case 128: return da_split_kernel<T, 128>(a, R);
+    case 256: return da_split_kernel<T, 256>(a, R);
+  }
+  return {};
 }
 
 template <typename T>
@@ -350,6 +359,37 @@ const char* da_launch_d(const DecodeAttentionArgs& a) {
 bool da_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 }  // namespace
+
+int decode_attention_blocks_per_sm(const DecodeAttentionArgs& args) {
+  DecodeAttentionArgs a = args;  // checked with a one-split plan: a.plan is not asked about
+  const int step = decode_attention_step_keys(a);
+  a.plan.n_split = 1;
+  a.plan.keys_per_split = (a.S + step - 1) / step * step;
+  if (!decode_attention_supported(a)) return 0;
+  SplitKernel k = nullptr;
+  switch (a.dtype) {
+    case QDtype::kFloat32: k = da_split_kernel_d<float>(a); break;
+    case QDtype::kFloat16: k = da_split_kernel_d<__half>(a); break;
+    case QDtype::kBFloat16: k = da_split_kernel_d<__nv_bfloat16>(a); break;
+  }
+  if (!k) return 0;
+  // One answer per kernel instance (a handful exist), asked once: the query is a host call.
+  constexpr int kSlots = 64;
+  static SplitKernel keys[kSlots] = {};
+  static int values[kSlots] = {};
+  static std::mutex mu;
+  const std::lock_guard<std::mutex> lock(mu);
+  int i = 0;
+  for (; i < kSlots && keys[i]; ++i)
+    if (keys[i] == k) return values[i];
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kDaThreads, 0) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: clear it
+    return 0;
+  }
+  if (i < kSlots) keys[i] = k, values[i] = n;
+  return n;
+}
 
 const char* decode_attention(const DecodeAttentionArgs& a) {
   if (!decode_attention_supported(a)) return "decode_attention: unsupported shape, strides or plan";

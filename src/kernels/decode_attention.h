@@ -2,9 +2,11 @@
 // out = softmax(q kᵀ · scale + mask) v for a few query rows per kv head (a decode step, T·n_rep ≤ 64)
 // over a long key sequence, the keys cut into splits that run as separate blocks (so B·Hkv·splits
 // blocks fill the GPU instead of B·Hkv), each with FlashAttention-2's online softmax, then merged by
-// their (max, sum) in a second kernel. Two split kernels: bf16/fp16 with R = n_rep·T ≤ 8 rows run
-// the register kernel (kernels/decode_attention_regs.cuh: a warp per run of keys, k/v/mask loaded
-// straight into registers, no shared-memory staging); fp32 and R > 8 the shared-memory tile kernel.
+// their (max, sum) in a second kernel. Three split kernels: bf16/fp16 with head dim 64 or 128 and
+// R = n_rep·T ≤ 16 rows run the tensor-core kernel (kernels/decode_attention_mma.cuh: both products
+// as mma.sync, k/v loaded straight into registers); other bf16/fp16 with R ≤ 8 the register kernel
+// (kernels/decode_attention_regs.cuh: a warp per run of keys, scores by shuffle sums); fp32 and the
+// rest the shared-memory tile kernel.
 // Plain C++ (raw pointers, no ATen) so the .cu compiles standalone with nvcc; the host-side planning
 // below is inline so that CPU tests can check it. Not the dispatch (nn/decode_attention.cpp decides
 // when it applies) and no backward.
@@ -70,6 +72,21 @@ constexpr int decode_attention_tile_keys(int elem_bytes, int head_dim, int64_t r
              : decode_attention_smem_tile_keys(elem_bytes, head_dim, rows);
 }
 
+/// Keys a block of the tensor-core kernel walks per step (4 warps × 16): its plan granularity.
+constexpr int kDecodeAttentionMmaStepKeys = 64;
+
+/// True when the tensor-core kernel (kernels/decode_attention_mma.cuh) can run: 2-byte elements
+/// (bf16, fp16), head dim 64 or 128, 1 ≤ R ≤ 16 rows.
+constexpr bool decode_attention_uses_mma(int elem_bytes, int64_t head_dim, int64_t rows) {
+  return elem_bytes == 2 && (head_dim == 64 || head_dim == 128) && rows >= 1 && rows <= 16;
+}
+
+/// Which split kernel runs. kAuto: the tensor-core kernel where decode_attention_uses_mma, else
+/// the CUDA-core ones (the register kernel for bf16/fp16 with R ≤ 8, else the shared-memory tile
+/// kernel). kCudaCores forces the latter (the reference the tensor-core kernel is tested against,
+/// and a benchmark's A/B); kTensorCores where it cannot run is unsupported.
+enum class DecodeAttentionKernel { kAuto, kCudaCores, kTensorCores };
+
 /// Bytes of one element of `dt`.
 constexpr int decode_attention_elem_bytes(QDtype dt) { return dt == QDtype::kFloat32 ? 4 : 2; }
 
@@ -82,7 +99,8 @@ struct DecodeAttentionPlan {
 
 /// The split count for `bh` = B·Hkv (batch row, kv head) pairs over S keys (S ≥ 1) with the tile
 /// size `tile_keys` on a GPU of `sm_count` multiprocessors: enough splits that bh·n_split reaches
-/// about 4 blocks per multiprocessor (≥ 2 waves of one block per SM), but no split shorter than
+/// `blocks_per_sm` blocks per multiprocessor (the split kernel's occupancy: one full wave, none
+/// left over for a second; ≤ 0 is taken as 4), but no split shorter than
 /// ⌈2·√S⌉ keys (and at least one tile); keys_per_split is a multiple of tile_keys. Why √S: a block
 /// walks its split's tiles one after another and the merge walks the splits one after another, so
 /// time ≈ a + b·(tiles per split) + c·n_split is least near n_split = √(b·S / (c·tile)). Fitted to
@@ -93,13 +111,16 @@ struct DecodeAttentionPlan {
 /// 33 of 128) and keeps a long cache with few (row, head) pairs from piling hundreds of splits onto
 /// the merge. Measured for D = 64 only. One split (S ≤ one tile, or bh alone filling the GPU)
 /// writes the output directly (no merge kernel, no workspace). E.g. H200 (132 SMs), B·Hkv = 8, tile
-/// 64: S = 32768 → 64 splits of 512, S = 4160 → 33 of 128, S = 704 → 11 of 64, S = 512 → 8 of 64.
+/// 64, 4 blocks per SM: S = 32768 → 64 splits of 512, S = 4160 → 33 of 128, S = 704 → 11 of 64, S
+/// = 512 → 8 of 64; 3 blocks per SM (the register and tensor-core kernels for 4 rows of 64):
+/// 32768 → 47 splits of 704 (376 blocks ≤ 396 resident; 64 × 8 = 512 would run a second wave of 116).
 /// sm_count ≤ 0 is treated as 1.
-inline DecodeAttentionPlan decode_attention_plan(int64_t bh, int64_t S, int tile_keys, int sm_count) {
+inline DecodeAttentionPlan decode_attention_plan(int64_t bh, int64_t S, int tile_keys, int sm_count,
+                                                 int blocks_per_sm = 4) {
   DecodeAttentionPlan p;
   if (bh < 1 || S < 1 || tile_keys < 1) return p;
   const int64_t sms = sm_count > 0 ? sm_count : 1;
-  const int64_t target_blocks = 4 * sms;
+  const int64_t target_blocks = (blocks_per_sm > 0 ? blocks_per_sm : 4) * sms;
   int64_t min_keys = static_cast<int64_t>(std::sqrt(4.0 * static_cast<double>(S)));  // ⌈2·√S⌉, exactly:
   while (min_keys * min_keys < 4 * S) ++min_keys;                                     // the least m with
   while (min_keys > 1 && (min_keys - 1) * (min_keys - 1) >= 4 * S) --min_keys;        // m² ≥ 4·S
@@ -134,9 +155,24 @@ struct DecodeAttentionArgs {
   int64_t B = 0, H = 0, Hkv = 0, T = 0, S = 0, D = 0;
   float scale = 1.0f;
   QDtype dtype = QDtype::kBFloat16;
-  DecodeAttentionPlan plan;    // from decode_attention_plan with this shape's tile_keys
+  DecodeAttentionPlan plan;    // from decode_attention_plan with decode_attention_step_keys(*this)
+  DecodeAttentionKernel kernel = DecodeAttentionKernel::kAuto;
   void* stream = nullptr;      // cudaStream_t; nullptr = the legacy default stream
 };
+
+/// True when the tensor-core kernel runs for `a` (kAuto where it can, or forced).
+inline bool decode_attention_runs_mma(const DecodeAttentionArgs& a) {
+  return a.kernel != DecodeAttentionKernel::kCudaCores &&
+         decode_attention_uses_mma(decode_attention_elem_bytes(a.dtype), a.D, a.H / (a.Hkv > 0 ? a.Hkv : 1) * a.T);
+}
+
+/// The plan granularity (tile_keys of decode_attention_plan) of the kernel `a` selects: 64 for
+/// the tensor-core kernel, decode_attention_tile_keys for the others.
+inline int decode_attention_step_keys(const DecodeAttentionArgs& a) {
+  if (decode_attention_runs_mma(a)) return kDecodeAttentionMmaStepKeys;
+  return decode_attention_tile_keys(decode_attention_elem_bytes(a.dtype), static_cast<int>(a.D),
+                                    a.H / (a.Hkv > 0 ? a.Hkv : 1) * a.T);
+}
 
 /// float32 elements of the workspace a plan needs: per (b·Hkv, split, row) the unnormalised
 /// accumulator [D] and (max, sum); 0 for one split.
@@ -147,8 +183,10 @@ inline int64_t decode_attention_workspace_floats(int64_t bh, int n_split, int64_
 /// True when the kernels handle these arguments: D ∈ {64, 128, 256}; B, T ≥ 1; 1 ≤ S ≤ 2^30; H a positive
 /// multiple of Hkv ≥ 1; R = n_rep·T ≤ 64 and R·D ≤ 4096; B·Hkv ≤ 65535; k/v/out strides (batch,
 /// head, key/token) multiples of one 16-byte chunk (8 bf16/fp16 or 4 float32 values); a plan whose
-/// splits each hold ≥ 1 key, keys_per_split a multiple of the tile, n_split ≤ 1024, and a workspace
-/// when n_split > 1. Pointer alignment (16 bytes: k, v, out, workspace) is checked at launch.
+/// splits each hold ≥ 1 key, n_split ≤ 1024, keys_per_split a multiple of the tile for the CUDA-core
+/// kernels (any length for the tensor-core kernel: it masks a split's ragged last step), and a
+/// workspace when n_split > 1; kTensorCores only where decode_attention_uses_mma. Pointer alignment
+/// (16 bytes: k, v, out, workspace) is checked at launch.
 inline bool decode_attention_supported(const DecodeAttentionArgs& a) {
   if (a.D != 64 && a.D != 128 && a.D != 256) return false;
   if (a.B < 1 || a.T < 1 || a.S < 1 || a.S > (int64_t{1} << 30) || a.Hkv < 1 || a.H < a.Hkv || a.H % a.Hkv != 0) return false;
@@ -157,7 +195,9 @@ inline bool decode_attention_supported(const DecodeAttentionArgs& a) {
   const int64_t vec = 16 / decode_attention_elem_bytes(a.dtype);
   for (int64_t s : {a.k_sb, a.k_sh, a.k_ss, a.v_sb, a.v_sh, a.v_ss, a.o_sb, a.o_sh, a.o_st})
     if (s % vec != 0) return false;
-  const int tk = decode_attention_tile_keys(decode_attention_elem_bytes(a.dtype), static_cast<int>(a.D), R);
+  const bool mma = decode_attention_runs_mma(a);
+  if (a.kernel == DecodeAttentionKernel::kTensorCores && !mma) return false;
+  const int tk = mma ? 1 : decode_attention_tile_keys(decode_attention_elem_bytes(a.dtype), static_cast<int>(a.D), R);
   const DecodeAttentionPlan& p = a.plan;
   if (p.n_split < 1 || p.n_split > kDecodeAttentionMaxSplits || p.keys_per_split < 1 || p.keys_per_split % tk != 0) return false;
   if (static_cast<int64_t>(p.n_split - 1) * p.keys_per_split >= a.S || p.n_split * p.keys_per_split < a.S) return false;
@@ -170,6 +210,8 @@ inline bool decode_attention_supported(const DecodeAttentionArgs& a) {
 /// every key is masked gets, as from PyTorch's SDPA with that additive mask, the softmax of the
 /// masked scores (for bf16/fp32 masks: equal weights, the mean of v). −inf mask entries are allowed;
 /// a row that is −inf everywhere gives 0 (not NaN). One split per block of 128 threads (4 warps).
+/// Tensor-core kernel (bf16/fp16, D 64/128, R ≤ 16): see kernels/decode_attention_mma.cuh; the
+/// weights enter P·V as two products (hi and lo parts), ~16 bits of each weight.
 /// Register kernel (bf16/fp16, R ≤ 8): per step of tile_keys keys each warp takes its run of keys,
 /// D/8 lanes per key (lane = one 16-byte column chunk of the key's k and v rows), loads all of the
 /// step's k, v and mask values into registers before any arithmetic and the next step's before this
@@ -178,11 +220,17 @@ inline bool decode_attention_supported(const DecodeAttentionArgs& a) {
 /// key's lane r loads row r's mask value and the others take it by shuffle. Tile kernel (fp32, or
 /// R > 8): keys and values stream through shared memory in tiles (cp.async, double-buffered), scores
 /// per row and key, the online softmax per row, the weighted sum per (row, 16-byte column chunk).
-/// With several splits a second kernel merges them (out = Σ e^{m_s−M} o_s / Σ e^{m_s−M} l_s,
-/// splits in order: deterministic). No allocation, no host sync: safe inside a CUDA graph (the plan
+/// With several splits a second kernel merges them (out = Σ e^{m_s−M} o_s / Σ e^{m_s−M} l_s, in a
+/// fixed order — 8 interleaved groups of splits, then the groups — so deterministic). No allocation, no host sync: safe inside a CUDA graph (the plan
 /// and shapes are host values fixed at capture).
 /// Asynchronous on `stream`. Returns nullptr on success, else a one-line reason (unsupported
 /// arguments, a misaligned pointer, or the CUDA launch error string).
 const char* decode_attention(const DecodeAttentionArgs& a);
+
+/// Blocks of the split kernel `a` selects that fit on one multiprocessor of the current CUDA device
+/// (cudaOccupancyMaxActiveBlocksPerMultiprocessor, asked once per kernel instance): the
+/// blocks_per_sm of decode_attention_plan. a.plan and the pointers are not looked at; 0 when the
+/// shape is unsupported or the query fails.
+int decode_attention_blocks_per_sm(const DecodeAttentionArgs& a);
 
 }  // namespace hearth::kernels

@@ -13,6 +13,8 @@
 
 #include <array>
 #include <atomic>
+#include <cstdlib>
+#include <string>
 
 #include "core/error.h"
 #include "kernels/decode_attention.h"
@@ -34,6 +36,17 @@ int dattn_sm_count(int dev) {
   }
   cache[dev].store(n, std::memory_order_relaxed);
   return n;
+}
+
+// HEARTH_DECODE_ATTENTION=cuda-cores runs the CUDA-core split kernels where the tensor-core one
+// would (a benchmark's A/B and a fallback); unset or anything else: the default choice. Read once.
+kernels::DecodeAttentionKernel dattn_kernel_choice() {
+  static const kernels::DecodeAttentionKernel k = [] {
+    const char* env = std::getenv("HEARTH_DECODE_ATTENTION");
+    return env && std::string(env) == "cuda-cores" ? kernels::DecodeAttentionKernel::kCudaCores
+                                                   : kernels::DecodeAttentionKernel::kAuto;
+  }();
+  return k;
 }
 
 bool dattn_aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
@@ -99,8 +112,9 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   a.o_st = H * D;
   if (!dattn_aligned16(k) || !dattn_aligned16(v)) return {};
   const c10::cuda::CUDAGuard guard(q.device());
-  const int tile = kernels::decode_attention_tile_keys(kernels::decode_attention_elem_bytes(a.dtype), static_cast<int>(D), R);
-  a.plan = kernels::decode_attention_plan(B * Hkv, S, tile, dattn_sm_count(q.device().index()));
+  a.kernel = dattn_kernel_choice();
+  a.plan = kernels::decode_attention_plan(B * Hkv, S, kernels::decode_attention_step_keys(a),
+                                          dattn_sm_count(q.device().index()), kernels::decode_attention_blocks_per_sm(a));
   const int64_t ws_floats = kernels::decode_attention_workspace_floats(B * Hkv, a.plan.n_split, R, D);
   at::Tensor ws;
   if (ws_floats > 0) {

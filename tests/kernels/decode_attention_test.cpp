@@ -134,11 +134,13 @@ double dat_run(const DatCase& c, uint64_t seed) {
 
 #ifdef HEARTH_WITH_CUDA_KERNELS
 // The kernel called directly, set up as nn::decode_attention does, with splits of `tiles` tiles
-// each (0: decode_attention_plan's for 132 SMs; −1: one split): q [B, H, T, D], k/v [B, Hkv, S, D]
+// each (0: decode_attention_plan's for 132 SMs; −1: one split; −2: 37 keys each, not a whole
+// step), running `kernel`: q [B, H, T, D], k/v [B, Hkv, S, D]
 // (head dim contiguous), mask [Bm, 1, T, S] in q's dtype with Bm ∈ {1, B} (undefined: none). The
 // output [B, H, T, D] (a view of [B, T, H, D]) starts as NaN: an element never written shows.
 at::Tensor dat_direct(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
-                      double scale, int64_t tiles, int* n_split) {
+                      double scale, int64_t tiles, int* n_split,
+                      hk::DecodeAttentionKernel kernel = hk::DecodeAttentionKernel::kCudaCores) {
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), Hkv = k.size(1), S = k.size(2);
   const int64_t R = H / Hkv * T;
   hk::DecodeAttentionArgs a;
@@ -154,9 +156,13 @@ at::Tensor dat_direct(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   a.scale = static_cast<float>(scale);
   const at::ScalarType st = q.scalar_type();
   a.dtype = st == at::kHalf ? hk::QDtype::kFloat16 : st == at::kBFloat16 ? hk::QDtype::kBFloat16 : hk::QDtype::kFloat32;
-  const int tile = hk::decode_attention_tile_keys(hk::decode_attention_elem_bytes(a.dtype), static_cast<int>(D), R);
+  a.kernel = kernel;
+  const int tile = hk::decode_attention_step_keys(a);
   if (tiles == 0) {
     a.plan = hk::decode_attention_plan(B * Hkv, S, tile, 132);
+  } else if (tiles == -2) {  // ragged splits of 37 keys (the tensor-core kernel only)
+    a.plan.keys_per_split = std::min<int64_t>(37, S);
+    a.plan.n_split = static_cast<int>((S + a.plan.keys_per_split - 1) / a.plan.keys_per_split);
   } else {
     a.plan.keys_per_split = tiles > 0 ? tiles * tile : (S + tile - 1) / tile * tile;
     a.plan.n_split = static_cast<int>((S + a.plan.keys_per_split - 1) / a.plan.keys_per_split);
@@ -250,6 +256,12 @@ TEST(DecodeAttentionKernel, PlanSplitsLongContextsAndKeepsShortOnesWhole) {
   p = hk::decode_attention_plan(1, 131072, 64, 132);
   EXPECT_EQ(p.n_split, 171);
   EXPECT_EQ(p.keys_per_split, 768);
+  // Three blocks per SM (what the register and tensor-core kernels fit for 4 rows of 64): one
+  // wave of 376 ≤ 396 blocks, 47 splits of 704, not 64 × 8 = 512 blocks in two waves.
+  p = hk::decode_attention_plan(8, 32768, 64, 132, 3);
+  EXPECT_EQ(p.n_split, 47);
+  EXPECT_EQ(p.keys_per_split, 704);
+  EXPECT_EQ(hk::decode_attention_plan(8, 32768, 64, 132, 0).n_split, 64);  // unknown occupancy: 4
   // An unknown SM count plans as for one SM (4 blocks): still splits a long single head.
   p = hk::decode_attention_plan(1, 32768, 64, 0);
   EXPECT_EQ(p.n_split, 4);
@@ -284,6 +296,12 @@ TEST(DecodeAttentionKernel, TileKeysAndSupportedShapes) {
   EXPECT_TRUE(hk::decode_attention_uses_regs(2, 8));
   EXPECT_FALSE(hk::decode_attention_uses_regs(2, 9));
   EXPECT_FALSE(hk::decode_attention_uses_regs(4, 4));
+  // Tensor-core kernel: bf16/fp16, head dim 64 or 128, ≤ 16 rows; planned in steps of 64 keys.
+  EXPECT_TRUE(hk::decode_attention_uses_mma(2, 64, 4));
+  EXPECT_TRUE(hk::decode_attention_uses_mma(2, 128, 16));
+  EXPECT_FALSE(hk::decode_attention_uses_mma(2, 128, 17));
+  EXPECT_FALSE(hk::decode_attention_uses_mma(2, 256, 4));
+  EXPECT_FALSE(hk::decode_attention_uses_mma(4, 64, 4));
   // Shared-memory tile kernel (fp32, or > 8 rows).
   EXPECT_EQ(hk::decode_attention_tile_keys(2, 64, 16), 32);
   EXPECT_EQ(hk::decode_attention_tile_keys(4, 64, 4), 32);
@@ -302,6 +320,8 @@ TEST(DecodeAttentionKernel, TileKeysAndSupportedShapes) {
   a.plan = hk::decode_attention_plan(8, a.S, 64, 132);
   a.workspace = ws;
   EXPECT_TRUE(hk::decode_attention_supported(a));
+  EXPECT_TRUE(hk::decode_attention_runs_mma(a));
+  EXPECT_EQ(hk::decode_attention_step_keys(a), 64);
   auto with = [&](auto change) {
     hk::DecodeAttentionArgs b = a;
     change(b);
@@ -317,7 +337,19 @@ TEST(DecodeAttentionKernel, TileKeysAndSupportedShapes) {
   EXPECT_FALSE(with([](hk::DecodeAttentionArgs& b) { b.k_ss = 68; }));                // not 16-byte rows
   EXPECT_FALSE(with([](hk::DecodeAttentionArgs& b) { b.S = (int64_t{1} << 30) + 1; }));  // > 2^30 keys
   EXPECT_FALSE(with([](hk::DecodeAttentionArgs& b) { b.workspace = nullptr; }));      // several splits need it
-  EXPECT_FALSE(with([](hk::DecodeAttentionArgs& b) { b.plan.keys_per_split = 500; })); // not whole tiles
+  EXPECT_TRUE(with([](hk::DecodeAttentionArgs& b) { b.plan.keys_per_split = 520; }));  // tensor cores: ragged is fine
+  EXPECT_FALSE(with([](hk::DecodeAttentionArgs& b) {  // the CUDA-core kernels: whole tiles only
+    b.kernel = hk::DecodeAttentionKernel::kCudaCores;
+    b.plan.keys_per_split = 520;
+  }));
+  EXPECT_FALSE(with([](hk::DecodeAttentionArgs& b) {  // tensor cores cannot run head dim 256
+    b.kernel = hk::DecodeAttentionKernel::kTensorCores;
+    b.D = 256;
+  }));
+  EXPECT_TRUE(with([](hk::DecodeAttentionArgs& b) {  // ... the CUDA-core kernels can
+    b.kernel = hk::DecodeAttentionKernel::kCudaCores;
+    b.D = 256;
+  }));
   EXPECT_FALSE(with([](hk::DecodeAttentionArgs& b) { b.plan.n_split = 65; }));        // an empty split
   EXPECT_FALSE(with([](hk::DecodeAttentionArgs& b) { b.plan.n_split = 63; }));        // keys left over
   EXPECT_TRUE(with([](hk::DecodeAttentionArgs& b) {
@@ -479,20 +511,25 @@ TEST(DecodeAttentionKernel, CudaGraphReplaysOnNewInputs) {
 TEST(DecodeAttentionKernel, CudaRegisterKernelEveryInstanceAndSplit) {
   if (!dat_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's CUDA kernels (GPU machine)";
 #ifdef HEARTH_WITH_CUDA_KERNELS
-  // The register kernel (bf16/fp16, R = n_rep·T ≤ 8) called directly: every head dim and row
-  // bucket (R = 1, 2, 3→4, 4, 7→8, 8; T = 1, 2, 8 with a mask row per token), 4 batch rows with
+  // The CUDA-core kernels (bf16/fp16: the register kernel for R = n_rep·T ≤ 8, the tile kernel
+  // above) and the tensor-core kernel (D 64/128, R ≤ 16; also in ragged splits of 37 keys) called
+  // directly: every head dim and row bucket (R = 1, 2, 3→4, 4, 7→8, 8, 16; T = 1, 2, 4, 8 with a
+  // mask row per token), 4 batch rows with
   // the masks of dat_regs_mask (finite and −inf, a fully masked row, an all −inf token), a
   // batch-broadcast mask (D = 64), S = 1, 45 and 1001 (no multiple of any step), splits of one
   // step, three steps, the plan's and one split; q transposed from [B, T, H, D], k/v windows of a
   // larger cache. Against float64 with the all −inf rows set to 0.
   const at::Device cuda(at::kCUDA, 0);
-  const std::vector<std::pair<int64_t, int64_t>> reps_tokens = {{1, 1}, {2, 1}, {1, 2}, {3, 1}, {4, 1},
-                                                               {2, 2}, {7, 1}, {4, 2}, {8, 1}, {1, 8}};
+  const std::vector<std::pair<int64_t, int64_t>> reps_tokens = {{1, 1}, {2, 1}, {1, 2}, {3, 1}, {4, 1}, {2, 2},
+                                                               {7, 1}, {4, 2}, {8, 1}, {1, 8}, {16, 1}, {4, 4}};
   uint64_t seed = 900;
+  for (hk::DecodeAttentionKernel kernel : {hk::DecodeAttentionKernel::kCudaCores, hk::DecodeAttentionKernel::kTensorCores})
   for (at::ScalarType dt : {at::kBFloat16, at::kHalf})
     for (int64_t D : {64, 128, 256})
       for (auto [n_rep, T] : reps_tokens)
         for (int64_t S : {1, 45, 1001}) {
+          const bool mma = kernel == hk::DecodeAttentionKernel::kTensorCores;
+          if (mma && !hk::decode_attention_uses_mma(2, D, n_rep * T)) continue;
           at::manual_seed(++seed);
           const int64_t B = 4, Hkv = 2, H = Hkv * n_rep, C = S + 13;
           const auto f = at::TensorOptions().dtype(at::kFloat);
@@ -506,10 +543,12 @@ TEST(DecodeAttentionKernel, CudaRegisterKernelEveryInstanceAndSplit) {
             const at::Tensor mask = bcast ? full_mask.narrow(0, 1, 1) : full_mask;  // row 1's −inf band for all
             at::Tensor ref = dat_reference(q, k, v, mask, scale);
             ref = at::where(ref.isnan(), at::zeros_like(ref), ref);  // all −inf rows: 0, not NaN
-            for (int64_t tiles : {1, 3, 0, -1}) {
+            for (int64_t tiles : {1, 3, 0, -1, -2}) {
+              if (tiles == -2 && !mma) continue;
               int n_split = 0;
-              const at::Tensor got = dat_direct(q, k, v, mask, scale, tiles, &n_split);
-              const std::string what = std::string(dt == at::kHalf ? "fp16" : "bf16") + " D " + std::to_string(D) +
+              const at::Tensor got = dat_direct(q, k, v, mask, scale, tiles, &n_split, kernel);
+              const std::string what = std::string(mma ? "tensor cores " : "cuda cores ") +
+                                       std::string(dt == at::kHalf ? "fp16" : "bf16") + " D " + std::to_string(D) +
                                        " n_rep " + std::to_string(n_rep) + " T " + std::to_string(T) + " S " +
                                        std::to_string(S) + " splits " + std::to_string(n_split) +
                                        (bcast ? " broadcast mask" : "");
