@@ -3,6 +3,7 @@
 #include "nn/linear.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
 
 #include <algorithm>
 #include <tuple>
@@ -10,6 +11,7 @@
 #include "core/error.h"
 #include "nn/cpu_gemm.h"
 #include "nn/decode_gemv.h"
+#include "nn/fused_ops.h"
 
 namespace hearth::nn {
 
@@ -31,6 +33,15 @@ at::Tensor lora_dropout(const at::Tensor& x, double p) {
   at::Tensor keep = at::empty(x.sizes(), at::TensorOptions().dtype(at::kFloat));
   keep.bernoulli_(1.0 - p, t_dropout.gen);
   return x * (keep.to(x.device(), x.scalar_type()) / (1.0 - p));
+}
+
+// Whether add_adapters may add `ad` as one addmm: inference (no grad, no LoRA dropout, leaves not
+// requiring grad) on CUDA with the fused kernels on, every tensor in y's dtype. Elsewhere (CPU,
+// training, HEARTH_FUSED_DECODE=0: the bit-parity tier) PEFT's op order stands.
+bool lora_addmm_applies(const LoraAdapter& ad, const at::Tensor& x, const at::Tensor& y) {
+  return y.is_cuda() && fused_decode_enabled() && !c10::GradMode::is_enabled() && !(t_dropout.on && ad.dropout > 0.0) &&
+         x.scalar_type() == y.scalar_type() && ad.a.scalar_type() == y.scalar_type() &&
+         ad.b.scalar_type() == y.scalar_type() && !ad.a.requires_grad() && !ad.b.requires_grad();
 }
 }  // namespace
 
@@ -139,10 +150,19 @@ at::Tensor Linear::add_adapters(const at::Tensor& x, at::Tensor y) const {
   for (const std::string& id : t_active) {
     const LoraAdapter* ad = find_adapter(id);
     if (!ad) continue;
+    if (lora_addmm_applies(*ad, x, y)) {
+      // Inference on CUDA with the fused kernels on: x·Aᵀ, then y + scale·(x·Aᵀ)·Bᵀ as one addmm
+      // (one rounding) — two launches where PEFT's op order takes four (·Aᵀ, ·Bᵀ, ·scale, + y).
+      const at::Tensor y2 = y.reshape({-1, y.size(-1)});
+      const at::Tensor h = at::mm(x.reshape({-1, x.size(-1)}), ad->a.t());
+      y = at::addmm(y2, h, ad->b.t(), 1.0, ad->scale).view(y.sizes());
+      continue;
+    }
     y = y + delta(*ad, x);
   }
   return y;
 }
+
 
 std::vector<at::Tensor> Linear::forward_many(const at::Tensor& x, std::initializer_list<const Linear*> ls) {
   // The base products in one launch when every weight qualifies (no bias, one format); each

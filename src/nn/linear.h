@@ -106,8 +106,10 @@ class Linear {
 
   /// y [..., out] = x [..., in] · Wᵀ + b, then each adapter active on this thread (ActiveAdapters)
   /// that this Linear holds adds scale · (dropout(x) Aᵀ) Bᵀ, computed in the adapter's dtype and
-  /// cast to y's. Inside a RowAdapters scope each row gets its own selection's adapters instead.
-  /// A Linear without adapters does no adapter work at all.
+  /// cast to y's (PEFT's op order: each product, the scale and the sum rounded in turn; for CUDA
+  /// inference with the fused kernels on, (x Aᵀ) then y + scale·(x Aᵀ) Bᵀ in one addmm, rounded
+  /// once: 2 launches instead of 4). Inside a RowAdapters scope each row gets its own selection's
+  /// adapters instead. A Linear without adapters does no adapter work at all.
   at::Tensor forward(const at::Tensor& x) const;
 
   /// {ls[0]->forward(x), ls[1]->forward(x), ...} for Linears that read the same x (q/k/v,

@@ -4,6 +4,8 @@
 // row's result independent of M). The CUDA cases are skipped on this CPU build; run on the GPU.
 #include <gtest/gtest.h>
 
+#include <c10/core/GradMode.h>
+
 #include "core/torch_compat.h"
 #include "nn/attention.h"
 #include "nn/decode_gemv.h"
@@ -235,6 +237,44 @@ TEST(DecodeGemv, ForwardManyAddsAdaptersAndFallsBackWithBias) {
   EXPECT_TRUE(at::equal(zs[0], c.forward(x)));
   EXPECT_TRUE(at::equal(zs[1], b.forward(x)));
   EXPECT_TRUE(at::equal(zs[1], ys[1]));
+}
+
+TEST(DecodeGemv, LoraInInferenceIsOneAddmmWithinRounding) {
+  // CUDA inference with the fused kernels on adds a LoRA delta as x·Aᵀ then one addmm (rounded
+  // once); with grad on (training) PEFT's op order stands. Both against float64 of the same bf16
+  // inputs, for a decode row and a prefill block.
+  if (!dg_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
+  DgFusedSwitch on(true);
+  at::manual_seed(35);
+  const at::Device cuda(at::kCUDA, 0);
+  const auto bf = at::TensorOptions().dtype(at::kBFloat16).device(cuda);
+  hearth::nn::Linear lin(at::randn({96, 64}).to(bf) * 0.1);
+  hearth::nn::LoraAdapter ad;
+  ad.a = at::randn({8, 64}).to(bf) * 0.1;
+  ad.b = at::randn({96, 8}).to(bf) * 0.1;
+  ad.scale = 2.0;
+  lin.add_adapter("x", ad);
+  const hearth::nn::ActiveAdapters active({"x"});
+  for (int64_t rows : {1, 5}) {
+    const at::Tensor x = at::randn({rows, 64}).to(bf);
+    const at::Tensor xd = x.to(at::kDouble);
+    const at::Tensor want = at::matmul(xd, lin.weight().to(at::kDouble).t()) +
+                            2.0 * at::matmul(at::matmul(xd, ad.a.to(at::kDouble).t()), ad.b.to(at::kDouble).t());
+    const double scale = want.abs().max().item<double>();
+    const at::Tensor peft = lin.forward(x);  // grad mode on: PEFT's order
+    at::Tensor fast;
+    {
+      c10::NoGradGuard no_grad;
+      fast = lin.forward(x);
+    }
+    // Three roundings at most (the base product, x·Aᵀ, the sum): within 3·2^-9 of the largest output.
+    EXPECT_LE((fast.to(at::kDouble) - want).abs().max().item<double>() / scale, 6e-3) << rows;
+    EXPECT_LE((peft.to(at::kDouble) - want).abs().max().item<double>() / scale, 8e-3) << rows;
+    // The delta is in: not the base product alone.
+    EXPECT_GT((fast.to(at::kDouble) - at::matmul(xd, lin.weight().to(at::kDouble).t())).abs().max().item<double>(),
+              1e-2 * scale)
+        << rows;
+  }
 }
 
 TEST(DecodeGemv, GroupedGqaDecodeAttentionMatchesRepeatKv) {
