@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <iostream>
 
+#include "adapters/adapter.h"
+#include "adapters/mount.h"
 #include "cli/threads_option.h"
 #include "cli/verb.h"
 #include "core/env.h"
@@ -19,6 +21,7 @@
 #include "io/atomic_file.h"
 #include "io/hf_config.h"
 #include "models/registry.h"
+#include "nn/linear.h"
 #include "nn/param_source.h"
 
 namespace {
@@ -29,7 +32,31 @@ struct BenchArgs {
   int runs = 3;
   int64_t batch = 1;  // sequences decoded together (continuous batching's step)
   std::string op_trace;  // a Chrome trace of one more prefill's host-side ATen ops, when set
+  std::string adapter_path;  // a LoRA adapter folder, active on every step
+  int64_t lora_rank = 0;     // > 0: a random LoRA adapter of this rank instead, active on every step
 };
+
+// The LoRA adapter the bench runs with (mounted on `model`): the folder's, or a random one of
+// `rank` on the default targets (A as attach_trainable draws it, B ~ N(0, 0.01²): a nonzero delta
+// through the same code as a trained adapter's). Returns the ids to activate; none without one.
+std::vector<std::string> bench_adapter(hearth::models::Model& model, const BenchArgs& a) {
+  if (!a.adapter_path.empty()) {
+    const hearth::adapters::Adapter ad = hearth::adapters::load_adapter(a.adapter_path);
+    hearth::adapters::mount(model, ad);
+    return {ad.id};
+  }
+  if (a.lora_rank <= 0) return {};
+  hearth::adapters::LoraConfig config;
+  config.rank = a.lora_rank;
+  hearth::adapters::Adapter ad = hearth::adapters::attach_trainable(model, config, 0, "bench");
+  c10::NoGradGuard no_grad;
+  for (auto& [path, m] : ad.modules) {
+    m.b.normal_(0.0, 0.01);
+    m.a.requires_grad_(false);
+    m.b.requires_grad_(false);
+  }
+  return {ad.id};
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -114,6 +141,13 @@ std::function<int()> setup_bench(CLI::App& app) {
                  "(tools/op_trace_summary.py sums it by op); the host cost of the eager forward")
       ->check(CLI::Validator(
           [](std::string& v) { return v.empty() ? std::string("needs a file path") : std::string(); }, "FILE"));
+  app.add_option("--adapter-path,--adapter", a->adapter_path,
+                 "LoRA adapter folder (mlx-lm or PEFT layout), active on every prefill and decode step");
+  app.add_option("--lora-rank", a->lora_rank,
+                 "Run with a random LoRA adapter of this rank on q/k/v/o/gate/up/down, active on every step "
+                 "(the cost of an adapter without a file)")
+      ->check(CLI::Range(1, 1024))
+      ->excludes("--adapter-path");
   app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
   hearth::cli::add_threads_option(app);
   app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's torch_dtype on cuda, float32 on cpu)");
@@ -150,6 +184,8 @@ std::function<int()> setup_bench(CLI::App& app) {
     c10::NoGradGuard no_grad;
     const hearth::nn::LoadOptions where = hearth::nn::resolve_placement(a->device, a->dtype, a->model);
     auto model = hearth::models::load_model(a->model, where);
+    const std::vector<std::string> adapter_ids = bench_adapter(*model, *a);
+    const hearth::nn::ActiveAdapters active(adapter_ids);
     at::manual_seed(0);
     at::Tensor ids = at::randint(model->vocab_size(), {a->prompt_tokens}, at::TensorOptions().dtype(at::kLong));
     std::vector<int64_t> prompt(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + a->prompt_tokens);
@@ -177,6 +213,9 @@ std::function<int()> setup_bench(CLI::App& app) {
                 where.dtype == at::kBFloat16 ? "bfloat16" : where.dtype == at::kHalf ? "float16" : "float32");
     std::printf("prompt %lld tokens, generate %lld tokens, median of %d runs\n",
                 static_cast<long long>(a->prompt_tokens), static_cast<long long>(a->gen_tokens), a->runs);
+    if (!adapter_ids.empty())
+      std::printf("adapter: %s, active on every step\n",
+                  a->lora_rank > 0 ? ("random LoRA of rank " + std::to_string(a->lora_rank)).c_str() : a->adapter_path.c_str());
     std::printf("decode path: %s%s\n", path,
                 where.device.is_cuda() ? " (HEARTH_CUDA_GRAPHS=0 forces the eager loop)" : "");
     if (a->gen_tokens > 1) std::printf("prefill: %.1f tok/s\ndecode: %.1f tok/s\n", median(prefill), median(decode));

@@ -217,4 +217,23 @@ TEST(InputChecksCli, BenchBatchSaysWhenNothingIsLeftToTimeAsDecode) {
   EXPECT_EQ(r3.out.find(" 0.0 tok/s"), std::string::npos) << r3.out;
 }
 
+TEST(InputChecksCli, BenchRunsWithAnAdapterAndRefusesBadOnes) {
+  TempDir d;
+  const std::string bench = "bench --model " + shell_quote(golden_model("llama_mha").string()) +
+                            " --device cpu --runs 1 --prompt-tokens 8 --gen-tokens 4";
+  const CliRun r = hearth_run(bench + " --lora-rank 4", d);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("adapter: random LoRA of rank 4, active on every step"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("decode: "), std::string::npos) << r.out;
+  const CliRun zero = hearth_run(bench + " --lora-rank 0", d);
+  EXPECT_NE(zero.rc, 0);
+  EXPECT_NE(zero.err.find("--lora-rank"), std::string::npos) << zero.err;
+  const CliRun both = hearth_run(bench + " --lora-rank 4 --adapter-path x", d);
+  EXPECT_NE(both.rc, 0);
+  EXPECT_NE(both.err.find("excludes"), std::string::npos) << both.err;
+  const CliRun missing = hearth_run(bench + " --adapter-path " + shell_quote((d / "no-adapter").string()), d);
+  EXPECT_NE(missing.rc, 0);
+  EXPECT_NE(missing.err.find("no-adapter"), std::string::npos) << missing.err;
+}
+
 }  // namespace
