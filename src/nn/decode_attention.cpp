@@ -13,9 +13,8 @@
 
 #include <array>
 #include <atomic>
-#include <cstdlib>
-#include <string>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "kernels/decode_attention.h"
 #endif
@@ -41,11 +40,9 @@ int dattn_sm_count(int dev) {
 // HEARTH_DECODE_ATTENTION=cuda-cores runs the CUDA-core split kernels where the tensor-core one
 // would (a benchmark's A/B and a fallback); unset or anything else: the default choice. Read once.
 kernels::DecodeAttentionKernel dattn_kernel_choice() {
-  static const kernels::DecodeAttentionKernel k = [] {
-    const char* env = std::getenv("HEARTH_DECODE_ATTENTION");
-    return env && std::string(env) == "cuda-cores" ? kernels::DecodeAttentionKernel::kCudaCores
-                                                   : kernels::DecodeAttentionKernel::kAuto;
-  }();
+  static const kernels::DecodeAttentionKernel k = env_equals("HEARTH_DECODE_ATTENTION", "cuda-cores")
+                                                      ? kernels::DecodeAttentionKernel::kCudaCores
+                                                      : kernels::DecodeAttentionKernel::kAuto;
   return k;
 }
 
