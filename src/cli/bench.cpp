@@ -191,6 +191,9 @@ std::function<int()> setup_bench(CLI::App& app) {
     std::vector<int64_t> prompt(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + a->prompt_tokens);
     hearth::generate::GenerateOptions opts;
     opts.max_tokens = a->gen_tokens;  // greedy, no EOS: always the full count
+    if (!adapter_ids.empty())
+      std::printf("adapter: %s, active on every step\n",
+                  a->lora_rank > 0 ? ("random LoRA of rank " + std::to_string(a->lora_rank)).c_str() : a->adapter_path.c_str());
     if (a->batch > 1) return bench_batch(*model, prompt, opts, a->batch, a->runs);
     std::vector<double> prefill, decode, ttft, steady, setup_ms;
     int64_t peak = 0;
@@ -213,9 +216,6 @@ std::function<int()> setup_bench(CLI::App& app) {
                 where.dtype == at::kBFloat16 ? "bfloat16" : where.dtype == at::kHalf ? "float16" : "float32");
     std::printf("prompt %lld tokens, generate %lld tokens, median of %d runs\n",
                 static_cast<long long>(a->prompt_tokens), static_cast<long long>(a->gen_tokens), a->runs);
-    if (!adapter_ids.empty())
-      std::printf("adapter: %s, active on every step\n",
-                  a->lora_rank > 0 ? ("random LoRA of rank " + std::to_string(a->lora_rank)).c_str() : a->adapter_path.c_str());
     std::printf("decode path: %s%s\n", path,
                 where.device.is_cuda() ? " (HEARTH_CUDA_GRAPHS=0 forces the eager loop)" : "");
     if (a->gen_tokens > 1) std::printf("prefill: %.1f tok/s\ndecode: %.1f tok/s\n", median(prefill), median(decode));

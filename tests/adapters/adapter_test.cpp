@@ -153,6 +153,8 @@ void expect_load_error(const fs::path& dir, const std::string& needle) {
 TEST(AdapterFormat, BrokenFoldersGiveOneLineErrors) {
   TempDir tmp;
   expect_load_error(tmp / "nope", "adapter folder does not exist");
+  std::ofstream(tmp / "a_file") << "x";
+  expect_load_error(tmp / "a_file", "a_file: not a folder");
   fs::create_directories(tmp / "empty");
   expect_load_error(tmp / "empty", "no adapters.safetensors or adapter_model.safetensors");
   {

@@ -225,6 +225,9 @@ TEST(InputChecksCli, BenchRunsWithAnAdapterAndRefusesBadOnes) {
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("adapter: random LoRA of rank 4, active on every step"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("decode: "), std::string::npos) << r.out;
+  const CliRun batched = hearth_run(bench + " --lora-rank 4 --batch 2", d);
+  ASSERT_EQ(batched.rc, 0) << batched.err;
+  EXPECT_NE(batched.out.find("adapter: random LoRA of rank 4, active on every step"), std::string::npos) << batched.out;
   const CliRun zero = hearth_run(bench + " --lora-rank 0", d);
   EXPECT_NE(zero.rc, 0);
   EXPECT_NE(zero.err.find("--lora-rank"), std::string::npos) << zero.err;
