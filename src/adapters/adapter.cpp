@@ -355,9 +355,13 @@ void check_adapter_id(const std::string& id) {
 
 Adapter load_adapter(const fs::path& dir_in, const LoadAdapterOptions& options) {
   const fs::path dir = dir_in.has_filename() ? dir_in : dir_in.parent_path();
-  HEARTH_CHECK_T(NotFound, fs::is_directory(dir), dir.string(),
-                 fs::exists(dir) ? ": not a folder (an adapter is a folder holding adapter_config.json and its weights)"
-                                 : ": adapter folder does not exist");
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);  // no throw: a symlink loop is an error of ours
+  HEARTH_CHECK_T(NotFound, !ec || ec == std::errc::no_such_file_or_directory, dir.string(),
+                 ": cannot read the adapter folder (", ec.message(), ")");
+  HEARTH_CHECK_T(NotFound, fs::is_directory(st), dir.string(),
+                 fs::exists(st) ? ": not a folder (an adapter is a folder holding adapter_config.json and its weights)"
+                                : ": adapter folder does not exist");
   // entry_exists: a symlink loop or a dangling link is reported by the open below, not as missing.
   const bool mlx = io::entry_exists(dir / kMlxWeights), peft = io::entry_exists(dir / kPeftWeights);
   HEARTH_CHECK_T(NotFound, mlx || peft, dir.string(), ": no ", kMlxWeights, " or ", kPeftWeights);

@@ -66,8 +66,11 @@ double median(std::vector<double> v) {
 // Aggregate decode speed of `batch` sequences stepped together (generate/batch.h): all prefilled
 // first, then timed from the step after every first token to the last token. Through decode slots
 // (generate/decode_slots.h) unless HEARTH_DECODE_SLOTS=0 or the model cannot use them.
+// Every sequence carries `adapters` (the server's per-row LoRA path: nn::RowAdapters, and an eager
+// decode-slot step rather than a graph, generate/decode_slots.h).
 int bench_batch(hearth::models::Model& model, const std::vector<int64_t>& prompt,
-                const hearth::generate::GenerateOptions& opts, int64_t batch, int runs) {
+                const hearth::generate::GenerateOptions& opts, int64_t batch, int runs,
+                const std::vector<std::string>& adapters) {
   using Clock = std::chrono::steady_clock;
   std::vector<double> rates, prefill_ms;
   std::unique_ptr<hearth::generate::DecodeSlots> slots;
@@ -78,8 +81,7 @@ int bench_batch(hearth::models::Model& model, const std::vector<int64_t>& prompt
     std::vector<std::unique_ptr<hearth::generate::Sequence>> seqs;
     std::vector<hearth::generate::Sequence*> live;
     for (int64_t b = 0; b < batch; ++b) {
-      seqs.push_back(std::make_unique<hearth::generate::Sequence>(prompt, opts, hearth::cache::Caches{},
-                                                                  std::vector<std::string>{}, nullptr));
+      seqs.push_back(std::make_unique<hearth::generate::Sequence>(prompt, opts, hearth::cache::Caches{}, adapters, nullptr));
       live.push_back(seqs.back().get());
     }
     auto prefilling = [&] {
@@ -142,7 +144,9 @@ std::function<int()> setup_bench(CLI::App& app) {
       ->check(CLI::Validator(
           [](std::string& v) { return v.empty() ? std::string("needs a file path") : std::string(); }, "FILE"));
   app.add_option("--adapter-path,--adapter", a->adapter_path,
-                 "LoRA adapter folder (mlx-lm or PEFT layout), active on every prefill and decode step");
+                 "LoRA adapter folder (mlx-lm or PEFT layout), active on every prefill and decode step")
+      ->check(CLI::Validator(
+          [](std::string& v) { return v.empty() ? std::string("needs a folder path") : std::string(); }, "DIR"));
   app.add_option("--lora-rank", a->lora_rank,
                  "Run with a random LoRA adapter of this rank on q/k/v/o/gate/up/down, active on every step "
                  "(the cost of an adapter without a file)")
@@ -185,7 +189,6 @@ std::function<int()> setup_bench(CLI::App& app) {
     const hearth::nn::LoadOptions where = hearth::nn::resolve_placement(a->device, a->dtype, a->model);
     auto model = hearth::models::load_model(a->model, where);
     const std::vector<std::string> adapter_ids = bench_adapter(*model, *a);
-    const hearth::nn::ActiveAdapters active(adapter_ids);
     at::manual_seed(0);
     at::Tensor ids = at::randint(model->vocab_size(), {a->prompt_tokens}, at::TensorOptions().dtype(at::kLong));
     std::vector<int64_t> prompt(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + a->prompt_tokens);
@@ -194,7 +197,8 @@ std::function<int()> setup_bench(CLI::App& app) {
     if (!adapter_ids.empty())
       std::printf("adapter: %s, active on every step\n",
                   a->lora_rank > 0 ? ("random LoRA of rank " + std::to_string(a->lora_rank)).c_str() : a->adapter_path.c_str());
-    if (a->batch > 1) return bench_batch(*model, prompt, opts, a->batch, a->runs);
+    if (a->batch > 1) return bench_batch(*model, prompt, opts, a->batch, a->runs, adapter_ids);
+    const hearth::nn::ActiveAdapters active(adapter_ids);  // the single-sequence loop's selection
     std::vector<double> prefill, decode, ttft, steady, setup_ms;
     int64_t peak = 0;
     const char* path = "eager";

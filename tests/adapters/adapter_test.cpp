@@ -155,6 +155,9 @@ TEST(AdapterFormat, BrokenFoldersGiveOneLineErrors) {
   expect_load_error(tmp / "nope", "adapter folder does not exist");
   std::ofstream(tmp / "a_file") << "x";
   expect_load_error(tmp / "a_file", "a_file: not a folder");
+  fs::create_symlink(tmp / "loop_b", tmp / "loop_a");
+  fs::create_symlink(tmp / "loop_a", tmp / "loop_b");
+  expect_load_error(tmp / "loop_a", "loop_a: cannot read the adapter folder");
   fs::create_directories(tmp / "empty");
   expect_load_error(tmp / "empty", "no adapters.safetensors or adapter_model.safetensors");
   {

@@ -234,6 +234,9 @@ TEST(InputChecksCli, BenchRunsWithAnAdapterAndRefusesBadOnes) {
   const CliRun both = hearth_run(bench + " --lora-rank 4 --adapter-path x", d);
   EXPECT_NE(both.rc, 0);
   EXPECT_NE(both.err.find("excludes"), std::string::npos) << both.err;
+  const CliRun empty_path = hearth_run(bench + " --adapter-path ''", d);
+  EXPECT_NE(empty_path.rc, 0);
+  EXPECT_NE(empty_path.err.find("--adapter-path"), std::string::npos) << empty_path.err;
   const CliRun missing = hearth_run(bench + " --adapter-path " + shell_quote((d / "no-adapter").string()), d);
   EXPECT_NE(missing.rc, 0);
   EXPECT_NE(missing.err.find("no-adapter"), std::string::npos) << missing.err;
