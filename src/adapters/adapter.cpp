@@ -176,7 +176,8 @@ Adapter load_mlx(const fs::path& dir, const json& cfg, const std::string& where,
     HEARTH_CHECK(p.a->shape[1] == p.b->shape[0], fwhere, ": module ", printable(module), ": lora_a ",
                  nn::shape_str(p.a->shape), " and lora_b ", nn::shape_str(p.b->shape), " disagree on the rank");
     HEARTH_CHECK(p.a->shape[1] == ad.config.rank, fwhere, ": module ", printable(module), ": rank ", p.a->shape[1],
-                 " but ", kConfig, " lora_parameters.rank is ", ad.config.rank);
+                 " but ", kConfig, " lora_parameters.rank is ", ad.config.rank,
+                 lp.contains("rank") ? "" : " (absent: mlx-lm's default)");
     check_module_shape(opt.shapes, fwhere, module, p.a->shape[1], p.a->shape[0], p.b->shape[1]);
   }
   for (const auto& [module, p] : pairs)

@@ -206,6 +206,10 @@ TEST(AdapterFormat, BrokenFoldersGiveOneLineErrors) {
   cfg["lora_parameters"]["rank"] = 16;
   io::write_file_atomic(tmp / "mlx" / "adapter_config.json", cfg.dump());
   expect_load_error(tmp / "mlx", "rank 4 but adapter_config.json lora_parameters.rank is 16");
+  json no_rank = cfg;
+  no_rank["lora_parameters"].erase("rank");
+  io::write_file_atomic(tmp / "mlx" / "adapter_config.json", no_rank.dump());
+  expect_load_error(tmp / "mlx", "lora_parameters.rank is 8 (absent: mlx-lm's default)");
   cfg["lora_parameters"]["rank"] = 4;
   cfg["fine_tune_type"] = "dora";
   io::write_file_atomic(tmp / "mlx" / "adapter_config.json", cfg.dump());
