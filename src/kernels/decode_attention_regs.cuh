@@ -32,6 +32,7 @@
 #include <cstdint>
 
 #include "decode_attention.h"
+#include "decode_attention_warps.cuh"
 #include "dtype.cuh"
 #include "pdl.cuh"
 
@@ -261,41 +262,8 @@ __global__ void __launch_bounds__(kThreads) split_kernel(const DecodeAttentionAr
   }
   __syncthreads();
 
-  // The 4 warps merged per (row r, 4 columns c4..c4+3), warps in order.
-  constexpr int kQuads = D / 4;
-  const int64_t row0 = (bh * a.plan.n_split + split) * R;  // workspace row of (bh, split, r = 0)
-  for (int p = tid; p < R * kQuads; p += kThreads) {
-    const int r = p / kQuads, c4 = (p % kQuads) * 4;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, m_s[w][r]);
-    float L = 0.f, O[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float mw = m_s[w][r];
-      const float wt = mw == -INFINITY ? 0.f : expf(mw - M);
-      L = fmaf(wt, l_s[w][r], L);
-      const float4 ow = *reinterpret_cast<const float4*>(&o_s[w][r][c4]);
-      O[0] = fmaf(wt, ow.x, O[0]);
-      O[1] = fmaf(wt, ow.y, O[1]);
-      O[2] = fmaf(wt, ow.z, O[2]);
-      O[3] = fmaf(wt, ow.w, O[3]);
-    }
-    if (a.plan.n_split == 1) {
-      Vec<T, 4> y;
-#pragma unroll
-      for (int x = 0; x < 4; ++x) y.v[x] = from_f32<T>(L > 0.f ? O[x] / L : 0.f);
-      const int64_t h = g * n_rep + r / nT;
-      T* dst = static_cast<T*>(a.out) + b * a.o_sb + h * a.o_sh + (r % nT) * a.o_st + c4;
-      *reinterpret_cast<Vec<T, 4>*>(dst) = y;
-    } else {
-      *reinterpret_cast<float4*>(a.workspace + (row0 + r) * D + c4) = make_float4(O[0], O[1], O[2], O[3]);
-      if (c4 == 0) {
-        float2* ml = reinterpret_cast<float2*>(a.workspace + a.B * a.Hkv * a.plan.n_split * R * D);
-        ml[row0 + r] = make_float2(M, L);
-      }
-    }
-  }
+  // The 4 warps merged per (row, 4 columns), warps in order, and the split's result stored.
+  da_warps::merge_warps_store<T, D, kWarps, kThreads>(a, m_s, l_s, o_s, R, tid, bh, split, b, g, n_rep, nT);
 }
 
 // Merge of the n_split partial results (workspace → out) for every split kernel. Workspace
