@@ -37,6 +37,11 @@
 // shared memory, added in warp order: an order fixed by `in`, the format and the segment's row count
 // (not by U, which only moves loads), so a row's result does not depend on M, on the other segments
 // of a grouped launch or on the grid.
+// LoRA term (GemvSegment::lora_*, one row of x): after a row's sum is complete, its first lanes add
+// Σ_j B[row, j]·h[j] (h = x·Aᵀ from an earlier, small launch) times the scale before the one
+// rounding — nn::Linear's inference path for an active adapter: one extra launch per group of
+// Linears sharing x instead of two cuBLAS calls per adapter (H200, 1B bf16, rank 8, 2026-12-04:
+// 413 → 705–731 tok/s against 843–862 without an adapter). A separate instance (Lora = true).
 // Affine layout (mlx/backend/cpu/quantized.cpp, nn/quant.h): code k of a row occupies bits
 // [k*bits, (k+1)*bits) of the row's little-endian uint32 stream; w = scale·q + bias per group.
 #include <cuda_bf16.h>
@@ -180,6 +185,10 @@ struct Segs {
   int64_t out[3];
   unsigned block_end[3];
   int tpr_log2[3];  // lanes per row of each segment's blocks, log2 (2..8)
+  const void* lora_b[3];  // GemvSegment's LoRA term (rank 0: none)
+  const void* lora_h[3];
+  int lora_rank[3];
+  float lora_scale[3];
 };
 
 template <typename T>
@@ -270,7 +279,7 @@ __device__ void stage_normed_x(const TX* __restrict__ x, const NormDev& n, int M
 // dynamic shared memory) once, instead of each row's lanes adding the same kCodes values again; the
 // same sums in the same order either way, so the bits do not change. U: chunks per tile (kUnroll for
 // affine weights); it decides when loads are issued, not the order of the sums.
-template <typename TX, typename TS, int Kind, int MaxM, int U>
+template <typename TX, typename TS, int Kind, int MaxM, int U, bool Lora>
 __global__ void __launch_bounds__(kThreads)
     gemv_kernel(const TX* __restrict__ x, const Segs segs, int M, int in, int group_shift, int sums_in_smem,
                 int x_in_smem, const NormDev nd) {
@@ -323,7 +332,28 @@ __global__ void __launch_bounds__(kThreads)
   // the previous kernel's tail nor the barrier delays the weight stream (most layer matrices need
   // one tile per lane).
   if (t < chunks) load_tile(t);
+  // The LoRA term's operands (GemvSegment::lora_*): lanes t < lg of a row take j = t, t + lg, … of
+  // its rank; the first share is loaded here (B, a weight, before pdl_wait; h, an earlier kernel's
+  // output, after it), plain loads that ptxas may move towards their use. (An L1 prefetch here
+  // instead, to hold no registers, made the 1B step's LoRA launches slower: H200, 2026-12-04,
+  // 48 base launches 498 → 756 µs a step.)
+  // Lora: the instance launched when a segment has a LoRA term (M = 1; a separate instance so the
+  // plain ones carry none of it).
+  const int lrank = Lora ? pick(si, segs.lora_rank[0], segs.lora_rank[1], segs.lora_rank[2]) : 0;  // block-uniform
+  const int lg = tpr < 32 ? tpr : 32;
+  const bool lown = Lora && lrank > 0 && live && t < lg && t < lrank;
+  float lb = 0.f;
+  if (lown) lb = to_f32(static_cast<const TX*>(pick(si, segs.lora_b[0], segs.lora_b[1], segs.lora_b[2]))[row * lrank + t]);
   pdl_wait();  // x (and y's buffer) belong to earlier kernels: only weights were read above
+  float lh[MaxM];
+#pragma unroll
+  for (int m = 0; m < MaxM; ++m) lh[m] = 0.f;
+  if (lown) {
+    const TX* __restrict__ hv = static_cast<const TX*>(pick(si, segs.lora_h[0], segs.lora_h[1], segs.lora_h[2]));
+#pragma unroll
+    for (int m = 0; m < MaxM; ++m)
+      if (m < M) lh[m] = to_f32(hv[m * lrank + t]);
+  }
   float* const xs_smem = gemv_smem + (sums_in_smem ? (M * chunks + 3) / 4 * 4 : 0);  // 16-byte aligned
   if (nd.on) {  // x_in_smem is set with it (launch_m)
     stage_normed_x<TX, Kind>(x, nd, M, in, xs_smem);
@@ -471,6 +501,29 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
+  if (Lora && lrank > 0) {  // block-uniform: every lane takes part in the shuffles
+    // Σ_j B[row, j] · h[m, j] over the row's first lg lanes (fixed order for a given rank and lane
+    // count), then scaled onto the complete base sum: one rounding for both, as addmm's.
+    float lp[MaxM];
+#pragma unroll
+    for (int m = 0; m < MaxM; ++m) lp[m] = lb * lh[m];
+    if (lown && t + lg < lrank) {
+      const TX* __restrict__ bv2 = static_cast<const TX*>(pick(si, segs.lora_b[0], segs.lora_b[1], segs.lora_b[2])) + row * lrank;
+      const TX* __restrict__ hv = static_cast<const TX*>(pick(si, segs.lora_h[0], segs.lora_h[1], segs.lora_h[2]));
+      for (int j = t + lg; j < lrank; j += lg) {
+        const float b = to_f32(bv2[j]);
+#pragma unroll
+        for (int m = 0; m < MaxM; ++m)
+          if (m < M) lp[m] = fmaf(b, to_f32(hv[m * lrank + j]), lp[m]);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < MaxM; ++m)
+      for (int o = lg >> 1; o > 0; o >>= 1) lp[m] += __shfl_xor_sync(0xffffffffu, lp[m], o);
+    const float ls = pick(si, segs.lora_scale[0], segs.lora_scale[1], segs.lora_scale[2]);
+#pragma unroll
+    for (int m = 0; m < MaxM; ++m) acc[m] = fmaf(ls, lp[m], acc[m]);
+  }
   if (t == 0 && live) {
     // y is picked here, not with the other pointers: live across the loop it cost the affine
     // 8-bit M = 1 kernel a 12-byte spill (ptxas -v).
@@ -524,7 +577,7 @@ SmemPlan smem_plan(const GemvArgs& a) {
 }
 
 // tile: chunks per tile of a dense launch (2, 4 or 8; affine launches use kUnroll).
-template <typename TX, typename TS, int Kind, int MaxM>
+template <typename TX, typename TS, int Kind, int MaxM, bool Lora>
 const char* launch_m(const GemvArgs& a, const Segs& segs, unsigned blocks, int tile) {
   static_assert(smem_chunk_stride<TX, Kind>() == codes_per_chunk<TX, Kind>() + 4, "smem_plan's chunk stride");
   static_assert(int64_t{MaxM} * kWarps * 4 + kThreads / 32 * 4 <= 48 * 1024 - kSmemBudget, "static shared memory");
@@ -533,10 +586,10 @@ const char* launch_m(const GemvArgs& a, const Segs& segs, unsigned blocks, int t
   const GemvNorm& g = a.norm;
   const NormDev nd{g.residual, g.sum, g.normed, g.weight, g.mode, g.offset, g.eps,
                    1.f / static_cast<float>(a.in), g.on ? 1 : 0};
-  auto kernel = gemv_kernel<TX, TS, Kind, MaxM, kUnroll>;
+  auto kernel = gemv_kernel<TX, TS, Kind, MaxM, kUnroll, Lora>;
   if constexpr (Kind == 0) {
-    if (tile <= 2) kernel = gemv_kernel<TX, TS, Kind, MaxM, 2>;
-    else if (tile <= 4) kernel = gemv_kernel<TX, TS, Kind, MaxM, 4>;
+    if (tile <= 2) kernel = gemv_kernel<TX, TS, Kind, MaxM, 2, Lora>;
+    else if (tile <= 4) kernel = gemv_kernel<TX, TS, Kind, MaxM, 4, Lora>;
   }
   const cudaError_t e = launch_kernel(kernel, dim3(blocks), dim3(kThreads), static_cast<size_t>(sp.bytes),
                                       static_cast<cudaStream_t>(a.stream), static_cast<const TX*>(a.x), segs,
@@ -584,6 +637,10 @@ const char* launch(const GemvArgs& a) {
       segs.b[s] = g.biases;
       segs.y[s] = g.y;
       segs.out[s] = g.out;
+      segs.lora_b[s] = g.lora_b;
+      segs.lora_h[s] = g.lora_h;
+      segs.lora_rank[s] = g.lora_rank;
+      segs.lora_scale[s] = g.lora_scale;
       segs.tpr_log2[s] = lanes_log2<TX, Kind>(a.in, g.out);
       // A normed launch computes the norm once per block: one warp per row (8 rows a block) keeps
       // that to out/8 blocks (H200, 1B bf16: gate/up with 2 rows a block, 8,192 blocks, took 69 µs
@@ -603,10 +660,13 @@ const char* launch(const GemvArgs& a) {
   const unsigned blocks = static_cast<unsigned>(end);
   const int tile = per_lane <= 2 ? 2 : per_lane <= 4 ? 4 : kUnroll;
   const int M = static_cast<int>(a.M);
-  if (M <= 1) return launch_m<TX, TS, Kind, 1>(a, segs, blocks, tile);
-  if (M <= 2) return launch_m<TX, TS, Kind, 2>(a, segs, blocks, tile);
-  if (M <= 4) return launch_m<TX, TS, Kind, 4>(a, segs, blocks, tile);
-  return launch_m<TX, TS, Kind, 8>(a, segs, blocks, tile);
+  bool lora = false;
+  for (int s = 0; s < a.n_seg; ++s) lora = lora || a.seg[s].lora_rank > 0;
+  if (lora) return launch_m<TX, TS, Kind, 1, true>(a, segs, blocks, tile);  // M = 1 (gemv_supported)
+  if (M <= 1) return launch_m<TX, TS, Kind, 1, false>(a, segs, blocks, tile);
+  if (M <= 2) return launch_m<TX, TS, Kind, 2, false>(a, segs, blocks, tile);
+  if (M <= 4) return launch_m<TX, TS, Kind, 4, false>(a, segs, blocks, tile);
+  return launch_m<TX, TS, Kind, 8, false>(a, segs, blocks, tile);
 }
 
 template <typename TX>
@@ -625,8 +685,13 @@ const char* launch_format(const GemvArgs& a) {
 
 bool gemv_supported(const GemvArgs& a) {
   if (a.M < 1 || a.M > 8 || a.n_seg < 1 || a.n_seg > 3 || a.in <= 0 || a.in > 0x7fffffff) return false;
-  for (int s = 0; s < a.n_seg; ++s)
-    if (a.seg[s].out < 1) return false;
+  for (int s = 0; s < a.n_seg; ++s) {
+    const GemvSegment& g = a.seg[s];
+    if (g.out < 1) return false;
+    if (g.lora_rank != 0 &&
+        (a.M != 1 || g.lora_rank < 1 || g.lora_rank > kGemvMaxLoraRank || !g.lora_b || !g.lora_h))
+      return false;
+  }
   if (a.in % chunk_codes(a) != 0) return false;
   if (a.norm.on) {
     const GemvNorm& n = a.norm;

@@ -23,7 +23,17 @@ struct GemvSegment {
   const void* biases = nullptr;  // affine only: [out, in/group_size] in s_dtype
   void* y = nullptr;             // [M, out] in x_dtype
   int64_t out = 0;
+  // Optional LoRA term in the epilogue (nn::Linear's inference path, PEFT's LoraLayer): the rows get
+  // y = x · Wᵀ + lora_scale · h · Bᵀ, rounded once, where h = x · Aᵀ was computed (and rounded to
+  // x_dtype) by an earlier launch. Any format of W; B and h are dense in x_dtype.
+  const void* lora_b = nullptr;  // [out, lora_rank] in x_dtype, contiguous
+  const void* lora_h = nullptr;  // [M, lora_rank] in x_dtype, contiguous
+  int lora_rank = 0;             // 0: no LoRA term; else 1..kGemvMaxLoraRank
+  float lora_scale = 0.f;
 };
+
+/// The largest LoRA rank the GEMV epilogue takes (hearth's own adapters go up to 1024).
+constexpr int kGemvMaxLoraRank = 4096;
 
 /// An RMSNorm applied to x inside the GEMV launch (its prologue), instead of a norm kernel before it:
 /// the segments then multiply by normed = norm(x (+ residual)) with rms_norm's arithmetic and
@@ -56,7 +66,8 @@ struct GemvArgs {
   void* stream = nullptr;              // cudaStream_t; nullptr = the legacy default stream
 };
 
-/// True when gemv handles this shape: 1 <= M <= 8, 1 <= n_seg <= 3, every out >= 1, in a positive
+/// True when gemv handles this shape: 1 <= M <= 8, 1 <= n_seg <= 3, every out >= 1 (with a LoRA
+/// term: M = 1, 1 <= lora_rank <= kGemvMaxLoraRank, lora_b and lora_h set), in a positive
 /// multiple of one 16-byte chunk of the format (8 bf16/f16 or 4 fp32 values, 32 4-bit or 16 8-bit
 /// codes) and, for affine weights, of group_size (32/64/128) with s_dtype x_dtype or fp32. With
 /// norm.on also: a weight (unless kNone), `sum` when there is a residual, and the normed x of the M
@@ -64,7 +75,8 @@ struct GemvArgs {
 /// bytes, plus the affine chunk sums: e.g. bf16 in = 2048 up to M = 3, in = 4096 at M = 1).
 bool gemv_supported(const GemvArgs& a);
 
-/// y_s = x · W_sᵀ for each segment s, accumulated in fp32 and rounded once to x_dtype; affine
+/// y_s = x · W_sᵀ (+ lora_scale · h_s · B_sᵀ) for each segment s, accumulated in fp32 and rounded
+/// once to x_dtype (the LoRA sum is added after the base sum is complete); affine
 /// weights decode as W[o, k] = scale[o, k/gs] · q[o, k] + bias[o, k/gs] (mlx's affine dequantize).
 /// A row's result depends only on that row and its matrix's shape (not on M, the other segments or
 /// the launch shape; a row over several warps adds their sums in warp order), so grouped and

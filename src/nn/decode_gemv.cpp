@@ -76,6 +76,19 @@ bool gemv_prepare(const at::Tensor& x, const std::vector<GemvOperand>& ws, kerne
       s.w = d.data_ptr();
       s.out = d.size(0);
     }
+    if (w.lora_b.defined()) {
+      const at::Tensor& lb = w.lora_b;
+      const at::Tensor& lh = w.lora_h;
+      if (lb.dim() != 2 || lb.size(0) != s.out || lb.size(1) < 1 || lb.size(1) > kernels::kGemvMaxLoraRank ||
+          lb.scalar_type() != xt || lb.device() != x.device() || !lb.is_contiguous() || (grad && lb.requires_grad()) ||
+          !lh.defined() || lh.numel() != a.M * lb.size(1) || lh.scalar_type() != xt || lh.device() != x.device() ||
+          !lh.is_contiguous() || (grad && lh.requires_grad()))
+        return false;
+      s.lora_b = lb.data_ptr();
+      s.lora_h = lh.data_ptr();
+      s.lora_rank = static_cast<int>(lb.size(1));
+      s.lora_scale = static_cast<float>(w.lora_scale);
+    }
   }
   return true;
 }

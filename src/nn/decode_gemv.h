@@ -10,10 +10,16 @@
 
 namespace hearth::nn {
 
-/// One weight of decode_gemv: a dense [out, in] tensor, or (when `quant` is set) an MLX affine one.
+/// One weight of decode_gemv: a dense [out, in] tensor, or (when `quant` is set) an MLX affine one;
+/// optionally with a LoRA term added in the launch's epilogue (one row of x only): the product is
+/// then x · Wᵀ + lora_scale · lora_h · lora_bᵀ, rounded once, where lora_h = x · Aᵀ came from an
+/// earlier decode_gemv (so already rounded to x's dtype, as PEFT's lora_A output is).
 struct GemvOperand {
   at::Tensor dense;
   const QuantizedWeight* quant = nullptr;
+  at::Tensor lora_b;  // [out, r] in x's dtype, contiguous, on x's device; undefined: no LoRA term
+  at::Tensor lora_h;  // [..., r] (one row) in x's dtype, contiguous
+  double lora_scale = 0.0;
 };
 
 /// {x · W_0ᵀ, x · W_1ᵀ, ...} ([..., out_i] each, x's dtype) through one launch of Hearth's GEMV
@@ -21,7 +27,8 @@ struct GemvOperand {
 /// rounding of the dtype). Applies when the fused decode path is on (nn/fused_ops.h), Hearth's CUDA
 /// kernels are built, x [..., in] is CUDA fp32/fp16/bf16 with x.numel()/in ≤ 8 rows, nothing needs
 /// a gradient, 1 ≤ |ws| ≤ 3, and the weights are all dense in x's dtype or all affine with one
-/// bits/group_size/scale dtype, on x's device. Returns an empty vector when it does not apply (the
+/// bits/group_size/scale dtype, on x's device (a LoRA term: one row of x, lora_b / lora_h as
+/// GemvOperand says, rank ≤ kernels::kGemvMaxLoraRank). Returns an empty vector when it does not apply (the
 /// caller then runs its own ops); throws hearth::Error when the launch fails.
 std::vector<at::Tensor> decode_gemv(const at::Tensor& x, const std::vector<GemvOperand>& ws);
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <tuple>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "nn/cpu_gemm.h"
 #include "nn/decode_gemv.h"
@@ -42,6 +43,85 @@ bool lora_addmm_applies(const LoraAdapter& ad, const at::Tensor& x, const at::Te
   return y.is_cuda() && fused_decode_enabled() && !c10::GradMode::is_enabled() && !(t_dropout.on && ad.dropout > 0.0) &&
          x.scalar_type() == y.scalar_type() && ad.a.scalar_type() == y.scalar_type() &&
          ad.b.scalar_type() == y.scalar_type() && !ad.a.requires_grad() && !ad.b.requires_grad();
+}
+
+// How a Linear's share of this thread's adapter selection can go into a decode GEMV launch (the
+// GemvOperand LoRA epilogue, nn/decode_gemv.h): `ok` false when it cannot (a RowAdapters scope,
+// more than one of the selection held, training or dropout, another dtype, more than one row of x);
+// `ad` the one adapter to add, nullptr when the Linear holds none of the selection.
+struct EpilogueLora {
+  bool ok = true;
+  const LoraAdapter* ad = nullptr;
+};
+
+EpilogueLora epilogue_lora(const Linear& l, const at::Tensor& x) {
+  static const bool enabled = env_switch_on("HEARTH_GEMV_LORA");  // =0: the addmm path (an A/B switch)
+  if (!l.has_adapters()) return {};
+  if (t_rows_on || !enabled) return {false, nullptr};
+  const LoraAdapter* found = nullptr;
+  for (const std::string& id : t_active) {
+    const LoraAdapter* ad = l.find_adapter(id);
+    if (!ad) continue;
+    if (found) return {false, nullptr};
+    found = ad;
+  }
+  if (!found) return {};
+  if (gemv_rows(x) != 1 || !lora_addmm_applies(*found, x, x)) return {false, nullptr};
+  return {true, found};
+}
+
+// Each Linear's one active adapter (nullptr for those holding none) when every Linear of ls can take
+// its share in a GEMV epilogue and at least one holds an adapter; else empty.
+std::vector<const LoraAdapter*> epilogue_adapters(const at::Tensor& x, std::initializer_list<const Linear*> ls) {
+  std::vector<const LoraAdapter*> ads;
+  bool any = false;
+  for (const Linear* l : ls) {
+    const EpilogueLora e = epilogue_lora(*l, x);
+    if (!e.ok) return {};
+    ads.push_back(e.ad);
+    any = any || e.ad != nullptr;
+  }
+  return any ? ads : std::vector<const LoraAdapter*>{};
+}
+
+// The adapters' A matrices as GEMV weights (in ads' order, nullptr entries skipped): x·Aᵀ of all of
+// them in one launch.
+std::vector<GemvOperand> lora_a_operands(const std::vector<const LoraAdapter*>& ads) {
+  std::vector<GemvOperand> as;
+  for (const LoraAdapter* ad : ads)
+    if (ad) as.push_back(GemvOperand{ad->a, nullptr});
+  return as;
+}
+
+// The base launch with each adapter's term in its epilogue: hs[k] = x·Aᵀ of the k-th non-null
+// adapter of ads. Empty when the kernel declines.
+std::vector<at::Tensor> gemv_with_lora(const at::Tensor& x, std::vector<GemvOperand> ops,
+                                       const std::vector<const LoraAdapter*>& ads, const std::vector<at::Tensor>& hs) {
+  size_t k = 0;
+  for (size_t i = 0; i < ads.size(); ++i) {
+    if (!ads[i]) continue;
+    ops[i].lora_b = ads[i]->b;
+    ops[i].lora_h = hs[k++];
+    ops[i].lora_scale = ads[i]->scale;
+  }
+  return decode_gemv(x, ops);
+}
+
+// Linear::forward_many's products with the active adapters in the GEMV (one row of x): x·Aᵀ of
+// every adapter in one launch, then the base products with B·h in their epilogue — two launches
+// for the group where the addmm path takes one for the base and two per adapter. Empty when it does
+// not apply (no adapter active, or any case epilogue_lora refuses): the caller's usual path.
+std::vector<at::Tensor> lora_epilogue_products(const at::Tensor& x, std::initializer_list<const Linear*> ls,
+                                               std::vector<GemvOperand> ops) {
+  const std::vector<const LoraAdapter*> ads = epilogue_adapters(x, ls);
+  if (ads.empty()) return {};
+  const std::vector<at::Tensor> hs = decode_gemv(x, lora_a_operands(ads));
+  if (hs.empty()) return {};
+  return gemv_with_lora(x, std::move(ops), ads, hs);
+}
+
+GemvOperand gemv_operand(const Linear& l) {
+  return l.quantized() ? GemvOperand{{}, &*l.qweight()} : GemvOperand{l.weight(), nullptr};
 }
 }  // namespace
 
@@ -120,6 +200,10 @@ Linear Linear::load(const ParamSource& src, const std::string& path, int64_t in,
 }
 
 at::Tensor Linear::forward(const at::Tensor& x) const {
+  if (!bias_ && !adapters_.empty()) {  // one row, an active adapter: its term in the GEMV's epilogue
+    std::vector<at::Tensor> ys = lora_epilogue_products(x, {this}, {gemv_operand(*this)});
+    if (!ys.empty()) return ys[0];
+  }
   at::Tensor y;
   // CUDA, decode-sized (nn/decode_gemv.h). Not with a bias: addmm adds it before its one rounding,
   // and adding it to the rounded product drifted the greedy tokens of the bias parity model.
@@ -178,7 +262,11 @@ std::vector<at::Tensor> Linear::forward_many(const at::Tensor& x, std::initializ
   }
   if (grouped && !ops[0].quant && gemv_rows(x) > dense_gemv_max_rows()) grouped = false;  // cuBLAS (decode_gemv.h)
   std::vector<at::Tensor> ys;
-  if (grouped) ys = decode_gemv(x, ops);
+  if (grouped) {
+    ys = lora_epilogue_products(x, ls, ops);  // adapters inside the launch (one row)
+    if (!ys.empty()) return ys;
+    ys = decode_gemv(x, ops);
+  }
   if (ys.empty()) {
     ys.reserve(ls.size());
     for (const Linear* l : ls) ys.push_back(l->forward(x));
@@ -204,6 +292,19 @@ Linear::NormedProducts Linear::forward_many_normed(const NormedInput& in, std::i
     ops.push_back(l->qweight_ ? GemvOperand{{}, &*l->qweight_} : GemvOperand{l->weight_, nullptr});
   }
   if (fused && !ops[0].quant && gemv_rows(in.x) > dense_gemv_max_rows()) fused = false;  // cuBLAS (decode_gemv.h)
+  if (fused) {
+    // Active adapters (one row): the norm goes into the small x·Aᵀ launch, whatever the base rows,
+    // and the base products take B·h in their epilogue.
+    const std::vector<const LoraAdapter*> ads = epilogue_adapters(in.x, ls);
+    if (!ads.empty()) {
+      NormedGemv g = decode_gemv_normed(in.x, in.residual, in.norm->weight(), in.norm->eps(), lora_a_operands(ads));
+      if (!g.ys.empty()) {
+        std::vector<at::Tensor> ys = gemv_with_lora(g.normed, ops, ads, g.ys);
+        if (ys.empty()) ys = forward_many(g.normed, ls);
+        return {std::move(g.sum), std::move(g.normed), std::move(ys)};
+      }
+    }
+  }
   if (rows > kGemvNormMaxRows) fused = false;  // the norm once per 8 rows costs more than its launch
   if (fused) {
     NormedGemv g = decode_gemv_normed(in.x, in.residual, in.norm->weight(), in.norm->eps(), ops);

@@ -108,8 +108,11 @@ class Linear {
   /// that this Linear holds adds scale · (dropout(x) Aᵀ) Bᵀ, computed in the adapter's dtype and
   /// cast to y's (PEFT's op order: each product, the scale and the sum rounded in turn; for CUDA
   /// inference with the fused kernels on, (x Aᵀ) then y + scale·(x Aᵀ) Bᵀ in one addmm, rounded
-  /// once: 2 launches instead of 4). Inside a RowAdapters scope each row gets its own selection's
-  /// adapters instead. A Linear without adapters does no adapter work at all.
+  /// once: 2 launches instead of 4; and where x is one row on the decode GEMV's path and the Linear
+  /// holds one adapter of the selection, h = x·Aᵀ in one launch (for all Linears of a forward_many
+  /// group) and scale·h·Bᵀ added in the base GEMV's epilogue before its one rounding: 1 launch
+  /// for the group; HEARTH_GEMV_LORA=0 keeps the addmm). Inside a RowAdapters scope each row gets
+  /// its own selection's adapters instead. A Linear without adapters does no adapter work at all.
   at::Tensor forward(const at::Tensor& x) const;
 
   /// {ls[0]->forward(x), ls[1]->forward(x), ...} for Linears that read the same x (q/k/v,
@@ -135,7 +138,9 @@ class Linear {
   /// all the norm runs inside the GEMV launch (nn/decode_gemv.h decode_gemv_normed: the same sum
   /// and normed bits, products within summation order; one launch fewer), each Linear's active
   /// adapters then added from `normed` as forward() adds them; otherwise the norm and forward_many
-  /// in turn. 1 ≤ |ls| ≤ 3. Throws what forward_many and the norm throw.
+  /// in turn. With adapters in forward()'s epilogue case (one row), the norm runs inside the small
+  /// x·Aᵀ launch instead, whatever the output rows, and the base products take the adapters'
+  /// terms in their epilogue. 1 ≤ |ls| ≤ 3. Throws what forward_many and the norm throw.
   static NormedProducts forward_many_normed(const NormedInput& in, std::initializer_list<const Linear*> ls);
 
   bool quantized() const { return qweight_.has_value(); }
