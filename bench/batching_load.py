@@ -42,7 +42,7 @@ bench/fake_stream_server.py stands in for the server to measure what the clients
 
   python3 bench/batching_load.py --model DIR [--bin build/hearth] [--clients 1,8,32] [--requests 4]
                                  [--tokens 64] [--device cpu] [--max-num-seqs 32] [--client-procs N]
-                                 [--no-logprobs] [--rounds N] [--server-args "--no-cuda-graph-warmup ..."]
+                                 [--no-logprobs] [--ignore-eos] [--rounds N] [--server-args "--no-cuda-graph-warmup ..."]
 """
 import argparse
 import asyncio
@@ -185,12 +185,18 @@ class StreamedCompletion(asyncio.Protocol):
                 self.tokens = j["usage"]["completion_tokens"]
 
 
+# Fields every request body also carries (--ignore-eos); set in main() before the client processes
+# fork, so they inherit it.
+EXTRA_BODY = {}
+
+
 async def one(url, i, max_tokens, logprobs=True):
     """One streamed completion (StreamedCompletion): its TTFT, latency (ms) and generated tokens."""
     body = {"prompt": f"Request {i}: the story of a small town by the sea,", "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     if logprobs:
         body["logprobs"] = 0
+    body.update(EXTRA_BODY)
     u = urlparse(url)
     data = json.dumps(body).encode()
     request = (f"POST /v1/completions HTTP/1.1\r\nHost: {u.hostname}:{u.port}\r\n"
@@ -317,6 +323,9 @@ def main():
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--max-num-seqs", default="32")
     ap.add_argument("--no-logprobs", action="store_true", help="requests without logprobs (see above)")
+    ap.add_argument("--ignore-eos", action="store_true",
+                    help="send vLLM's ignore_eos: every request generates its --tokens (a model that ends its "
+                         "answers early otherwise measures prompts and admission more than decoding)")
     ap.add_argument("--server-args", default="", help="extra `hearth serve` flags, split on spaces")
     ap.add_argument("--rounds", type=int, default=1,
                     help="runs of each client count, one after another on the same server (the first "
@@ -349,6 +358,8 @@ def main():
         m = re.search(r"http://[\d.]+:\d+", line)
         url = m.group(0) if m else None
     try:
+        if a.ignore_eos:
+            EXTRA_BODY["ignore_eos"] = True
         asyncio.run(one(url, -1, a.tokens, not a.no_logprobs))  # warmup
         for C, rnd in [(c, r) for c in client_counts for r in range(1, a.rounds + 1)]:
             rss0 = rss_mib(proc.pid)
@@ -361,6 +372,7 @@ def main():
             print(json.dumps({
                 "clients": C, "round": rnd, "requests": len(results), "failures": failures,
                 "aggregate_tok_s": round(toks / secs, 1),
+                "tokens_per_request": round(toks / len(results), 1) if results else None,
                 "ttft_ms_p50": pct([r["ttft"] for r in results], 0.5),
                 "ttft_ms_p99": pct([r["ttft"] for r in results], 0.99),
                 "ttft_ms_mean": round(sum(r["ttft"] for r in results) / len(results), 1) if results else None,

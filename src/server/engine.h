@@ -84,6 +84,10 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;         ///< stream_options.include_usage
   bool logprobs = false;              ///< report the sampled token's logprob
+  /// vLLM's `ignore_eos`: an EOS id does not end the generation (max_tokens, stop strings and the
+  /// context do), as load benchmarks use it so every request generates its max_tokens. Refused
+  /// with a response_format or a forced tool call (their grammars end at EOS).
+  bool ignore_eos = false;
   int top_logprobs = 0;               ///< and this many alternatives (0..20)
   std::optional<std::string> adapter;  ///< LoRA adapter id(s): "id", "a+b" (stacked), "none" = base
   nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();

@@ -362,7 +362,7 @@ std::unique_ptr<ActiveSequence> ModelEngine::start_choice(const Prompt& prompt, 
   o.max_tokens = std::min(req.max_tokens.value_or(room), room);
   o.sampling = resolve_sampling(req);
   if (choice > 0 && req.sampling.seed) o.sampling.seed = static_cast<uint64_t>(*choice_seed(req.sampling.seed, choice));
-  o.eos_ids = eos_ids_;
+  if (!req.ignore_eos) o.eos_ids = eos_ids_;  // vLLM's ignore_eos: max_tokens / stop strings end it
   o.logprobs = req.logprobs;
   o.top_logprobs = req.logprobs ? req.top_logprobs : 0;
   o.keep_caches = prompt_cache_ != nullptr;  // finish() stores them in the prompt cache, nothing else reads them

@@ -205,7 +205,10 @@ void parse_common(const json& body, CompletionRequest& req) {
     }
   }
   req.adapter = string_field(body, "adapter", "adapter");
+  req.ignore_eos = boolean(body, "ignore_eos").value_or(false);
   parse_response_format(body, req);
+  if (req.ignore_eos && req.response_format != "text")
+    bad("ignore_eos", "Invalid 'ignore_eos': it cannot be combined with a response_format (its grammar ends at EOS).");
 }
 
 }  // namespace
@@ -237,6 +240,9 @@ CompletionRequest parse_chat_request(const nlohmann::ordered_json& body) {
   req.messages = parse_messages(body);
   parse_common(body, req);
   parse_tools(body, req);
+  if (req.ignore_eos && req.tool_choice != "auto" && req.tool_choice != "none")
+    bad("ignore_eos", "Invalid 'ignore_eos': it cannot be combined with a forced tool call (tool_choice '" +
+                          req.tool_choice + "').");
   req.logprobs = boolean(body, "logprobs").value_or(false);
   if (auto k = integer_in(body, "top_logprobs", 0, 20)) {
     if (!req.logprobs && *k > 0) bad("top_logprobs", "Invalid 'top_logprobs': requires 'logprobs' to be true.");

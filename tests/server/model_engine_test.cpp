@@ -245,6 +245,28 @@ TEST_F(ModelServerTest, LogitBiasSteersGreedyDecodingAndIdsAreChecked) {
   }
 }
 
+TEST_F(ModelServerTest, IgnoreEosGeneratesPastEosToMaxTokens) {
+  // logit_bias forces an EOS id first: it ends the request at once, unless ignore_eos (vLLM's flag)
+  // lets it run to max_tokens.
+  fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kEngineTemplate);
+  ModelEngine engine(cpu_options(dir));
+  ASSERT_FALSE(engine.eos_ids().empty());
+  CompletionRequest req = chat_request("x", 4);
+  req.sampling.temperature = 0.0;
+  req.sampling.logit_bias = {{engine.eos_ids().front(), 100.0}};
+  auto run = [&] {
+    std::vector<int64_t> got;
+    engine.generate(engine.prepare(req), req, [&](const TokenEvent& ev) {
+      got.push_back(ev.id);
+      return true;
+    });
+    return got;
+  };
+  EXPECT_TRUE(run().empty());
+  req.ignore_eos = true;
+  EXPECT_EQ(run(), std::vector<int64_t>(4, engine.eos_ids().front()));
+}
+
 TEST_F(ModelServerTest, GreedyChatThroughHttpEqualsTheGenerationLoop) {
   fs::path dir = model_with_template(tmp_.path() / "m", "llama_mha", kEngineTemplate);
   start(cpu_options(dir));

@@ -217,5 +217,22 @@ TEST(RequestParse, CompletionPromptAsTokenIds) {
   }
 }
 
+TEST(RequestParse, IgnoreEosIsVllmsFlagAndRefusedWithAGrammar) {
+  const std::string msgs = R"("messages": [{"role": "user", "content": "hi"}])";
+  EXPECT_FALSE(parse_chat("{" + msgs + "}").ignore_eos);
+  EXPECT_TRUE(parse_chat("{" + msgs + R"(, "ignore_eos": true})").ignore_eos);
+  EXPECT_TRUE(parse_completion_request(parse_body(R"({"prompt": "a", "ignore_eos": true})")).ignore_eos);
+  EXPECT_EQ(rejected_param("{" + msgs + R"(, "ignore_eos": "yes"})"), "ignore_eos");
+  EXPECT_EQ(rejected_param("{" + msgs + R"(, "ignore_eos": true, "response_format": {"type": "json_object"}})"),
+            "ignore_eos");
+  EXPECT_EQ(rejected_param(R"({"prompt": "a", "ignore_eos": true, "response_format": {"type": "json_object"}})", false),
+            "ignore_eos");
+  const std::string tools =
+      R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])";
+  EXPECT_EQ(rejected_param("{" + msgs + ", " + tools + R"(, "tool_choice": "required", "ignore_eos": true})"),
+            "ignore_eos");
+  EXPECT_TRUE(parse_chat("{" + msgs + ", " + tools + R"(, "tool_choice": "auto", "ignore_eos": true})").ignore_eos);
+}
+
 }  // namespace
 }  // namespace hearth::server
