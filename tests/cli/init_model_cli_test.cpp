@@ -32,6 +32,10 @@ CliResult run_init_model(const std::string& args, bool merge_stderr = true) {
 
 const fs::path kTokDir = fs::path(HEARTH_SOURCE_DIR) / "tests/golden/models/llama_mha";  // vocab 512
 
+}  // namespace
+
+// Outside the anonymous namespace: the TEST_Fs derive from it (GCC's -Wsubobject-linkage in a
+// unity batch otherwise).
 class InitModelCli : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -55,6 +59,7 @@ class InitModelCli : public ::testing::Test {
   fs::path dir_;
 };
 
+namespace {
 double std_of(const at::Tensor& t) { return t.to(at::kDouble).std().item<double>(); }
 double mean_of(const at::Tensor& t) { return t.to(at::kDouble).mean().item<double>(); }
 }  // namespace

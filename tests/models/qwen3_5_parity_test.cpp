@@ -45,9 +45,11 @@ at::Tensor ids_tensor(const std::vector<int64_t>& ids) {
   return at::tensor(ids, at::kLong).view({1, static_cast<int64_t>(ids.size())});
 }
 
-class Qwen3_5Parity : public ::testing::TestWithParam<std::string> {};
-
 }  // namespace
+
+// Outside the anonymous namespace: a TEST_P's class derives from it (GCC's -Wsubobject-linkage
+// in a unity batch otherwise).
+class Qwen3_5Parity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Qwen3_5Parity, LogitsAndGreedyMatchTransformers) {
   if (GetParam() == "none") GTEST_SKIP() << "no goldens under " << kQwen35Golden;

@@ -334,7 +334,7 @@ TEST(Quant, CudaDequantizeKernelIsTheTensorOpsBitForBit) {
   const at::Device cuda(at::kCUDA, 0);
   at::manual_seed(41);
   for (int bits : {2, 4, 8})
-    for (int64_t gs : {32, 64, 128})
+    for (int gs : {32, 64, 128})
       for (at::ScalarType sdt : {at::kFloat, at::kBFloat16, at::kHalf})
         for (at::ScalarType out : {at::kFloat, at::kBFloat16}) {
           hearth::nn::QuantizedWeight q = hearth::nn::quantize(at::randn({48, 256}) * 0.1, hearth::nn::QuantSpec{bits, gs});
