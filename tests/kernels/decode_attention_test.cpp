@@ -23,6 +23,7 @@
 #include "kernels/decode_attention.h"
 #include "nn/attention.h"
 #include "nn/decode_attention.h"
+#include "cuda_kernel_test_util.h"
 #include "nn/fused_ops.h"
 
 #ifdef HEARTH_WITH_CUDA_KERNELS
@@ -44,14 +45,6 @@ struct DatFused {
     at::globalContext().setAllowTF32CuBLAS(was_tf32);
   }
 };
-
-bool dat_have_kernels() {
-#ifdef HEARTH_WITH_CUDA_KERNELS
-  return hearth::compat::cuda_available();
-#else
-  return false;
-#endif
-}
 
 // float64 softmax(q kᵀ·scale + mask) v of the given (already rounded) inputs, grouped as the
 // kernel reads them: q [B, H, T, D] → [B, Hkv, n_rep·T, D] against k/v [B, Hkv, S, D].
@@ -378,7 +371,7 @@ TEST(DecodeAttentionKernel, NotAppliedOnCpuOrWhenSwitchedOff) {
   if (!hearth::compat::cuda_available()) return;
   const at::Device cuda(at::kCUDA, 0);
   const at::Tensor qc = q.to(cuda), kc = k.to(cuda), vc = v.to(cuda);
-  EXPECT_TRUE(hearth::nn::decode_attention(qc, kc, vc, {}, 0.125).defined() == dat_have_kernels());
+  EXPECT_TRUE(hearth::nn::decode_attention(qc, kc, vc, {}, 0.125).defined() == hearth::testing::have_cuda_kernels());
   EXPECT_FALSE(hearth::nn::decode_attention(qc.narrow(3, 0, 48), kc.narrow(3, 0, 48), vc.narrow(3, 0, 48), {}, 0.125)
                    .defined());  // D = 48
   EXPECT_FALSE(hearth::nn::decode_attention(qc.clone().requires_grad_(true), kc, vc, {}, 0.125).defined());
@@ -387,7 +380,7 @@ TEST(DecodeAttentionKernel, NotAppliedOnCpuOrWhenSwitchedOff) {
 }
 
 TEST(DecodeAttentionKernel, CudaMatchesFloat64AcrossShapes) {
-  if (!dat_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's CUDA kernels (GPU machine)";
+  if (!hearth::testing::have_cuda_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's CUDA kernels (GPU machine)";
   uint64_t seed = 100;
   for (at::ScalarType dt : {at::kBFloat16, at::kFloat})
     for (int64_t D : {64, 128, 256})
@@ -402,7 +395,7 @@ TEST(DecodeAttentionKernel, CudaMatchesFloat64AcrossShapes) {
 }
 
 TEST(DecodeAttentionKernel, CudaManyRowsHalfAndTwoTokens) {
-  if (!dat_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's CUDA kernels (GPU machine)";
+  if (!hearth::testing::have_cuda_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's CUDA kernels (GPU machine)";
   // T = 2 (mask rows per token), the > 8-row instances (16, 32 and 64 rows), fp16, one kv head.
   const std::vector<DatCase> cases = {
       {3, 2, 4, 2, 4097, 64, at::kBFloat16}, {2, 2, 8, 2, 700, 128, at::kBFloat16}, {3, 1, 16, 1, 4097, 256, at::kFloat},
@@ -417,7 +410,7 @@ TEST(DecodeAttentionKernel, CudaManyRowsHalfAndTwoTokens) {
 }
 
 TEST(DecodeAttentionKernel, CudaFullyMaskedRowGivesSdpasMeanNotNan) {
-  if (!dat_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's CUDA kernels (GPU machine)";
+  if (!hearth::testing::have_cuda_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's CUDA kernels (GPU machine)";
   // Row 1 has every key masked with finfo.min: the scores are all exactly finfo.min in float32,
   // so SDPA (and the float64 reference) weigh every key equally: the mean of v. Row 0 sees all.
   const at::Device cuda(at::kCUDA, 0);
@@ -438,7 +431,7 @@ TEST(DecodeAttentionKernel, CudaFullyMaskedRowGivesSdpasMeanNotNan) {
 }
 
 TEST(DecodeAttentionKernel, CudaAttentionDispatchesToTheKernel) {
-  if (!dat_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's CUDA kernels (GPU machine)";
+  if (!hearth::testing::have_cuda_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's CUDA kernels (GPU machine)";
   // A static step's call: q [B, H, 1, D] (transposed), the whole capacity as k/v, mask [B,1,1,C].
   const at::Device cuda(at::kCUDA, 0);
   at::manual_seed(11);
@@ -482,7 +475,7 @@ TEST(DecodeAttentionKernel, CudaAttentionDispatchesToTheKernel) {
 }
 
 TEST(DecodeAttentionKernel, CudaGraphReplaysOnNewInputs) {
-  if (!dat_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's CUDA kernels (GPU machine)";
+  if (!hearth::testing::have_cuda_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's CUDA kernels (GPU machine)";
   // Captured once (with the workspace and output allocated inside the capture), replayed after the
   // inputs change in place: each replay equals an eager call on the same inputs, bit for bit.
   const at::Device cuda(at::kCUDA, 0);
@@ -509,7 +502,7 @@ TEST(DecodeAttentionKernel, CudaGraphReplaysOnNewInputs) {
 }
 
 TEST(DecodeAttentionKernel, CudaRegisterKernelEveryInstanceAndSplit) {
-  if (!dat_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's CUDA kernels (GPU machine)";
+  if (!hearth::testing::have_cuda_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's CUDA kernels (GPU machine)";
 #ifdef HEARTH_WITH_CUDA_KERNELS
   // The CUDA-core kernels (bf16/fp16: the register kernel for R = n_rep·T ≤ 8, the tile kernel
   // above) and the tensor-core kernel (D 64/128, R ≤ 16; also in ragged splits of 37 keys) called

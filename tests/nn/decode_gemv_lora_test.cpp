@@ -8,6 +8,7 @@
 
 #include "core/torch_compat.h"
 #include "nn/decode_gemv.h"
+#include "cuda_kernel_test_util.h"
 #include "nn/fused_ops.h"
 #include "nn/linear.h"
 #include "nn/quant.h"
@@ -16,28 +17,6 @@
 namespace {
 
 using hearth::nn::GemvOperand;
-
-struct LgFusedSwitch {
-  explicit LgFusedSwitch(bool on) : was(hearth::nn::set_fused_decode(on)) {}
-  ~LgFusedSwitch() { hearth::nn::set_fused_decode(was); }
-  bool was;
-};
-
-bool lg_have_kernels() {
-#ifdef HEARTH_WITH_CUDA_KERNELS
-  return hearth::compat::cuda_available();
-#else
-  return false;
-#endif
-}
-
-// max |y - ref| / max |ref|.
-double lg_rel_err(const at::Tensor& y, const at::Tensor& ref) {
-  const double scale = ref.abs().max().item<double>();
-  return (y.to(at::kDouble) - ref.to(at::kDouble)).abs().max().item<double>() / std::max(scale, 1e-30);
-}
-
-double lg_tol(at::ScalarType t) { return t == at::kFloat ? 1e-5 : t == at::kHalf ? 2e-3 : 1e-2; }
 
 hearth::nn::LoraAdapter lg_adapter(int64_t out, int64_t in, int64_t r, double scale, const at::TensorOptions& o) {
   hearth::nn::LoraAdapter ad;
@@ -59,8 +38,8 @@ at::Tensor lg_want(const at::Tensor& x, const at::Tensor& w, const hearth::nn::L
 TEST(DecodeGemvLora, EpilogueMatchesFp64ForEveryLaneLayoutAndRank) {
   // Row layouts: in 64 (4 lanes a row), 2048 (one warp), 8192 (256 lanes over 8 warps); ranks below,
   // at and above a row's lanes (the loop past the first share). Dense in three dtypes and MLX 4-bit.
-  if (!lg_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
-  LgFusedSwitch on(true);
+  if (!hearth::testing::have_cuda_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
+  hearth::testing::FusedDecodeSwitch on(true);
   c10::NoGradGuard no_grad;
   at::manual_seed(41);
   const at::Device cuda(at::kCUDA, 0);
@@ -81,9 +60,9 @@ TEST(DecodeGemvLora, EpilogueMatchesFp64ForEveryLaneLayoutAndRank) {
         // Against h as the kernel rounded it (the epilogue's own error: one rounding of the output).
         const at::Tensor exact = at::matmul(x.to(at::kDouble), w.to(at::kDouble).t()) +
                                  ad.scale * at::matmul(h[0].to(at::kDouble), ad.b.to(at::kDouble).t());
-        EXPECT_LE(lg_rel_err(y[0], exact), lg_tol(dt)) << where;
+        EXPECT_LE(hearth::testing::max_rel_err(y[0], exact), hearth::testing::one_rounding_tol(dt)) << where;
         // Against PEFT's product in float64 (h's rounding too).
-        EXPECT_LE(lg_rel_err(y[0], lg_want(x, w, ad)), 2 * lg_tol(dt)) << where;
+        EXPECT_LE(hearth::testing::max_rel_err(y[0], lg_want(x, w, ad)), 2 * hearth::testing::one_rounding_tol(dt)) << where;
         // The term is in.
         const at::Tensor base = hearth::nn::decode_gemv(x, {GemvOperand{w, nullptr}})[0];
         EXPECT_GT((y[0].to(at::kDouble) - base.to(at::kDouble)).abs().max().item<double>(),
@@ -99,7 +78,7 @@ TEST(DecodeGemvLora, EpilogueMatchesFp64ForEveryLaneLayoutAndRank) {
   const at::Tensor h = hearth::nn::decode_gemv(x, {GemvOperand{ad.a, nullptr}})[0];
   const std::vector<at::Tensor> y = hearth::nn::decode_gemv(x, {GemvOperand{{}, &q, ad.b, h, ad.scale}});
   ASSERT_EQ(y.size(), 1u);
-  EXPECT_LE(lg_rel_err(y[0], lg_want(x, hearth::nn::dequantize(q), ad)), 2e-2);
+  EXPECT_LE(hearth::testing::max_rel_err(y[0], lg_want(x, hearth::nn::dequantize(q), ad)), 2e-2);
   // Two rows of x: the epilogue declines (one row only), so the caller keeps the addmm path.
   const at::Tensor x2 = at::randn({2, 1024}).to(bf);
   const at::Tensor h2 = at::matmul(x2, ad.a.t());
@@ -111,8 +90,8 @@ TEST(DecodeGemvLora, LinearForwardsPutTheActiveAdapterInTheEpilogue) {
   // (the norm in the x·Aᵀ launch): each equals the launches it should be, bit for bit, and PEFT's
   // float64 result within rounding. With two adapters stacked, a RowAdapters scope, or grad on,
   // the epilogue is not used and the addmm / PEFT order still gives the right result.
-  if (!lg_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
-  LgFusedSwitch on(true);
+  if (!hearth::testing::have_cuda_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
+  hearth::testing::FusedDecodeSwitch on(true);
   at::manual_seed(42);
   const at::Device cuda(at::kCUDA, 0);
   const auto bf = at::TensorOptions().dtype(at::kBFloat16).device(cuda);
@@ -133,7 +112,7 @@ TEST(DecodeGemvLora, LinearForwardsPutTheActiveAdapterInTheEpilogue) {
     const at::Tensor want_q = hearth::nn::decode_gemv(x, {GemvOperand{q.weight(), nullptr, aq.b, hq, aq.scale}})[0];
     const at::Tensor yq = q.forward(x);
     EXPECT_TRUE(at::equal(yq, want_q));
-    EXPECT_LE(lg_rel_err(yq, lg_want(x, q.weight(), aq)), 2e-2);
+    EXPECT_LE(hearth::testing::max_rel_err(yq, lg_want(x, q.weight(), aq)), 2e-2);
     // forward_many: one A launch for q and v, one base launch for q/k/v.
     const std::vector<at::Tensor> hs = hearth::nn::decode_gemv(x, {GemvOperand{aq.a, nullptr}, GemvOperand{av.a, nullptr}});
     const std::vector<at::Tensor> want = hearth::nn::decode_gemv(
@@ -143,8 +122,8 @@ TEST(DecodeGemvLora, LinearForwardsPutTheActiveAdapterInTheEpilogue) {
     ASSERT_EQ(ys.size(), 3u);
     for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(at::equal(ys[i], want[i])) << i;
     EXPECT_EQ(ys[0].sizes().vec(), (std::vector<int64_t>{1, 1, C}));
-    EXPECT_LE(lg_rel_err(ys[2], lg_want(x, v.weight(), av)), 2e-2);
-    EXPECT_LE(lg_rel_err(ys[1], at::matmul(x.to(at::kDouble), k.weight().to(at::kDouble).t())), 1e-2);
+    EXPECT_LE(hearth::testing::max_rel_err(ys[2], lg_want(x, v.weight(), av)), 2e-2);
+    EXPECT_LE(hearth::testing::max_rel_err(ys[1], at::matmul(x.to(at::kDouble), k.weight().to(at::kDouble).t())), 1e-2);
     // forward_many_normed: the norm inside the A launch, then the plain base launch on its normed x.
     hearth::nn::RMSNorm norm((at::rand({C}) + 0.5).to(bf), 1e-5);
     const at::Tensor res = at::randn({1, 1, C}).to(bf);
@@ -159,22 +138,22 @@ TEST(DecodeGemvLora, LinearForwardsPutTheActiveAdapterInTheEpilogue) {
         normed, {GemvOperand{q.weight(), nullptr, aq.b, g.ys[0], aq.scale}, GemvOperand{k.weight(), nullptr},
                  GemvOperand{v.weight(), nullptr, av.b, g.ys[1], av.scale}});
     for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(at::equal(p.ys[i], want_n[i])) << i;
-    EXPECT_LE(lg_rel_err(p.ys[0], lg_want(normed, q.weight(), aq)), 2e-2);
+    EXPECT_LE(hearth::testing::max_rel_err(p.ys[0], lg_want(normed, q.weight(), aq)), 2e-2);
     // A RowAdapters scope (the server's batch): each row's own adapters, the addmm-free row path.
     const hearth::nn::RowAdapters rows({{"x"}});
-    EXPECT_LE(lg_rel_err(q.forward(x), lg_want(x, q.weight(), aq)), 2e-2);
+    EXPECT_LE(hearth::testing::max_rel_err(q.forward(x), lg_want(x, q.weight(), aq)), 2e-2);
   }
   {
     // Two adapters stacked on q: both added (not the epilogue, which takes one).
     const hearth::nn::ActiveAdapters active({"x", "y"});
     const at::Tensor want = lg_want(x, q.weight(), aq) + aq2.scale * at::matmul(at::matmul(x.to(at::kDouble), aq2.a.to(at::kDouble).t()),
                                                                                 aq2.b.to(at::kDouble).t());
-    EXPECT_LE(lg_rel_err(q.forward(x), want), 2e-2);
+    EXPECT_LE(hearth::testing::max_rel_err(q.forward(x), want), 2e-2);
   }
   {
     // Grad on (training): PEFT's order, still the adapter's result.
     c10::AutoGradMode grad(true);
     const hearth::nn::ActiveAdapters active({"x"});
-    EXPECT_LE(lg_rel_err(q.forward(x), lg_want(x, q.weight(), aq)), 2e-2);
+    EXPECT_LE(hearth::testing::max_rel_err(q.forward(x), lg_want(x, q.weight(), aq)), 2e-2);
   }
 }

@@ -8,6 +8,7 @@
 
 #include "core/torch_compat.h"
 #include "nn/decode_gemv.h"
+#include "cuda_kernel_test_util.h"
 #include "nn/fused_ops.h"
 #include "nn/linear.h"
 #include "nn/mlp.h"
@@ -15,20 +16,6 @@
 #include "nn/rms_norm.h"
 
 namespace {
-
-struct DgnFusedSwitch {
-  explicit DgnFusedSwitch(bool on) : was(hearth::nn::set_fused_decode(on)) {}
-  ~DgnFusedSwitch() { hearth::nn::set_fused_decode(was); }
-  bool was;
-};
-
-bool dgn_have_kernels() {
-#ifdef HEARTH_WITH_CUDA_KERNELS
-  return hearth::compat::cuda_available();
-#else
-  return false;
-#endif
-}
 
 // Dynamic shared memory the normed launch needs (kernels/gemv.h: the normed rows as padded fp32, and
 // the affine chunk sums) against its 48 KB - 512 bytes: whether decode_gemv_normed must apply.
@@ -38,11 +25,6 @@ bool dgn_fits(int bits, at::ScalarType dt, int64_t M, int64_t in) {
   return sums + M * chunks * (codes + 4) * 4 <= 48 * 1024 - 512;
 }
 
-// max |y - ref| / max |ref|.
-double dgn_rel_err(const at::Tensor& y, const at::Tensor& ref) {
-  const double scale = ref.abs().max().item<double>();
-  return (y.to(at::kDouble) - ref.to(at::kDouble)).abs().max().item<double>() / std::max(scale, 1e-30);
-}
 
 // An operand's weight as a dense [out, in] matrix.
 at::Tensor dgn_dense(const hearth::nn::GemvOperand& o) {
@@ -90,8 +72,8 @@ TEST(DecodeGemvNormed, MlpForwardNormedIsTheNormThenTheMlp) {
 // residual, one to three segments, rows of 2,048 and 4,096 (the 1B's and the 8B's hidden sizes), 64
 // and 1,000 (not a multiple of the 256 threads).
 TEST(DecodeGemvNormed, GpuSameBitsAsNormKernelThenGemv) {
-  if (!dgn_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
-  DgnFusedSwitch on(true);
+  if (!hearth::testing::have_cuda_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
+  hearth::testing::FusedDecodeSwitch on(true);
   at::manual_seed(41);
   const at::Device cuda(at::kCUDA, 0);
   int fused_cases = 0;
@@ -137,9 +119,9 @@ TEST(DecodeGemvNormed, GpuSameBitsAsNormKernelThenGemv) {
               ASSERT_EQ(ref.size(), n) << what;
               for (size_t i = 0; i < n; ++i) {  // a normed launch may sum a row in another order
                 EXPECT_EQ(g.ys[i].sizes(), ref[i].sizes()) << what;
-                EXPECT_LE(dgn_rel_err(g.ys[i], ref[i]), dt == at::kFloat ? 1e-5 : 1e-2) << what << " segment " << i;
+                EXPECT_LE(hearth::testing::max_rel_err(g.ys[i], ref[i]), dt == at::kFloat ? 1e-5 : 1e-2) << what << " segment " << i;
                 const at::Tensor exact = at::matmul(normed.to(at::kDouble), dgn_dense(some[i]).to(at::kDouble).t());
-                EXPECT_LE(dgn_rel_err(g.ys[i], exact), dt == at::kFloat ? 1e-5 : dt == at::kHalf ? 2e-3 : 1e-2) << what;
+                EXPECT_LE(hearth::testing::max_rel_err(g.ys[i], exact), dt == at::kFloat ? 1e-5 : dt == at::kHalf ? 2e-3 : 1e-2) << what;
               }
             }
           }
@@ -150,8 +132,8 @@ TEST(DecodeGemvNormed, GpuSameBitsAsNormKernelThenGemv) {
 // as the norm then forward_many, within summation order) and the fallback (cuBLAS rows: the same
 // bits); active adapters are added from the normed input.
 TEST(DecodeGemvNormed, GpuLinearAndMlpMatchTheUnfusedModules) {
-  if (!dgn_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
-  DgnFusedSwitch on(true);
+  if (!hearth::testing::have_cuda_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
+  hearth::testing::FusedDecodeSwitch on(true);
   at::manual_seed(43);
   const at::Device cuda(at::kCUDA, 0);
   const auto bf = at::TensorOptions().dtype(at::kBFloat16).device(cuda);
@@ -170,13 +152,13 @@ TEST(DecodeGemvNormed, GpuLinearAndMlpMatchTheUnfusedModules) {
       const auto [sum, out] = mlp.forward_normed({x, r, &norm});
       const auto [s2, n2] = norm.forward_add(x, r);
       EXPECT_TRUE(at::equal(sum, s2)) << "B " << B << " adapter " << adapter;
-      EXPECT_LE(dgn_rel_err(out, mlp.forward(n2)), 2e-2) << "B " << B << " adapter " << adapter;
+      EXPECT_LE(hearth::testing::max_rel_err(out, mlp.forward(n2)), 2e-2) << "B " << B << " adapter " << adapter;
       const hearth::nn::Linear::NormedProducts p =
           hearth::nn::Linear::forward_many_normed({x, r, &norm}, {&mlp.gate_proj, &mlp.up_proj});
       EXPECT_TRUE(at::equal(p.normed, n2));
       const std::vector<at::Tensor> ref = hearth::nn::Linear::forward_many(n2, {&mlp.gate_proj, &mlp.up_proj});
-      EXPECT_LE(dgn_rel_err(p.ys[0], ref[0]), 1e-2) << "B " << B << " adapter " << adapter;
-      EXPECT_LE(dgn_rel_err(p.ys[1], ref[1]), 1e-2) << "B " << B << " adapter " << adapter;
+      EXPECT_LE(hearth::testing::max_rel_err(p.ys[0], ref[0]), 1e-2) << "B " << B << " adapter " << adapter;
+      EXPECT_LE(hearth::testing::max_rel_err(p.ys[1], ref[1]), 1e-2) << "B " << B << " adapter " << adapter;
       if (B > 1) EXPECT_TRUE(at::equal(p.ys[1], ref[1])) << "cuBLAS rows take the unfused path";
     }
   }

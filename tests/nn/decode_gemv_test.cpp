@@ -9,36 +9,10 @@
 #include "core/torch_compat.h"
 #include "nn/attention.h"
 #include "nn/decode_gemv.h"
+#include "cuda_kernel_test_util.h"
 #include "nn/fused_ops.h"
 #include "nn/linear.h"
 #include "nn/quant.h"
-
-namespace {
-
-struct DgFusedSwitch {
-  explicit DgFusedSwitch(bool on) : was(hearth::nn::set_fused_decode(on)) {}
-  ~DgFusedSwitch() { hearth::nn::set_fused_decode(was); }
-  bool was;
-};
-
-// max |y - ref| / max |ref|.
-double dg_rel_err(const at::Tensor& y, const at::Tensor& ref) {
-  const double scale = ref.abs().max().item<double>();
-  return (y.to(at::kDouble) - ref.to(at::kDouble)).abs().max().item<double>() / std::max(scale, 1e-30);
-}
-
-// fp32 sums in another order; bf16/f16 add one rounding of the output.
-double dg_tol(at::ScalarType t) { return t == at::kFloat ? 1e-5 : t == at::kHalf ? 2e-3 : 1e-2; }
-
-bool dg_have_kernels() {
-#ifdef HEARTH_WITH_CUDA_KERNELS
-  return hearth::compat::cuda_available();
-#else
-  return false;
-#endif
-}
-
-}  // namespace
 
 TEST(DecodeGemv, NotAppliedOnCpuOrWhenSwitchedOff) {
   const at::Tensor x = at::randn({1, 64});
@@ -54,8 +28,8 @@ TEST(DecodeGemv, NotAppliedOnCpuOrWhenSwitchedOff) {
 }
 
 TEST(DecodeGemv, DenseMatchesFp64ReferenceAndIsRowIndependent) {
-  if (!dg_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
-  DgFusedSwitch on(true);
+  if (!hearth::testing::have_cuda_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
+  hearth::testing::FusedDecodeSwitch on(true);
   at::manual_seed(31);
   const at::Device cuda(at::kCUDA, 0);
   for (auto dt : {at::kBFloat16, at::kHalf, at::kFloat})
@@ -69,7 +43,7 @@ TEST(DecodeGemv, DenseMatchesFp64ReferenceAndIsRowIndependent) {
         ASSERT_EQ(y[0].scalar_type(), dt);
         ASSERT_EQ(y[0].sizes().vec(), (std::vector<int64_t>{M, out}));
         const at::Tensor ref = at::matmul(x.to(at::kDouble), w.to(at::kDouble).t());
-        EXPECT_LE(dg_rel_err(y[0], ref), dg_tol(dt)) << "dtype " << dt << " [" << out << ", " << in << "] M " << M;
+        EXPECT_LE(hearth::testing::max_rel_err(y[0], ref), hearth::testing::one_rounding_tol(dt)) << "dtype " << dt << " [" << out << ", " << in << "] M " << M;
         // Row m of an M-row call is the one-row call on row m, bit for bit.
         for (int64_t m = 0; m < M; ++m) {
           const at::Tensor one = hearth::nn::decode_gemv(x.narrow(0, m, 1).clone(), {hearth::nn::GemvOperand{w, nullptr}})[0];
@@ -85,8 +59,8 @@ TEST(DecodeGemv, DenseMatchesFp64ReferenceAndIsRowIndependent) {
 }
 
 TEST(DecodeGemv, AffineMatchesDequantizedReferenceAndIsRowIndependent) {
-  if (!dg_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
-  DgFusedSwitch on(true);
+  if (!hearth::testing::have_cuda_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
+  hearth::testing::FusedDecodeSwitch on(true);
   at::manual_seed(36);
   const at::Device cuda(at::kCUDA, 0);
   // in = 32768 at 8 bits: an 8-row call's chunk sums (64 KB) exceed the shared-memory limit and are
@@ -103,7 +77,7 @@ TEST(DecodeGemv, AffineMatchesDequantizedReferenceAndIsRowIndependent) {
           const std::vector<at::Tensor> y = hearth::nn::decode_gemv(x, {hearth::nn::GemvOperand{{}, &w}});
           ASSERT_EQ(y.size(), 1u) << bits << " in " << in << " M " << M;
           const at::Tensor ref = at::matmul(x.to(at::kDouble), hearth::nn::dequantize(w, at::kFloat).to(at::kDouble).t());
-          EXPECT_LE(dg_rel_err(y[0], ref), dg_tol(dt)) << bits << " in " << in << " M " << M << " " << dt;
+          EXPECT_LE(hearth::testing::max_rel_err(y[0], ref), hearth::testing::one_rounding_tol(dt)) << bits << " in " << in << " M " << M << " " << dt;
           for (int64_t m = 0; m < M; ++m) {
             const at::Tensor one = hearth::nn::decode_gemv(x.narrow(0, m, 1).clone(), {hearth::nn::GemvOperand{{}, &w}})[0];
             EXPECT_TRUE(at::equal(one[0], y[0][m])) << bits << " in " << in << " row " << m << " of M " << M;
@@ -113,8 +87,8 @@ TEST(DecodeGemv, AffineMatchesDequantizedReferenceAndIsRowIndependent) {
 }
 
 TEST(DecodeGemv, GroupedIsSeparateBitForBitDenseAndAffine) {
-  if (!dg_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
-  DgFusedSwitch on(true);
+  if (!hearth::testing::have_cuda_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
+  hearth::testing::FusedDecodeSwitch on(true);
   at::manual_seed(32);
   const at::Device cuda(at::kCUDA, 0);
   const int64_t in = 512;
@@ -143,7 +117,7 @@ TEST(DecodeGemv, GroupedIsSeparateBitForBitDenseAndAffine) {
       EXPECT_TRUE(at::equal(gs[1], u.forward(x))) << bits;
       EXPECT_TRUE(at::equal(gs[2], d.forward(x))) << bits;
       const at::Tensor ref = hearth::nn::quantized_matmul_ref(x.to(at::kFloat), *u.qweight());
-      EXPECT_LE(dg_rel_err(gs[1], ref), dg_tol(at::kBFloat16)) << bits;
+      EXPECT_LE(hearth::testing::max_rel_err(gs[1], ref), hearth::testing::one_rounding_tol(at::kBFloat16)) << bits;
     }
   }
 }
@@ -157,8 +131,8 @@ TEST(DecodeGemv, GroupedIsSeparateBitForBitDenseAndAffine) {
 // M = 1, not at M = 3). A wrong chunk index or a lost warp's partial shows against the fp64
 // reference; each segment must equal its own launch and each row its one-row call, bit for bit.
 TEST(DecodeGemv, MultiWarpRowsMatchReferenceGroupedAndPerRow) {
-  if (!dg_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
-  DgFusedSwitch on(true);
+  if (!hearth::testing::have_cuda_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
+  hearth::testing::FusedDecodeSwitch on(true);
   at::manual_seed(37);
   const at::Device cuda(at::kCUDA, 0);
   const std::vector<int64_t> rows = {300, 77, 8};
@@ -174,7 +148,7 @@ TEST(DecodeGemv, MultiWarpRowsMatchReferenceGroupedAndPerRow) {
         for (size_t i = 0; i < ws.size(); ++i) {
           ASSERT_EQ(ys[i].sizes().vec(), (std::vector<int64_t>{M, rows[i]}));
           const at::Tensor ref = at::matmul(x.to(at::kDouble), ws[i].to(at::kDouble).t());
-          EXPECT_LE(dg_rel_err(ys[i], ref), dg_tol(dt)) << "dtype " << dt << " in " << in << " M " << M << " seg " << i;
+          EXPECT_LE(hearth::testing::max_rel_err(ys[i], ref), hearth::testing::one_rounding_tol(dt)) << "dtype " << dt << " in " << in << " M " << M << " seg " << i;
           const at::Tensor sep = hearth::nn::decode_gemv(x, {hearth::nn::GemvOperand{ws[i], nullptr}})[0];
           EXPECT_TRUE(at::equal(sep, ys[i])) << "dtype " << dt << " in " << in << " M " << M << " seg " << i;
         }
@@ -199,7 +173,7 @@ TEST(DecodeGemv, MultiWarpRowsMatchReferenceGroupedAndPerRow) {
         ASSERT_EQ(ys.size(), 3u) << bits << " M " << M << " " << dt;
         for (size_t i = 0; i < qs.size(); ++i) {
           const at::Tensor ref = at::matmul(x.to(at::kDouble), hearth::nn::dequantize(qs[i], at::kFloat).to(at::kDouble).t());
-          EXPECT_LE(dg_rel_err(ys[i], ref), dg_tol(dt)) << bits << " M " << M << " " << dt << " seg " << i;
+          EXPECT_LE(hearth::testing::max_rel_err(ys[i], ref), hearth::testing::one_rounding_tol(dt)) << bits << " M " << M << " " << dt << " seg " << i;
           const at::Tensor sep = hearth::nn::decode_gemv(x, {hearth::nn::GemvOperand{{}, &qs[i]}})[0];
           EXPECT_TRUE(at::equal(sep, ys[i])) << bits << " M " << M << " " << dt << " seg " << i;
         }
@@ -212,8 +186,8 @@ TEST(DecodeGemv, MultiWarpRowsMatchReferenceGroupedAndPerRow) {
 }
 
 TEST(DecodeGemv, ForwardManyAddsAdaptersAndFallsBackWithBias) {
-  if (!dg_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
-  DgFusedSwitch on(true);
+  if (!hearth::testing::have_cuda_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
+  hearth::testing::FusedDecodeSwitch on(true);
   at::manual_seed(33);
   const at::Device cuda(at::kCUDA, 0);
   const at::Tensor x = at::randn({1, 1, 64}).to(cuda);
@@ -243,8 +217,8 @@ TEST(DecodeGemv, LoraInInferenceIsOneAddmmWithinRounding) {
   // CUDA inference with the fused kernels on adds a LoRA delta as x·Aᵀ then one addmm (rounded
   // once); with grad on (training) PEFT's op order stands. Both against float64 of the same bf16
   // inputs, for a decode row and a prefill block.
-  if (!dg_have_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
-  DgFusedSwitch on(true);
+  if (!hearth::testing::have_cuda_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
+  hearth::testing::FusedDecodeSwitch on(true);
   at::manual_seed(35);
   const at::Device cuda(at::kCUDA, 0);
   const auto bf = at::TensorOptions().dtype(at::kBFloat16).device(cuda);
@@ -297,15 +271,15 @@ TEST(DecodeGemv, GroupedGqaDecodeAttentionMatchesRepeatKv) {
         }
         at::Tensor ref, got;
         {
-          DgFusedSwitch off(false);
+          hearth::testing::FusedDecodeSwitch off(false);
           ref = hearth::nn::attention(q, k, v, p);
         }
         {
-          DgFusedSwitch on(true);
+          hearth::testing::FusedDecodeSwitch on(true);
           got = hearth::nn::attention(q, k, v, p);
         }
         ASSERT_EQ(got.sizes(), ref.sizes());
-        EXPECT_LE(dg_rel_err(got, ref), dt == at::kFloat ? 1e-5 : 1e-2)
+        EXPECT_LE(hearth::testing::max_rel_err(got, ref), dt == at::kFloat ? 1e-5 : 1e-2)
             << "dtype " << dt << " mask " << explicit_mask << " T " << T;
       }
 }
