@@ -1,0 +1,122 @@
+// The 16-byte chunk primitives of the decode GEMV (kernels/gemv.cu, its only includer besides
+// bench/gemv_bench.cu through it): a chunk's code count, its ordered loads, x's loads as fp32, and the
+// dot product of one chunk of dense values or MLX affine codes with x. Device code in gemv.cu's
+// anonymous namespace (internal to that translation unit); the layout and measurements behind the
+// loads are at the top of gemv.cu.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "dtype.cuh"
+
+namespace hearth::kernels {
+namespace {
+
+// Codes (values) in one 16-byte chunk of a row: dense 16/sizeof(T), affine 128/bits.
+template <typename TX, int Kind>
+__host__ __device__ constexpr int codes_per_chunk() {
+  return Kind == 0 ? 16 / static_cast<int>(sizeof(TX)) : 128 / Kind;
+}
+
+// A code c < 2^23 placed in the mantissa of 2^23 is the float 2^23 + c exactly; subtracting 2^23
+// gives c. Cheaper than an int-to-float conversion (a logic op and an add, both full rate).
+__device__ __forceinline__ float code_to_f32(uint32_t mantissa_with_exponent) {
+  return __uint_as_float(mantissa_with_exponent) - 8388608.0f;
+}
+
+// Σ_j w_j · xf_j over one 16-byte chunk: dense values of TX, or affine codes of Kind bits.
+template <typename TX, int Kind>
+__device__ __forceinline__ float chunk_dot(const uint4& w, const float* xf) {
+  float d0 = 0.f, d1 = 0.f;
+  if constexpr (Kind == 0) {
+    constexpr int n = 16 / static_cast<int>(sizeof(TX));
+    const TX* e = reinterpret_cast<const TX*>(&w);
+#pragma unroll
+    for (int k = 0; k < n; k += 2) {
+      d0 = fmaf(to_f32(e[k]), xf[k], d0);
+      d1 = fmaf(to_f32(e[k + 1]), xf[k + 1], d1);
+    }
+  } else {
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (Kind == 8) {
+#pragma unroll
+        for (int k = 0; k < 4; k += 2) {
+          // byte k of the word into the low byte of 0x4B000000 (selector nibbles: k, 4, 5, 7).
+          d0 = fmaf(code_to_f32(__byte_perm(words[i], 0x4B000000u, 0x7540u | k)), xf[i * 4 + k], d0);
+          d1 = fmaf(code_to_f32(__byte_perm(words[i], 0x4B000000u, 0x7540u | (k + 1))), xf[i * 4 + k + 1], d1);
+        }
+      } else {
+        // Code 2b is the low nibble of byte b, code 2b + 1 its high nibble: two masks give every
+        // code a byte of its own, which one byte_perm moves into the mantissa of 2^23.
+        const uint32_t lo = words[i] & 0x0F0F0F0Fu, hi = (words[i] >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          d0 = fmaf(code_to_f32(__byte_perm(lo, 0x4B000000u, 0x7540u | b)), xf[i * 8 + 2 * b], d0);
+          d1 = fmaf(code_to_f32(__byte_perm(hi, 0x4B000000u, 0x7540u | b)), xf[i * 8 + 2 * b + 1], d1);
+        }
+      }
+    }
+  }
+  return d0 + d1;
+}
+
+// Loads N consecutive elements of x (16-byte aligned) to fp32 with 16-byte loads.
+template <typename TX, int N>
+__device__ __forceinline__ void load_x(const TX* __restrict__ p, float* xf) {
+  constexpr int kPer = 16 / static_cast<int>(sizeof(TX));
+#pragma unroll
+  for (int i = 0; i < N / kPer; ++i) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i);
+    const TX* e = reinterpret_cast<const TX*>(&v);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) xf[i * kPer + k] = to_f32(e[k]);
+  }
+}
+
+// 16 bytes of global memory, loaded where the source puts it: a coherent ld.global (the load
+// bench/gemv_bench.cu measured) in an asm volatile with a memory clobber, so NVVM keeps it in order
+// with the other loads and with griddepcontrol.wait; ptxas leaves it in place as far as can be told
+// without a SASS dump (the bench's register counts follow the source with it, not with __ldg).
+// When !ok nothing is read and the result is zero (a predicated load, no branch).
+__device__ __forceinline__ uint4 ld16_ordered(const void* p, bool ok) {
+  uint4 v;
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "setp.ne.b32 p, %5, 0;\n\t"
+      "mov.b32 %0, 0;\n\tmov.b32 %1, 0;\n\tmov.b32 %2, 0;\n\tmov.b32 %3, 0;\n\t"
+      "@p ld.global.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p), "r"(ok ? 1 : 0)
+      : "memory");
+  return v;
+}
+
+__device__ __forceinline__ uint4 ld16_ordered(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+// load_x with ordered loads: the main loop's x (after pdl_wait), as the bench's measured candidates.
+template <typename TX, int N>
+__device__ __forceinline__ void load_x_ordered(const TX* p, float* xf) {
+  constexpr int kPer = 16 / static_cast<int>(sizeof(TX));
+#pragma unroll
+  for (int i = 0; i < N / kPer; ++i) {
+    const uint4 v = ld16_ordered(reinterpret_cast<const uint4*>(p) + i);
+    const TX* e = reinterpret_cast<const TX*>(&v);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) xf[i * kPer + k] = to_f32(e[k]);
+  }
+}
+
+}  // namespace
+}  // namespace hearth::kernels
