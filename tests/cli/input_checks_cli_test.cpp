@@ -231,6 +231,11 @@ TEST(InputChecksCli, BenchRunsWithAnAdapterAndRefusesBadOnes) {
   const CliRun zero = hearth_run(bench + " --lora-rank 0", d);
   EXPECT_NE(zero.rc, 0);
   EXPECT_NE(zero.err.find("--lora-rank"), std::string::npos) << zero.err;
+  EXPECT_NE(zero.err.find("not in range 1 to 1024"), std::string::npos) << zero.err;
+  // Not a number: said so, not reported as out of range.
+  const CliRun word = hearth_run(bench + " --lora-rank abc", d);
+  EXPECT_NE(word.rc, 0);
+  EXPECT_NE(word.err.find("--lora-rank: Failed parsing abc"), std::string::npos) << word.err;
   const CliRun both = hearth_run(bench + " --lora-rank 4 --adapter-path x", d);
   EXPECT_NE(both.rc, 0);
   EXPECT_NE(both.err.find("excludes"), std::string::npos) << both.err;
