@@ -17,8 +17,8 @@ namespace hearth::nn {
 struct GemvOperand {
   at::Tensor dense;
   const QuantizedWeight* quant = nullptr;
-  at::Tensor lora_b;  // [out, r] in x's dtype, contiguous, on x's device; undefined: no LoRA term
-  at::Tensor lora_h;  // [..., r] (one row) in x's dtype, contiguous
+  at::Tensor lora_b{};  // [out, r] in x's dtype, contiguous, on x's device; undefined: no LoRA term
+  at::Tensor lora_h{};  // [..., r] (one row) in x's dtype, contiguous
   double lora_scale = 0.0;
 };
 

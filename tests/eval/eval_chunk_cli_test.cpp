@@ -28,6 +28,10 @@ CliResult run_eval(const std::string& args, bool merge_stderr = true) {
 }
 std::string quote_eval(const std::string& s) { return hearth::testing::shell_quote(s); }
 
+}  // namespace
+
+// Outside the anonymous namespace: the TEST_Fs derive from it (GCC's -Wsubobject-linkage in a
+// unity batch otherwise).
 class EvalChunkCli : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -104,7 +108,6 @@ class EvalChunkCli : public ::testing::Test {
   fs::path dir_;
   std::vector<std::string> prompts_;
 };
-}  // namespace
 
 TEST_F(EvalChunkCli, WithChatTemplate) { check(model(true), true); }
 

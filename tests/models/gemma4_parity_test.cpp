@@ -32,9 +32,11 @@ std::vector<int64_t> prompt_ids(const nlohmann::json& golden, size_t i) {
   return golden["prompts"][i]["ids"].get<std::vector<int64_t>>();
 }
 
-class Gemma4Parity : public ::testing::TestWithParam<std::string> {};
-
 }  // namespace
+
+// Outside the anonymous namespace: a TEST_P's class derives from it (GCC's -Wsubobject-linkage
+// in a unity batch otherwise).
+class Gemma4Parity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Gemma4Parity, LogitsAndGreedyMatchTransformers) {
   const fs::path dir = kGemma4Golden / GetParam();

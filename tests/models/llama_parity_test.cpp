@@ -31,9 +31,11 @@ std::vector<std::string> variants() {
   return out;
 }
 
-class LlamaParity : public ::testing::TestWithParam<std::string> {};
-
 }  // namespace
+
+// Outside the anonymous namespace: a TEST_P's class derives from it (GCC's -Wsubobject-linkage
+// in a unity batch otherwise).
+class LlamaParity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(LlamaParity, LogitsAndGreedyMatchTransformers) {
   if (GetParam() == "none") GTEST_SKIP() << "no goldens under " << kLlamaGolden;
