@@ -153,7 +153,7 @@ void parse_tools(const json& body, CompletionRequest& req) {
     if (!type) missing("tool_choice.type");
     if (*type == "auto" || *type == "none") req.tool_choice = *type;
     else if (*type == "any") req.tool_choice = "required";
-    else if (*type == "tool") req.tool_choice = required_string(*tc, "name", "tool_choice");
+    else if (*type == "tool") req.tool_choice = "function", req.tool_choice_name = required_string(*tc, "name", "tool_choice");
     else
       bad_value("tool_choice.type", "Invalid value for 'tool_choice.type': '" + *type +
                                         "'. Supported values are: 'auto', 'any', 'tool' and 'none'.");

@@ -68,7 +68,8 @@ struct CompletionRequest {
   /// model's vocabulary when the prompt is built.
   std::vector<int64_t> prompt_ids;
   nlohmann::ordered_json tools = nlohmann::ordered_json::array();  ///< OpenAI tools array, verbatim
-  std::string tool_choice = "auto";   ///< "none" | "auto" | "required" | a function name
+  std::string tool_choice = "auto";   ///< "none" | "auto" | "required" | "function" (tool_choice_name)
+  std::string tool_choice_name;       ///< the function a "function" tool_choice forces (any name, even "auto")
   /// Client's limit on generated tokens. A client value above context_length() - prompt length is
   /// refused by EngineLoop (400, param "max_tokens"), never clamped. In Engine::generate it is
   /// always set: the client's value, else the server default clamped to that room (0 = fill it).

@@ -250,7 +250,11 @@ void ModelEngine::check_logit_bias(const CompletionRequest& req) const {
 }
 
 Prompt ModelEngine::prepare(const CompletionRequest& req) {
-  selected_adapters(req);
+  try {
+    selected_adapters(req);
+  } catch (const InvalidArgument& e) {  // a 400 that names the field, as the other request errors
+    throw ApiError(400, e.what(), "adapter", "invalid_value");
+  }
   check_logit_bias(req);  // here, so the client gets a 400 before generation starts
   check_structured_output(req, tool_format_);
   Prompt p;

@@ -140,7 +140,8 @@ void parse_tools(const json& body, CompletionRequest& req) {
       const json* fn = field(*tc, "function");
       auto name = fn && fn->is_object() ? string_field(*fn, "name", "tool_choice.function.name") : std::nullopt;
       if (!name) bad("tool_choice.function.name", "Missing required parameter: 'tool_choice.function.name'.");
-      req.tool_choice = *name;
+      req.tool_choice = "function";
+      req.tool_choice_name = *name;
     } else {
       bad_type("tool_choice", *tc, "a string or an object");
     }
@@ -240,9 +241,9 @@ CompletionRequest parse_chat_request(const nlohmann::ordered_json& body) {
   req.messages = parse_messages(body);
   parse_common(body, req);
   parse_tools(body, req);
-  if (req.ignore_eos && req.tool_choice != "auto" && req.tool_choice != "none")
+  if (req.ignore_eos && forces_tool_call(req))
     bad("ignore_eos", "Invalid 'ignore_eos': it cannot be combined with a forced tool call (tool_choice '" +
-                          req.tool_choice + "').");
+                          (req.tool_choice == "function" ? req.tool_choice_name : req.tool_choice) + "').");
   req.logprobs = boolean(body, "logprobs").value_or(false);
   if (auto k = integer_in(body, "top_logprobs", 0, 20)) {
     if (!req.logprobs && *k > 0) bad("top_logprobs", "Invalid 'top_logprobs': requires 'logprobs' to be true.");

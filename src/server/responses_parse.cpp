@@ -166,7 +166,8 @@ void parse_tools(const json& body, ResponsesRequest& r) {
       const std::string type = required_string(*tc, "type", "tool_choice");
       if (type != "function")
         bad_value("tool_choice.type", "Unsupported 'tool_choice.type': '" + type + "'; use 'function' with a name.");
-      req.tool_choice = required_string(*tc, "name", "tool_choice");
+      req.tool_choice = "function";
+      req.tool_choice_name = required_string(*tc, "name", "tool_choice");
     } else {
       bad_type("tool_choice", *tc, "a string or an object");
     }

@@ -138,12 +138,12 @@ std::shared_ptr<const grammar::Grammar> tool_call_grammar(const CompletionReques
   for (const auto& t : req.tools) {
     const json& fn = t.at("function");
     const std::string name = fn.at("name").get<std::string>();
-    if (req.tool_choice != "required" && name != req.tool_choice) continue;
+    if (req.tool_choice == "function" && name != req.tool_choice_name) continue;
     auto params = fn.find("parameters");
     tools.push_back(grammar::ToolSchema{name, params == fn.end() ? json() : *params});
   }
   if (tools.empty())
-    throw ApiError(400, "Invalid 'tool_choice': function '" + req.tool_choice + "' is not in 'tools'.", "tool_choice",
+    throw ApiError(400, "Invalid 'tool_choice': function '" + req.tool_choice_name + "' is not in 'tools'.", "tool_choice",
                    "invalid_value");
   try {
     return grammar::tool_call_grammar(tools, prefix, suffix, args_key);

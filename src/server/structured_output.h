@@ -27,7 +27,7 @@ namespace hearth::server {
 /// (the message names the keyword and its path).
 void parse_response_format(const nlohmann::ordered_json& body, CompletionRequest& req);
 
-/// True when the request forces a tool call: tools given and tool_choice "required" or a name.
+/// True when the request forces a tool call: tools given and tool_choice "required" or "function".
 bool forces_tool_call(const CompletionRequest& req);
 
 /// The grammar of a forced tool call in `format` (Hermes: <tool_call>{"name": .., "arguments":

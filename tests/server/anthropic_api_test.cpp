@@ -83,7 +83,8 @@ TEST(AnthropicParse, MapsSystemBlocksToolsAndOptions) {
 
 TEST(AnthropicParse, ToolChoiceThinkingAndStringContent) {
   const std::string m = R"("max_tokens": 5, "messages": [{"role": "user", "content": "hi"}])";
-  EXPECT_EQ(parse("{" + m + R"(, "tool_choice": {"type": "tool", "name": "f"}})").tool_choice, "f");
+  EXPECT_EQ(parse("{" + m + R"(, "tool_choice": {"type": "tool", "name": "f"}})").tool_choice, "function");
+  EXPECT_EQ(parse("{" + m + R"(, "tool_choice": {"type": "tool", "name": "f"}})").tool_choice_name, "f");
   EXPECT_EQ(parse("{" + m + R"(, "tool_choice": {"type": "none"}})").tool_choice, "none");
   EXPECT_EQ(parse("{" + m + R"(, "tool_choice": {"type": "auto", "disable_parallel_tool_use": true}})").tool_choice, "auto");
   EXPECT_EQ(parse("{" + m + R"(, "thinking": {"type": "disabled"}})").chat_template_kwargs["enable_thinking"], false);

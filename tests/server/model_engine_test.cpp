@@ -174,10 +174,20 @@ TEST_F(ModelServerTest, PromptBuildingRendersTheTemplateWithoutDoubleBos) {
   std::vector<int32_t> with = engine.tokenizer().encode("hello world", true);
   EXPECT_EQ(pc.ids, std::vector<int64_t>(with.begin(), with.end()));
   EXPECT_EQ(pc.ids[0], bos);
-  // Unknown adapter ids are request errors.
+  // Unknown adapter ids are request errors: a 400 naming the field.
   CompletionRequest bad = chat_request("x", 4);
   bad.adapter = "nope";
-  EXPECT_THROW(engine.prepare(bad), InvalidArgument);
+  try {
+    engine.prepare(bad);
+    ADD_FAILURE() << "an unknown adapter was accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_EQ(e.param(), "adapter");
+    EXPECT_EQ(e.code(), "invalid_value");
+    EXPECT_NE(std::string(e.what()).find("unknown adapter \"nope\""), std::string::npos) << e.what();
+  }
+  bad.adapter = "a++b";  // a malformed selection too
+  EXPECT_THROW(engine.prepare(bad), ApiError);
   bad.adapter = "none";
   EXPECT_NO_THROW(engine.prepare(bad));
 }

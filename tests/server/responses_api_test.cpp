@@ -65,7 +65,8 @@ TEST(ResponsesParse, MapsInputItems) {
   ASSERT_EQ(r.tools.size(), 2u);
   EXPECT_EQ(J::parse(r.tools[0].dump()), J::parse(R"({"type": "function", "function": {"name": "get_weather", "description": "d",
                                      "parameters": {"type": "object"}}})"));
-  EXPECT_EQ(r.tool_choice, "get_time");
+  EXPECT_EQ(r.tool_choice, "function");
+  EXPECT_EQ(r.tool_choice_name, "get_time");
   EXPECT_EQ(r.chat_template_kwargs["enable_thinking"], false);
   EXPECT_TRUE(r.stream);
   EXPECT_EQ(p.echo["instructions"], "Be brief.");

@@ -106,6 +106,26 @@ TEST(StructuredOutputParse, ForcedToolCalls) {
   }
   req.tool_choice = "auto";
   EXPECT_EQ(tool_call_grammar(req, chat::ToolCallFormat::Gemma4), nullptr);
+  // A function may be named like a tool_choice mode ("auto", "none", "required"): forcing it by
+  // name forces that function (the name was once stored in the mode's field and read as the mode).
+  for (const char* name : {"auto", "none", "required"}) {
+    OJ named = chat_body(nullptr);
+    named["tools"] = weather_tools();
+    named["tools"][1]["function"]["name"] = name;
+    named["tool_choice"] = OJ{{"type", "function"}, {"function", {{"name", name}}}};
+    const CompletionRequest r = parse_chat_request(named);
+    EXPECT_EQ(r.tool_choice, "function");
+    EXPECT_EQ(r.tool_choice_name, name);
+    EXPECT_TRUE(forces_tool_call(r)) << name;
+    EXPECT_NE(tool_call_grammar(r, chat::ToolCallFormat::Hermes), nullptr) << name;
+    named["ignore_eos"] = true;  // a forced call: refused with ignore_eos
+    EXPECT_EQ(parse_error(named).param(), "ignore_eos") << name;
+  }
+  // "required" without tools forces nothing, so ignore_eos is fine there.
+  OJ no_tools = chat_body(nullptr);
+  no_tools["tool_choice"] = "required";
+  no_tools["ignore_eos"] = true;
+  EXPECT_TRUE(parse_chat_request(no_tools).ignore_eos);
 }
 
 class StarterStructuredTest : public ::testing::Test {
