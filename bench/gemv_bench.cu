@@ -127,25 +127,18 @@ using hearth::kernels::pick;
 using hearth::kernels::pdl_launch_dependents;
 using hearth::kernels::pdl_wait;
 
-// Loads of the candidates, as inline PTX: coherent ld.global (not __ldg's ld.global.nc) in an asm
-// volatile with a memory clobber, so neither nvcc nor ptxas moves them past each other or past
-// griddepcontrol.wait. Why: compiled here (CUDA 13, sm_90, ptxas -v; no SASS dump on this machine), a
-// lane that __ldg's 32 chunks before any use came out at 38 registers, as did 16 or 8 chunks, and
-// gemv_v2<16> above at 34 (16 chunks need 64 registers just to be held): ptxas sinks ld.global.nc
-// loads down to their use, so "all loads before any use" in the source is not what runs. With these
-// loads the register counts follow the source (deep U=32 below: 166; U=8 D=0: 58; U=16 D=0: 90).
-// gemv() used __ldg then (56 registers for 8 chunks); cand deep U=8 D=0 against it measured the
-// difference (qkv 5.07 -> 4.08 µs, down 16.27 -> 13.61), and gemv() now loads its weight chunks
-// (and x) the same way, with rows split over up to 8 warps as cand_splitk: its `production` lines
-// time that.
-__device__ __forceinline__ uint4 ld_ordered(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
-}
+// Loads of the candidates: gemv()'s own ordered load (kernels/gemv_chunk.cuh ld16_ordered: coherent
+// ld.global in an asm volatile with a memory clobber, so neither nvcc nor ptxas moves them past each
+// other or past griddepcontrol.wait). Why: compiled here (CUDA 13, sm_90, ptxas -v; no SASS dump on
+// this machine), a lane that __ldg's 32 chunks before any use came out at 38 registers, as did 16 or
+// 8 chunks, and gemv_v2<16> above at 34 (16 chunks need 64 registers just to be held): ptxas sinks
+// ld.global.nc loads down to their use, so "all loads before any use" in the source is not what
+// runs. With these loads the register counts follow the source (deep U=32 below: 166; U=8 D=0: 58;
+// U=16 D=0: 90). gemv() used __ldg then (56 registers for 8 chunks); cand deep U=8 D=0 against it
+// measured the difference (qkv 5.07 -> 4.08 µs, down 16.27 -> 13.61), and gemv() now loads its
+// weight chunks (and x) the same way, with rows split over up to 8 warps as cand_splitk: its
+// `production` lines time that.
+__device__ __forceinline__ uint4 ld_ordered(const void* p) { return hearth::kernels::ld16_ordered(p); }
 
 // 8 bf16 of x (16-byte aligned) to fp32 with one ordered load; after pdl_wait only.
 __device__ __forceinline__ void cand_load_x(const bf16* p, float* xf) {
