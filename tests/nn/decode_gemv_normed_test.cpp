@@ -159,7 +159,9 @@ TEST(DecodeGemvNormed, GpuLinearAndMlpMatchTheUnfusedModules) {
       const std::vector<at::Tensor> ref = hearth::nn::Linear::forward_many(n2, {&mlp.gate_proj, &mlp.up_proj});
       EXPECT_LE(hearth::testing::max_rel_err(p.ys[0], ref[0]), 1e-2) << "B " << B << " adapter " << adapter;
       EXPECT_LE(hearth::testing::max_rel_err(p.ys[1], ref[1]), 1e-2) << "B " << B << " adapter " << adapter;
-      if (B > 1) EXPECT_TRUE(at::equal(p.ys[1], ref[1])) << "cuBLAS rows take the unfused path";
+      if (B > 1) {
+        EXPECT_TRUE(at::equal(p.ys[1], ref[1])) << "cuBLAS rows take the unfused path";
+      }
     }
   }
 }
