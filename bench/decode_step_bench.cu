@@ -4,9 +4,8 @@
 // a replayed `hearth bench` step runs, without ATen, the caching allocator or the sampler. Timed as
 // one CUDA graph (median of replays), PDL per HEARTH_PDL. If this is well under the real step's
 // time, the difference is outside these kernels. Not a test; numbers go in docs/benchmarks.md.
-// After the step's lines: candidate split-K attention kernels for this decode shape (namespace cand
-// below), each timed like the "attention only" lines and checked against the production kernel's
-// output, at the capacity given and at 4,160 keys.
+// Then candidate split-K attention kernels (namespace cand), timed like the "attention only" lines
+// and checked against the production kernel, at the capacity given and at 4,160 keys.
 //   nvcc -std=c++17 -O3 -arch=sm_90 -cudart static -I src/kernels bench/decode_step_bench.cu \
 //     src/kernels/{gemv,norm_act,rope_cache,decode_attention}.cu -o /tmp/step_bench
 //   HEARTH_PDL=1 /tmp/step_bench [capacity=704] [position=575] [reps=50] [nocand]
@@ -153,17 +152,12 @@ void step(const std::vector<Layer>& layers, const Acts& t, const bf16* final_nor
 // Candidate decode-attention kernels (bench only, not Hearth's kernel): the 1B decode case alone,
 // B = 1, T = 1, n_rep = 4 query rows per kv head, D = 64, bf16, an additive bf16 mask row (or none).
 // The "regs ... + merge kernel" one has since become production for bf16/fp16 with ≤ 8 rows,
-// generalised (kernels/decode_attention_regs.cuh: any B, T, D ∈ {64, 128, 256}, strides, a mask row
-// per token); the "production" lines below time that, so the two should now time alike.
-// Kept as the measured reference of the design (and of the fused last-block merge, not adopted).
+// generalised (kernels/decode_attention_regs.cuh); the "production" lines time that. Kept as the
+// measured reference of the design (and of the fused last-block merge, not adopted).
 //
-// What they try, and why: the earlier production split kernel (the shared-memory tile kernel of
-// src/kernels/decode_attention.cu, now used for fp32 and > 8 rows only) costs
-// ~4.5 µs per 64-key tile on the H200, one tile after another, although a tile is 16 KB of k and v
-// (~2 ns of the GPU's HBM bandwidth): each tile waits on its cp.async group, three __syncthreads, a
-// mask read from global memory inside the scores phase (a second memory round trip per tile), a
-// softmax with one warp per row, and a p·v loop of 64 dependent shared-memory steps run by 32 of the
-// 128 threads. These candidates remove the shared-memory staging and the per-tile barriers:
+// Why: the earlier tile kernel (decode_attention.cu, now fp32 and > 8 rows only) took ~4.5 µs per
+// 64-key tile (16 KB) on the H200: a cp.async wait, three barriers, a mask round trip and a p·v loop
+// on 32 of 128 threads per tile. These candidates drop the shared-memory staging and the barriers:
 //   * warp-per-key-chunk, registers only. Block (split s, kv head g) of 4 warps walks its split in
 //     chunks of 4·kIt·4 keys (64 for kIt = 4, 32 for kIt = 2); warp w takes kIt groups of 4
 //     consecutive keys of a chunk; in a group, lane = 8·key + c: lane c of the key holds 16 bytes
@@ -182,10 +176,9 @@ void step(const std::vector<Layer>& layers, const Acts& t, const bf16* final_nor
 //     (deterministic, whichever block comes last) and resets the counter to 0 for the next launch
 //     (the next launch only touches it after its pdl_wait, i.e. after this kernel completed). This
 //     saves the merge kernel's launch and its ~3.5 µs per layer of the graph profile.
-// −inf handling as production: keys past the split's end score −inf; a warp or split whose every
-// key is −inf keeps max −inf, gets weight 0 in the merges (tested explicitly, no exp(−inf − −inf)),
-// and a row with no weight at all writes 0, not NaN. A masked key (mask = lowest bf16, finite)
-// scores finite and gets weight exactly 0 beside any unmasked key, as in production.
+// −inf as production: keys past the split's end score −inf; a warp or split of only −inf keys has
+// weight 0 in the merges (no exp(−inf − −inf)); a row with no weight writes 0, not NaN; a masked key
+// (lowest bf16, finite) gets weight exactly 0 beside any unmasked key.
 namespace cand {
 
 constexpr int kR = 4, kD = 64, kThreads = 128, kWarps = 4, kMaxSplits = 128;
