@@ -310,7 +310,8 @@ TEST(Trainable, DropoutOnlyInScopeAndReplays) {
   const at::Tensor plain = lin.forward(x);
   const at::Tensor expect_plain = at::linear(x, lin.weight()) + at::linear(at::linear(x, lin.find_adapter("d")->a),
                                                                            lin.find_adapter("d")->b) * 2.0;
-  EXPECT_LT(max_abs_diff(plain, expect_plain), 1e-5);
+  // Within fp32 rounding of outputs near 30 (the products sum in nn/cpu_gemm.h's order, not BLAS's).
+  EXPECT_LT(max_abs_diff(plain, expect_plain), 1e-6 * (1.0 + expect_plain.abs().max().item<double>()));
   at::Tensor d1, d2, d3;
   {
     nn::LoraDropoutScope train(42);
