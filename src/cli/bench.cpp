@@ -10,6 +10,7 @@
 
 #include "adapters/adapter.h"
 #include "adapters/mount.h"
+#include "cli/number_option.h"
 #include "cli/threads_option.h"
 #include "cli/verb.h"
 #include "core/env.h"
@@ -136,7 +137,7 @@ std::function<int()> setup_bench(CLI::App& app) {
   app.add_option("--batch", a->batch,
                  "Sequences decoded together in one batched step, as the server's continuous batching does "
                  "(default 1: the single-sequence path); reports the aggregate decode tok/s")
-      ->check(CLI::TypeValidator<int64_t>())->check(CLI::Range(1, 1024));
+      ->check(hearth::cli::number_in(1, 1024));
   app.add_option("--op-trace", a->op_trace,
                  "After the timed runs, one more prefill (the prompt, one token generated) under PyTorch's "
                  "legacy profiler: its ATen ops with host start/duration, as a Chrome trace in this file "
@@ -150,7 +151,7 @@ std::function<int()> setup_bench(CLI::App& app) {
   app.add_option("--lora-rank", a->lora_rank,
                  "Run with a random LoRA adapter of this rank on q/k/v/o/gate/up/down, active on every step "
                  "(the cost of an adapter without a file)")
-      ->check(CLI::TypeValidator<int64_t>())->check(CLI::Range(1, 1024))
+      ->check(hearth::cli::number_in(1, 1024))
       ->excludes("--adapter-path");
   app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
   hearth::cli::add_threads_option(app);

@@ -11,6 +11,7 @@
 #include <memory>
 #include <thread>
 
+#include "cli/number_option.h"
 #include "cli/serve.h"
 #include "cli/threads_option.h"
 #include "cli/verb.h"
@@ -153,7 +154,7 @@ std::function<int()> setup_serve(CLI::App& app) {
   app.add_option("--model", a->model, "Model directory (Hugging Face layout)");
   app.add_option("--host", a->server.host, "Address to bind (default 127.0.0.1: this machine only)");
   app.add_option("--port", a->server.port, "Port (0 = any free port; the chosen one is printed)")
-      ->check(CLI::TypeValidator<int64_t>())->check(CLI::Range(0, 65535));
+      ->check(hearth::cli::number_in(0, 65535));
   app.add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on /v1/*")
       ->check([](const std::string& key) -> std::string {
         if (key.empty()) return "--api-key is empty: give a key, or leave the flag out to serve without one";
@@ -171,18 +172,18 @@ std::function<int()> setup_serve(CLI::App& app) {
       ->delimiter(',');
   app.add_option("--max-connections", a->server.max_connections,
                  "Connections served at once; past it the longest-idle one is closed, else 503")
-      ->check(CLI::TypeValidator<int64_t>())->check(CLI::Range(1, 4096));
+      ->check(hearth::cli::number_in(1, 4096));
   app.add_option("--max-queue", a->server.max_queue, "Requests that may wait for the engine before 429")
-      ->check(CLI::TypeValidator<int64_t>())->check(CLI::Range(1, 100000));
+      ->check(hearth::cli::number_in(1, 100000));
   app.add_option("--max-num-seqs", a->server.max_num_seqs,
                  "Requests generated together, decoded in one batched step (continuous batching; 1 = one at a time)")
-      ->check(CLI::TypeValidator<int64_t>())->check(CLI::Range(1, 4096));
+      ->check(hearth::cli::number_in(1, 4096));
   app.add_option("--memory-budget", a->memory_budget,
                  "Cache memory the running requests may hold together: auto (90% of free GPU memory, half of "
                  "available CPU memory), 0 (none), or a size like 8G; a request that can never fit is a 400, one "
                  "that does not fit now waits");
   app.add_option("--max-body-bytes", a->server.max_body_bytes, "Largest accepted request body (413 above)")
-      ->check(CLI::TypeValidator<int64_t>())->check(CLI::Range(1024, 1 << 30));
+      ->check(hearth::cli::number_in(1024, 1 << 30));
   app.add_option("--max-tokens", a->server.default_max_tokens,
                  "Default generated-token limit for chat requests that set none (0 = context length)");
   app.add_option("--device", a->engine.device, "cpu | cuda (default: cuda when available)");
@@ -200,7 +201,7 @@ std::function<int()> setup_serve(CLI::App& app) {
   app.add_option("--prefill-step-size", a->engine.prefill_step_size,
                  "Prompt tokens per prefill chunk and per scheduler step (default 2048): between chunks the other "
                  "requests decode, and a request whose client left is dropped")
-      ->check(CLI::TypeValidator<int64_t>())->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+      ->check(hearth::cli::number_in(int64_t{1}, int64_t{1} << 24));
   app.add_flag_callback("--no-decode-slots", [a] { a->engine.decode_slots = false; },
                "Decode every running request through the ragged batched path instead of decode slots (static "
                "per-slot caches, CUDA graphs on the GPU); HEARTH_DECODE_SLOTS=0 does the same");
@@ -216,21 +217,21 @@ std::function<int()> setup_serve(CLI::App& app) {
   app.add_option("--prompt-cache-bytes", a->engine.prompt_cache_bytes,
                  "Prompt cache budget in bytes of KV reused across requests (0 = off; default 2 GiB on CUDA, "
                  "512 MiB on CPU)")
-      ->check(CLI::TypeValidator<int64_t>())->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
+      ->check(hearth::cli::number_in(int64_t{0}, int64_t{1} << 50));
   app.add_option("--prompt-cache-snapshot-every", a->engine.prompt_cache_snapshot_every,
                  "Hybrid models (Qwen3.5): also keep a prompt-cache snapshot every N tokens of a long prompt "
                  "(default 4096; 0 = only at each prompt's end)")
-      ->check(CLI::TypeValidator<int64_t>())->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+      ->check(hearth::cli::number_in(int64_t{0}, int64_t{1} << 40));
   app.add_option("--temp,--temperature", a->engine.defaults.temperature,
                  "Default temperature (else generation_config.json, else 0.7)")
-      ->check(CLI::TypeValidator<double>())->check(CLI::Range(0.0, 2.0));
+      ->check(hearth::cli::number_in(0.0, 2.0));
   app.add_option("--top-p", a->engine.defaults.top_p, "Default top-p (else generation_config.json, else off)")
-      ->check(CLI::TypeValidator<double>())->check(CLI::Range(0.0, 1.0));
+      ->check(hearth::cli::number_in(0.0, 1.0));
   app.add_option("--top-k", a->engine.defaults.top_k, "Default top-k (else generation_config.json, else off)")
       ->check([](const std::string& v) {
         return !v.empty() && v[0] == '-' ? std::string("must be >= 0 (0 = the model's limit), got ") + v : std::string();
       });
-  app.add_option("--min-p", a->engine.defaults.min_p, "Default min-p (off)")->check(CLI::TypeValidator<double>())->check(CLI::Range(0.0, 1.0));
+  app.add_option("--min-p", a->engine.defaults.min_p, "Default min-p (off)")->check(hearth::cli::number_in(0.0, 1.0));
   app.add_option("--repetition-penalty", a->engine.defaults.repetition_penalty,
                  "Default repetition penalty (else generation_config.json, else off)")
       ->check(CLI::PositiveNumber);
