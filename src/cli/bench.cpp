@@ -32,6 +32,7 @@ struct BenchArgs {
   int64_t prompt_tokens = 512, gen_tokens = 128;
   int runs = 3;
   int64_t batch = 1;  // sequences decoded together (continuous batching's step)
+  int64_t prefill_step_size = hearth::generate::GenerateOptions{}.prefill_step_size;
   std::string op_trace;  // a Chrome trace of one more prefill's host-side ATen ops, when set
   std::string adapter_path;  // a LoRA adapter folder, active on every step
   int64_t lora_rank = 0;     // > 0: a random LoRA adapter of this rank instead, active on every step
@@ -138,6 +139,10 @@ std::function<int()> setup_bench(CLI::App& app) {
                  "Sequences decoded together in one batched step, as the server's continuous batching does "
                  "(default 1: the single-sequence path); reports the aggregate decode tok/s")
       ->check(hearth::cli::number_in(1, 1024));
+  app.add_option("--prefill-step-size", a->prefill_step_size,
+                 "Prompt tokens per prefill forward (default 2048, mlx-lm's); a longer prompt is prefilled in "
+                 "chunks, each attending to the cache of the ones before")
+      ->check(hearth::cli::number_in(int64_t{1}, int64_t{1} << 24));
   app.add_option("--op-trace", a->op_trace,
                  "After the timed runs, one more prefill (the prompt, one token generated) under PyTorch's "
                  "legacy profiler: its ATen ops with host start/duration, as a Chrome trace in this file "
@@ -195,6 +200,7 @@ std::function<int()> setup_bench(CLI::App& app) {
     std::vector<int64_t> prompt(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + a->prompt_tokens);
     hearth::generate::GenerateOptions opts;
     opts.max_tokens = a->gen_tokens;  // greedy, no EOS: always the full count
+    opts.prefill_step_size = a->prefill_step_size;
     if (!adapter_ids.empty())
       std::printf("adapter: %s, active on every step\n",
                   a->lora_rank > 0 ? ("random LoRA of rank " + std::to_string(a->lora_rank)).c_str() : a->adapter_path.c_str());
@@ -219,8 +225,9 @@ std::function<int()> setup_bench(CLI::App& app) {
     std::printf("model: %s (%s, %lld layers) on %s %s\n", a->model.c_str(), model->model_type().c_str(),
                 static_cast<long long>(model->num_layers()), where.device.str().c_str(),
                 where.dtype == at::kBFloat16 ? "bfloat16" : where.dtype == at::kHalf ? "float16" : "float32");
-    std::printf("prompt %lld tokens, generate %lld tokens, median of %d runs\n",
-                static_cast<long long>(a->prompt_tokens), static_cast<long long>(a->gen_tokens), a->runs);
+    std::printf("prompt %lld tokens (prefill chunks of %lld), generate %lld tokens, median of %d runs\n",
+                static_cast<long long>(a->prompt_tokens), static_cast<long long>(a->prefill_step_size),
+                static_cast<long long>(a->gen_tokens), a->runs);
     std::printf("decode path: %s%s\n", path,
                 where.device.is_cuda() ? " (HEARTH_CUDA_GRAPHS=0 forces the eager loop)" : "");
     if (a->gen_tokens > 1) std::printf("prefill: %.1f tok/s\ndecode: %.1f tok/s\n", median(prefill), median(decode));

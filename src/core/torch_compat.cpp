@@ -140,6 +140,24 @@ at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
 #endif
 }
 
+at::Tensor flash_causal_lower_right(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+  const at::ScalarType st = q.scalar_type();
+  const int64_t T = q.size(2), S = k.size(2), D = q.size(3);
+  if (!q.is_cuda() || (st != at::kBFloat16 && st != at::kHalf) || k.scalar_type() != st || v.scalar_type() != st ||
+      D > 256 || D % 8 != 0 || T > S || q.stride(3) != 1 || k.stride(3) != 1 || v.stride(3) != 1)
+    return {};
+  // [B, T, H, D] views: flash's layout. is_causal with T < S is its lower-right alignment.
+  auto out = at::_flash_attention_forward(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), c10::nullopt,
+                                          c10::nullopt, T, S, 0.0, /*is_causal=*/true, /*return_debug_mask=*/false,
+                                          scale);
+  return std::get<0>(out).transpose(1, 2);
+#else
+  (void)q, (void)k, (void)v, (void)scale;
+  return {};
+#endif
+}
+
 std::string torch_version() { return TORCH_VERSION; }
 
 }  // namespace hearth::compat

@@ -26,6 +26,16 @@ constexpr bool kHasSdpaGqa = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& mask,
                 bool is_causal, double scale, bool enable_gqa = false);
 
+/// Causal attention of a chunk's T queries over S >= T keys aligned lower-right (query i sits at key
+/// position S - T + i, as in a chunked prefill after S - T cached tokens) by PyTorch's flash kernel
+/// (at::_flash_attention_forward, PyTorch >= 2.5): q [B, H, T, D], k/v [B, Hkv, S, D] with H % Hkv
+/// == 0 read in place (GQA), no mask tensor → [B, H, T, D]. SDPA's is_causal aligns upper-left, so
+/// without this a later chunk takes an explicit [T, S] mask and the memory-efficient kernel (which
+/// has no GQA: repeated keys/values). The alignment is torch.nn.attention.bias.causal_lower_right's.
+/// Undefined tensor where it does not apply: older builds, not CUDA, not bf16/fp16, head dim over
+/// 256 or not a multiple of 8, a last dim not contiguous, or T > S.
+at::Tensor flash_causal_lower_right(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
+
 /// Whether sdpa lets inference calls use cuDNN's backend too (PyTorch's own choice, as transformers
 /// gets it: what bit-identical parity with its SDPA runs needs). Off by default (the per-shape
 /// planning above); HEARTH_SDPA_CUDNN=1 turns it on for the process, set_sdpa_cudnn_for_inference

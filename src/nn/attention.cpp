@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/torch_compat.h"
 #include "nn/cpu_gemm.h"
@@ -265,6 +266,15 @@ bool sdpa_gqa_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 // per layer. Only with flash_gqa_operands. There a square causal block's output is bit-identical
 // to the repeated call's (Attention.CudaInferenceGqaIsTheRepeatedCall), so training's graph-free
 // forwards (boundaries) and its recomputation (sdpa_gqa_applies or the repeated call) agree.
+// A later prompt chunk (T > 1 queries that are the last T of S > T keys, no window, no explicit
+// mask): flash attention aligned lower-right (compat::flash_causal_lower_right) instead of SDPA's
+// memory-efficient kernel under a [T, S] mask with keys and values repeated per query head.
+// HEARTH_FLASH_CHUNK=0 keeps the masked SDPA call (A/B).
+bool flash_chunk_applies(int64_t T, int64_t S, const AttentionParams& p) {
+  static const bool on = env_switch_on("HEARTH_FLASH_CHUNK");
+  return on && T > 1 && T < S && !p.mask.defined() && !p.sliding_window && p.q_pos0 + T == p.k_pos0 + S;
+}
+
 bool sdpa_gqa_inference_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   return !records_grad(q, k, v) && flash_gqa_operands(q, k, v);
 }
@@ -317,6 +327,8 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     if (at::Tensor blocked = attention_sliding_blocked(q, k, v, p, std::max<int64_t>(*p.sliding_window, 1024));
         blocked.defined())
       return blocked;
+  if (use_sdpa && flash_chunk_applies(T, S, p) && !records_grad(q, k, v))
+    if (at::Tensor out = compat::flash_causal_lower_right(q, k, v, p.scale); out.defined()) return out;
   if (use_sdpa) {
     // Like transformers' sdpa_attention_forward: is_causal when no explicit mask is needed beyond
     // square causality; otherwise an explicit mask.

@@ -168,7 +168,14 @@ TEST(InputChecksCli, BenchBeyondTheContextIsOneLine) {
   expect_one_line_error(hearth_run(model + " --prompt-tokens 200 --gen-tokens 100", d), "context length 256");
   const CliRun ok = hearth_run(model + " --prompt-tokens 8 --gen-tokens 2", d);
   EXPECT_EQ(ok.rc, 0) << ok.err;
-  EXPECT_NE(ok.out.find("prompt 8 tokens, generate 2 tokens"), std::string::npos) << ok.out;
+  EXPECT_NE(ok.out.find("prompt 8 tokens (prefill chunks of 2048), generate 2 tokens"), std::string::npos) << ok.out;
+  // A prompt in chunks of 3 tokens (three forwards) is still measured; a step of 0 is refused.
+  const CliRun chunked = hearth_run(model + " --prompt-tokens 8 --gen-tokens 2 --prefill-step-size 3", d);
+  EXPECT_EQ(chunked.rc, 0) << chunked.err;
+  EXPECT_NE(chunked.out.find("prompt 8 tokens (prefill chunks of 3)"), std::string::npos) << chunked.out;
+  const CliRun zero = hearth_run(model + " --prompt-tokens 8 --prefill-step-size 0", d);
+  EXPECT_NE(zero.rc, 0);
+  EXPECT_NE(zero.err.find("--prefill-step-size: Value 0 not in range 1"), std::string::npos) << zero.err;
 }
 
 // --op-trace: a folder that is missing, a folder for the file, --batch are refused before the

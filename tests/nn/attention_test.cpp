@@ -145,6 +145,46 @@ TEST(Attention, CudaInferenceGqaIsTheRepeatedCall) {
   }
 }
 
+// A later prompt chunk (T queries after S - T cached keys) takes flash attention aligned
+// lower-right (compat::flash_causal_lower_right): the same values as the plain path in fp32 on the
+// same bf16/fp16 inputs (within the kernel's rounding of its output), GQA read in place; a chunk
+// with a hidden key wrongly visible (upper-left alignment) would be off by ~0.1-1.
+TEST(Attention, CudaLaterChunkTakesFlashAlignedLowerRight) {
+  if (!hearth::compat::cuda_available()) GTEST_SKIP() << "needs CUDA (GPU machine)";
+  if (!hearth::compat::kHasSdpaGqa) GTEST_SKIP() << "libtorch " << hearth::compat::torch_version() << " is older than 2.5";
+  struct Case {
+    int64_t B, H, Hkv, T, S, D;
+  };
+  for (at::ScalarType st : {at::kBFloat16, at::kHalf}) {
+    for (Case c : {Case{1, 32, 8, 128, 384, 128}, Case{2, 8, 2, 77, 100, 64}, Case{1, 4, 4, 70, 300, 64}}) {
+      at::manual_seed(c.S);
+      const auto o = at::TensorOptions().dtype(st).device(at::kCUDA);
+      const at::Tensor q = at::randn({c.B, c.T, c.H, c.D}, o).transpose(1, 2);
+      const at::Tensor k = at::randn({c.B, c.S, c.Hkv, c.D}, o).transpose(1, 2);
+      const at::Tensor v = at::randn({c.B, c.S, c.Hkv, c.D}, o).transpose(1, 2);
+      const at::Tensor direct = hearth::compat::flash_causal_lower_right(q, k, v, 0.125);
+      ASSERT_TRUE(direct.defined());
+      AttentionParams p;
+      p.scale = 0.125;
+      p.q_pos0 = 1000 + c.S - c.T;
+      p.k_pos0 = 1000;
+      p.backend = AttentionBackend::kSdpa;
+      const at::Tensor got = attention(q, k, v, p);
+      EXPECT_TRUE(at::equal(got, direct)) << "attention() did not take the flash chunk path";
+      AttentionParams plain = p;
+      plain.backend = AttentionBackend::kPlain;
+      const at::Tensor want = attention(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), plain);
+      const double err = (got.to(at::kFloat) - want).abs().max().item<double>();
+      EXPECT_LT(err, st == at::kHalf ? 4e-3 : 2e-2) << c10::toString(st) << " T " << c.T << " S " << c.S;
+    }
+  }
+  // Not a lower-right chunk (its last query is not at the last key): not taken.
+  const auto o = at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA);
+  EXPECT_FALSE(hearth::compat::flash_causal_lower_right(at::randn({1, 2, 9, 64}, o), at::randn({1, 2, 8, 64}, o),
+                                                        at::randn({1, 2, 8, 64}, o), 0.125)
+                   .defined());
+}
+
 // Long windowed blocks go by query blocks (attention_sliding_blocked): the same values and
 // gradients as one masked call, for square training blocks and for a chunk of queries after cached
 // keys, with the last block shorter than the others. Inputs in double; the plain path's softmax is
