@@ -356,8 +356,6 @@ const char* da_launch_d(const DecodeAttentionArgs& a) {
   return "decode_attention: head dim must be 64, 128 or 256";
 }
 
-bool da_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 }  // namespace
 
 int decode_attention_blocks_per_sm(const DecodeAttentionArgs& args) {
@@ -393,8 +391,8 @@ int decode_attention_blocks_per_sm(const DecodeAttentionArgs& args) {
 
 const char* decode_attention(const DecodeAttentionArgs& a) {
   if (!decode_attention_supported(a)) return "decode_attention: unsupported shape, strides or plan";
-  if (!a.q || !da_aligned16(a.k) || !da_aligned16(a.v) || !da_aligned16(a.out) ||
-      (a.plan.n_split > 1 && !da_aligned16(a.workspace)))
+  if (!a.q || !aligned16(a.k) || !aligned16(a.v) || !aligned16(a.out) ||
+      (a.plan.n_split > 1 && !aligned16(a.workspace)))
     return "decode_attention: k, v, out and the workspace must be 16-byte aligned";
   switch (a.dtype) {
     case QDtype::kFloat32: return da_launch_d<float>(a);

@@ -419,8 +419,6 @@ const char* launch_step(const GatedDeltaStepArgs& a) {
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
 
-bool gd_aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 const char* chunk_scan(const ChunkScanArgs& a) {
@@ -429,7 +427,7 @@ const char* chunk_scan(const ChunkScanArgs& a) {
   if (a.BH * ((a.dv + 7) / 8) > 2147483647LL) return "chunk_scan: too many blocks";
   if (!a.new_values || !a.k_cumdecay || !a.q || !a.intra || !a.k || !a.chunk_decay || !a.out || !a.final_state)
     return "chunk_scan: a null operand";
-  if (!gd_aligned16(a.k_cumdecay) || !gd_aligned16(a.q) || !gd_aligned16(a.k) || !gd_aligned16(a.intra))
+  if (!aligned16(a.k_cumdecay) || !aligned16(a.q) || !aligned16(a.k) || !aligned16(a.intra))
     return "chunk_scan: kcd, q, k and intra must be 16-byte aligned";
   return a.dk <= 64 ? launch_scan_dk<64>(a) : launch_scan_dk<128>(a);
 }

@@ -443,9 +443,6 @@ int chunk_codes(const GemvArgs& a) {
   return a.x_dtype == QDtype::kFloat32 ? 4 : 8;
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
-
 // Lanes per row (log2) of a launch with the norm in its prologue (GemvNorm): at most one warp.
 constexpr int kNormedMaxLanesLog2 = 5;
 

@@ -38,15 +38,17 @@ struct RmsNormArgs {
 /// written to `sum`); h = fp32(s); r = rsqrt(Σh²·(1/C) + eps); normed per `mode` (LlamaRMSNorm by
 /// default); then optionally Qwen3_5RMSNormGated's `· silu(gate)` or a sandwich norm's residual add
 /// after it (`residual + norm(x)`, Gemma 4), each one more rounding as the reference's separate op.
-/// One block per row, one launch, reading each row twice (the second time from cache) — where the
-/// reference launches ~7–10 kernels over fp32 copies. The sum of squares runs in another order than
+/// One block per row, one launch — where the reference launches ~7–10 kernels over fp32 copies. From
+/// 16 rows (prompt chunks), rows whose length and stride are whole 16-byte vectors go through shared
+/// memory with 16-byte loads and stores; the summation order, and so every bit, is the same. The sum of squares runs in another order than
 /// PyTorch's reduction, so y may differ from the reference by one rounding of dtype. Asynchronous on
 /// `stream`. Returns nullptr on success, else a one-line reason (bad sizes, a missing operand, gate
 /// and add_after together, or the CUDA launch error string).
 const char* rms_norm(const RmsNormArgs& a);
 
 /// y = round(round(silu(gate)) · up) elementwise over n elements of dtype, silu(g) = g / (1 +
-/// exp(−g)) in fp32: at::silu(gate) * up in one launch, bit-identical to it. Asynchronous on
+/// exp(−g)) in fp32: at::silu(gate) * up in one launch, bit-identical to it (16-byte vectors where n
+/// and the operands' alignment allow). Asynchronous on
 /// `stream`; returns nullptr on success, else a one-line reason.
 const char* silu_mul(const void* gate, const void* up, void* y, QDtype dtype, int64_t n, void* stream);
 

@@ -58,7 +58,8 @@ struct RopeArgs {
 
 /// y = rope(x) in one launch (one block per (row, token)) where the tensor ops launch seven (two
 /// narrows, neg, cat, two muls, an add): the same roundings as rope_cache_write, so bit-identical
-/// to nn::apply_rotary's tensor ops. Asynchronous on `stream`; nullptr on success, else a one-line
+/// to nn::apply_rotary's tensor ops (16-byte vectors where D, rot / 2, the strides and the
+/// operands' alignment allow). Asynchronous on `stream`; nullptr on success, else a one-line
 /// reason (bad sizes or the CUDA launch error string).
 const char* rope(const RopeArgs& a);
 

@@ -90,6 +90,47 @@ TEST(FusedOps, CudaKernelsMatchTheReferenceOps) {
   EXPECT_TRUE(yg.requires_grad());
 }
 
+// Prompt-sized row counts take the norm kernel that stages rows through shared memory
+// (kernels/norm_act.cu, from 16 rows); decode's few rows the register kernel. Both sum each row in
+// the same order: 40 rows at once are bit-identical to the same rows 8 at a time, for every dtype,
+// row lengths whose vectors divide them or not (3000 bf16: the register kernel throughout), with
+// the residual add, the gate and the added residual of the family norms.
+TEST(FusedOps, CudaNormOfManyRowsIsTheNormOfFewRows) {
+  if (!hearth::compat::cuda_available()) GTEST_SKIP() << "needs CUDA (GPU machine)";
+#ifndef HEARTH_WITH_CUDA_KERNELS
+  GTEST_SKIP() << "built without Hearth's CUDA kernels";
+#endif
+  FusedOpsSwitch on(true);
+  const at::Device cuda(at::kCUDA, 0);
+  using hearth::nn::NormScale;
+  for (at::ScalarType st : {at::kFloat, at::kHalf, at::kBFloat16}) {
+    for (int64_t C : {64, 2048, 3000, 4096, 8192}) {
+      at::manual_seed(C);
+      const auto o = at::TensorOptions().dtype(st).device(cuda);
+      const at::Tensor x = at::randn({40, C}, o), r = at::randn({40, C}, o) * 4, w = at::randn({C}, o);
+      const at::Tensor g = at::randn({40, C}, o) * 3;
+      auto [s, y] = add_rms_norm(x, r, w, 1e-6);
+      const at::Tensor yg = hearth::nn::fused_rms_norm(x, w, 1e-6, NormScale::kAfterRound, 0.0, g);
+      const at::Tensor ya = hearth::nn::fused_rms_norm(x, w, 1e-6, NormScale::kFp32, 1.0, {}, r);
+      ASSERT_TRUE(yg.defined() && ya.defined());
+      for (int64_t i = 0; i < 40; i += 8) {
+        const std::string what = std::string(c10::toString(st)) + " C=" + std::to_string(C) + " rows " + std::to_string(i);
+        auto [s8, y8] = add_rms_norm(x.narrow(0, i, 8), r.narrow(0, i, 8), w, 1e-6);
+        EXPECT_TRUE(at::equal(s8, s.narrow(0, i, 8))) << what;
+        EXPECT_TRUE(at::equal(y8, y.narrow(0, i, 8))) << what;
+        EXPECT_TRUE(at::equal(hearth::nn::fused_rms_norm(x.narrow(0, i, 8), w, 1e-6, NormScale::kAfterRound, 0.0,
+                                                         g.narrow(0, i, 8)),
+                              yg.narrow(0, i, 8)))
+            << what << " gated";
+        EXPECT_TRUE(at::equal(hearth::nn::fused_rms_norm(x.narrow(0, i, 8), w, 1e-6, NormScale::kFp32, 1.0, {},
+                                                         r.narrow(0, i, 8)),
+                              ya.narrow(0, i, 8)))
+            << what << " + residual";
+      }
+    }
+  }
+}
+
 namespace {
 
 // One static-step write done both ways on the same data: returns {fused q, reference q} after
