@@ -146,7 +146,8 @@ std::function<int()> setup_bench(CLI::App& app) {
   app.add_option("--op-trace", a->op_trace,
                  "After the timed runs, one more prefill (the prompt, one token generated) under PyTorch's "
                  "legacy profiler: its ATen ops with host start/duration, as a Chrome trace in this file "
-                 "(tools/op_trace_summary.py sums it by op); the host cost of the eager forward")
+                 "(tools/op_trace_summary.py sums it by op); the host cost of the eager forward. On CUDA with "
+                 "PyTorch 2.x, Kineto's trace with the GPU kernels too (tools/trace_gaps.py: where the GPU waited)")
       ->check(CLI::Validator(
           [](std::string& v) { return v.empty() ? std::string("needs a file path") : std::string(); }, "FILE"));
   app.add_option("--adapter-path,--adapter", a->adapter_path,
@@ -239,14 +240,20 @@ std::function<int()> setup_bench(CLI::App& app) {
     if (!a->op_trace.empty()) {
       hearth::generate::GenerateOptions one = opts;
       one.max_tokens = 1;
-      // Written beside the path and renamed over it (io/atomic_file.h): a failed write leaves
-      // nothing half-written and ends with the error.
-      hearth::io::write_file_atomic(a->op_trace, [&](std::ostream& out) {
-        torch::autograd::profiler::RecordProfile trace(out);
+      auto run = [&] {
         hearth::generate::generate(*model, prompt, one);
         hearth::compat::synchronize(where.device);
-      });
-      std::printf("op trace: %s\n", a->op_trace.c_str());
+      };
+      // On CUDA with PyTorch 2.x, Kineto's trace: host ops and GPU kernels (tools/trace_gaps.py
+      // finds where the GPU waited). Else the legacy profiler's host ops, written beside the path
+      // and renamed over it (io/atomic_file.h): a failed write leaves nothing half-written.
+      const bool kernels = where.device.is_cuda() && hearth::compat::trace_with_kernels(a->op_trace, run);
+      if (!kernels)
+        hearth::io::write_file_atomic(a->op_trace, [&](std::ostream& out) {
+          torch::autograd::profiler::RecordProfile trace(out);
+          run();
+        });
+      std::printf("op trace%s: %s\n", kernels ? " (host ops and GPU kernels)" : "", a->op_trace.c_str());
     }
     return 0;
   };

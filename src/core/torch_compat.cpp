@@ -11,11 +11,22 @@
 #include <malloc.h>
 
 #include <fstream>
+#include <memory>
+#include <set>
 #include <sstream>
 
 #ifdef HEARTH_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#endif
+#include <filesystem>
+
+// Kineto's C++ entry points (torch/csrc/autograd/profiler_kineto.h) as PyTorch 2.x declares them.
+#if defined(HEARTH_WITH_CUDA) && (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5))
+#define HEARTH_KINETO_TRACE 1
+#include <torch/csrc/autograd/profiler_kineto.h>
+#else
+#define HEARTH_KINETO_TRACE 0
 #endif
 
 namespace hearth::compat {
@@ -155,6 +166,34 @@ at::Tensor flash_causal_lower_right(const at::Tensor& q, const at::Tensor& k, co
 #else
   (void)q, (void)k, (void)v, (void)scale;
   return {};
+#endif
+}
+
+bool trace_with_kernels(const std::string& path, const std::function<void()>& work) {
+#if HEARTH_KINETO_TRACE
+  if (!cuda_available()) return false;
+  namespace prof = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+  const std::set<ActivityType> activities{ActivityType::CPU, ActivityType::CUDA};
+  prof::prepareProfiler(config, activities);
+  prof::enableProfiler(config, activities);
+  try {
+    work();
+  } catch (...) {
+    prof::disableProfiler();
+    throw;
+  }
+  std::unique_ptr<prof::ProfilerResult> result = prof::disableProfiler();
+  const std::string tmp = path + ".tmp";
+  result->save(tmp);
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  HEARTH_CHECK(!ec, path, ": the trace could not be written (", ec.message(), ")");
+  return true;
+#else
+  (void)path, (void)work;
+  return false;
 #endif
 }
 

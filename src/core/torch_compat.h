@@ -6,6 +6,7 @@
 #include <torch/version.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace hearth::compat {
@@ -65,6 +66,13 @@ int64_t active_memory_bytes(const at::Device& device);
 
 /// Waits for all queued work on `device` (CUDA synchronize; no-op on CPU).
 void synchronize(const at::Device& device);
+
+/// Runs `work` under PyTorch's Kineto profiler with its host ops and, on CUDA, its GPU kernels and
+/// copies (CUPTI), and saves the Chrome trace to `path` (written beside it, then renamed over it).
+/// Returns false, running nothing, where that profiler is not available here (PyTorch < 2.5 or a
+/// build without CUDA): the caller then traces the host alone. Throws what `work` throws (the
+/// profiler stopped, nothing saved) or hearth::Error when the trace cannot be written.
+bool trace_with_kernels(const std::string& path, const std::function<void()>& work);
 
 /// "2.11.0" / "1.13.1": the libtorch version this binary was built against.
 std::string torch_version();
