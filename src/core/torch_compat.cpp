@@ -121,7 +121,7 @@ bool sdpa_cudnn_for_inference() { return sdpa_cudnn_flag().load(std::memory_orde
 bool set_sdpa_cudnn_for_inference(bool on) { return sdpa_cudnn_flag().exchange(on); }
 
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& mask,
-                bool is_causal, double scale, bool enable_gqa) {
+                bool is_causal, double scale, bool enable_gqa, bool keep_cudnn) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
   // cuDNN's SDPA backend builds an execution plan the first time it meets a shape: 40-760 ms on the
   // H200 with PyTorch 2.11 (bench/sdpa_first_call.py), against 0.03-0.13 ms for the call itself, and
@@ -129,7 +129,7 @@ at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
   // no autograd (inference) leaves cuDNN out and SDPA picks flash / memory-efficient attention;
   // training keeps PyTorch's choice, and HEARTH_SDPA_CUDNN=1 gives inference it too. The switch is
   // the process-wide one, set and restored around the call (one engine thread runs inference).
-  const bool cudnn_for_inference = sdpa_cudnn_for_inference();
+  const bool cudnn_for_inference = keep_cudnn || sdpa_cudnn_for_inference();
   const bool recording = c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   struct CudnnOff {
     const bool on;
@@ -142,11 +142,12 @@ at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
   } const off(!recording && !cudnn_for_inference && at::globalContext().userEnabledCuDNNSDP());
   return at::scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, scale, enable_gqa);
 #elif TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1
+  (void)keep_cudnn;
   if (enable_gqa)
     throw hearth::Error("sdpa: this build's libtorch " TORCH_VERSION " has no enable_gqa (PyTorch >= 2.5)");
   return at::scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, scale);
 #else
-  (void)enable_gqa;
+  (void)enable_gqa, (void)keep_cudnn;
   throw hearth::Error("sdpa: this build's libtorch " TORCH_VERSION " has no scaled_dot_product_attention");
 #endif
 }

@@ -22,10 +22,11 @@ constexpr bool kHasSdpaGqa = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 
 /// (H % Hkv == 0, q head h reads kv head h / (H / Hkv), as repeat_kv would lay them out); mask bool
 /// (true = attend) or additive float, broadcastable to [B, H, T, S]. A call that records no autograd
 /// leaves SDPA's cuDNN backend out (it plans each new shape for 40-760 ms on the H200; see the .cpp),
-/// unless sdpa_cudnn_for_inference(). Throws hearth::Error on builds
-/// without SDPA, or with enable_gqa on builds without it (kHasSdpaGqa false).
+/// unless sdpa_cudnn_for_inference() or `keep_cudnn` (the caller's reference ops: a training
+/// run's forwards without a graph must take the kernel their recomputation takes). Throws
+/// hearth::Error on builds without SDPA, or with enable_gqa on builds without it (kHasSdpaGqa false).
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& mask,
-                bool is_causal, double scale, bool enable_gqa = false);
+                bool is_causal, double scale, bool enable_gqa = false, bool keep_cudnn = false);
 
 /// Causal attention of a chunk's T queries over S >= T keys aligned lower-right (query i sits at key
 /// position S - T + i, as in a chunked prefill after S - T cached tokens) by PyTorch's flash kernel

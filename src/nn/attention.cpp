@@ -268,11 +268,12 @@ bool sdpa_gqa_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 // forwards (boundaries) and its recomputation (sdpa_gqa_applies or the repeated call) agree.
 // A later prompt chunk (T > 1 queries that are the last T of S > T keys, no window, no explicit
 // mask): flash attention aligned lower-right (compat::flash_causal_lower_right) instead of SDPA's
-// memory-efficient kernel under a [T, S] mask with keys and values repeated per query head.
-// HEARTH_FLASH_CHUNK=0 keeps the masked SDPA call (A/B).
+// memory-efficient kernel under a [T, S] mask with keys and values repeated per query head. Not
+// with the reference ops (nn::FusedDecodeOff); HEARTH_FLASH_CHUNK=0 keeps the masked SDPA call (A/B).
 bool flash_chunk_applies(int64_t T, int64_t S, const AttentionParams& p) {
   static const bool on = env_switch_on("HEARTH_FLASH_CHUNK");
-  return on && T > 1 && T < S && !p.mask.defined() && !p.sliding_window && p.q_pos0 + T == p.k_pos0 + S;
+  return on && fused_decode_enabled() && T > 1 && T < S && !p.mask.defined() && !p.sliding_window &&
+         p.q_pos0 + T == p.k_pos0 + S;
 }
 
 bool sdpa_gqa_inference_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -340,9 +341,13 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       at::Tensor m = attention_mask(T, S, p, q.scalar_type(), q.device());
       if (m.defined()) mask = m;
     }
+    // With the reference ops (nn::FusedDecodeOff: a training run's forwards without a graph, the
+    // strict parity tier) inference keeps SDPA's cuDNN backend, the kernel a recomputation with
+    // autograd takes, so both give the same bits.
+    const bool reference = !fused_decode_enabled();
     if (n_rep > 1 && ((plain_causal && sdpa_gqa_applies(q, k, v)) || (!mask && sdpa_gqa_inference_applies(q, k, v))))
-      return compat::sdpa(q, k, v, mask, plain_causal, p.scale, /*enable_gqa=*/true);
-    return compat::sdpa(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask, plain_causal, p.scale);
+      return compat::sdpa(q, k, v, mask, plain_causal, p.scale, /*enable_gqa=*/true, reference);
+    return compat::sdpa(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask, plain_causal, p.scale, false, reference);
   }
   at::Tensor keys = repeat_kv(k, n_rep);
   at::Tensor values = repeat_kv(v, n_rep);

@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "core/torch_compat.h"
 #include "nn/attention.h"
+#include "nn/fused_ops.h"
 #include "nn/lean_grad.h"
 #include "nn/rms_norm.h"
 #include "nn/rope.h"
@@ -248,7 +249,13 @@ TEST(LeanGrad, CudaSdpaGqaTrainingPathIsTheRepeatPath) {
     dq[lean] = q.grad(), dk[lean] = k.grad(), dv[lean] = v.grad();
   }
   c10::NoGradGuard no_grad;
-  EXPECT_TRUE(at::equal(out[1].detach(), nn::attention(q0, k0, v0, p)));  // the forward without a graph
+  {
+    // The forward without a graph as training runs it (reference ops: SDPA keeps its cuDNN kernel,
+    // the recomputation's), then as inference runs it (cuDNN left out: another kernel's rounding).
+    const nn::FusedDecodeOff reference_ops;
+    EXPECT_TRUE(at::equal(out[1].detach(), nn::attention(q0, k0, v0, p)));
+  }
+  EXPECT_LT(lean_grad_rel(nn::attention(q0, k0, v0, p), out[1].detach()), 1e-2);
   EXPECT_TRUE(at::equal(out[1].detach(), out[0].detach()));
   EXPECT_TRUE(at::equal(dk[1], dk[0]));
   EXPECT_TRUE(at::equal(dv[1], dv[0]));
