@@ -38,7 +38,10 @@ PromptCacheHit PromptCache::take(const std::string& ns, const std::vector<int64_
     }
   }
   PromptCacheHit hit;
-  if (best == entries_.end()) {
+  // One shared token (usually BOS) is a miss: taking an entry moves it out, so a hit that saves one
+  // token would rob the request that continues that entry (as llama.cpp's server reuses a slot's
+  // cache only above a prompt similarity).
+  if (best == entries_.end() || best_p < 2) {
     ++misses_;
     return hit;
   }

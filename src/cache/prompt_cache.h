@@ -33,7 +33,8 @@ class PromptCache {
 
   /// Among the entries of namespace `ns`, the one whose tokens share the longest common prefix p
   /// with `prompt`, capped at prompt.size() - 1 (at least one prompt token must still run to give
-  /// logits). When p > 0 the entry is removed, its caches trimmed to p tokens and returned. A
+  /// logits). When p > 1 the entry is removed, its caches trimmed to p tokens and returned (a single
+  /// shared token, usually BOS, is a miss: it would take away an entry that saves its owner more). A
   /// cache that cannot trim exactly that far (a sliding-window cache that already dropped the
   /// tokens the new position needs, see RotatingKVCache::trim) makes it a miss, and the entry is
   /// discarded (it is no longer consistent). Entries of other namespaces are never used.

@@ -1,5 +1,5 @@
 // PromptCache on real KVCache/RotatingKVCache layers (CPU): longest-common-prefix choice per
-// namespace, the length-1 cap, exact trim or miss for sliding windows, LRU eviction by bytes,
+// namespace, the length-1 cap, a lone shared token a miss, exact trim or miss for sliding windows, LRU eviction by bytes,
 // drop_if; and generate::generate over a pre-filled cache against a fresh run on a tiny model.
 #include <gtest/gtest.h>
 
@@ -48,6 +48,20 @@ TEST(PromptCache, TakesTheLongestCommonPrefixOfTheSameNamespaceAndTrimsToIt) {
   EXPECT_EQ(pc.take("a", prompt).cached, 8);
   EXPECT_EQ(pc.stats().hits, 3);
   EXPECT_EQ(pc.stats().misses, 2);
+}
+
+// A lone shared first token (a BOS every prompt starts with) is a miss that leaves the entries in
+// place: a request without an entry of its own does not take one that its owner continues.
+TEST(PromptCache, OneSharedTokenIsAMissThatKeepsTheEntry) {
+  PromptCache pc(1 << 20);
+  pc.put("", {1, 5, 6, 7}, filled(4));
+  pc.put("", {1, 8, 9}, filled(3));
+  EXPECT_EQ(pc.take("", {1, 2, 3}).cached, 0);
+  EXPECT_EQ(pc.stats().entries, 2);
+  EXPECT_EQ(pc.stats().misses, 1);
+  EXPECT_EQ(pc.take("", {1, 5, 6, 9}).cached, 3);  // its owner still finds it
+  EXPECT_EQ(pc.take("", {1, 8, 4}).cached, 2);
+  EXPECT_EQ(pc.stats().entries, 0);
 }
 
 TEST(PromptCache, AnIdenticalPromptReusesAllButItsLastToken) {

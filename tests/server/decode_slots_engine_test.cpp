@@ -77,10 +77,10 @@ TEST(DecodeSlotsEngine, BatchedRequestsAndPromptCacheHitsAnswerAsWithoutSlots) {
     EXPECT_EQ(got1[i].finish, want1[i].finish) << "request " << i;
     EXPECT_EQ(got1[i].tokens, want1[i].tokens) << "request " << i;
     EXPECT_EQ(got2[i].text, want2[i].text) << "second request " << i;
-    // A hit longer than the shared first token (BOS) is the request's own first-round entry: the
-    // same in both runs. A 1-token hit depends on which entry the concurrent first round stored
-    // first (a fresh clone under load saw 1 vs 0 on requests 3 and 4), so it is not compared.
-    if (got2[i].cached > 1 || want2[i].cached > 1) EXPECT_EQ(got2[i].cached, want2[i].cached) << "second request " << i;
+    // A hit is the request's own first-round entry (a lone shared BOS is no hit, so a request
+    // without an entry of its own cannot take another's and leave that one's owner a miss: seen
+    // as 0 vs 7 under load when it could): the same in both runs.
+    EXPECT_EQ(got2[i].cached, want2[i].cached) << "second request " << i;
   }
   int64_t hits = 0;
   for (const auto& a : got2) hits += a.cached > 0;
@@ -142,14 +142,14 @@ TEST(DecodeSlotsEngine, Gemma4RequestsAnswerAsWithoutSlotsInAPoolThatFitsTheBudg
     EXPECT_EQ(got1[i].tokens, want1[i].tokens) << "request " << i;
     EXPECT_EQ(got1[i].text, want1[i].text) << "request " << i;
     EXPECT_EQ(got2[i].text, want2[i].text) << "second request " << i;
-    if (got2[i].cached > 1 || want2[i].cached > 1) EXPECT_EQ(got2[i].cached, want2[i].cached) << "second request " << i;
+    EXPECT_EQ(got2[i].cached, want2[i].cached) << "second request " << i;
   }
   // The prompt cache served caches read back from slots as it served the eager ones (a sliding
   // window's cache cannot trim far back, so fewer entries are hits than for llama).
   int64_t hits = 0, want_hits = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    hits += got2[i].cached > 1;
-    want_hits += want2[i].cached > 1;
+    hits += got2[i].cached > 0;
+    want_hits += want2[i].cached > 0;
   }
   std::cout << "gemma4_e slots: " << hits << " prompt-cache hits of the second round (" << want_hits
             << " without slots)\n";
