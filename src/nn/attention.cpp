@@ -259,13 +259,6 @@ bool sdpa_gqa_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   return lean_grad_enabled() && records_grad(q, k, v) && flash_gqa_operands(q, k, v);
 }
 
-// Inference (nothing recorded) without a mask, as transformers' sdpa_attention_forward decides
-// (integrations/sdpa_attention.py use_gqa_in_sdpa: PyTorch >= 2.5 and attention_mask None): SDPA
-// reads each kv head in place (enable_gqa) instead of repeat_kv's copies — the call transformers
-// makes, so its bits are the reference's, and a prompt's keys and values are not copied n_rep times
-// per layer. Only with flash_gqa_operands. There a square causal block's output is bit-identical
-// to the repeated call's (Attention.CudaInferenceGqaIsTheRepeatedCall), so training's graph-free
-// forwards (boundaries) and its recomputation (sdpa_gqa_applies or the repeated call) agree.
 // A later prompt chunk (T > 1 queries that are the last T of S > T keys, no window, no explicit
 // mask): flash attention aligned lower-right (compat::flash_causal_lower_right) instead of SDPA's
 // memory-efficient kernel under a [T, S] mask with keys and values repeated per query head. Not
@@ -276,6 +269,14 @@ bool flash_chunk_applies(int64_t T, int64_t S, const AttentionParams& p) {
          p.q_pos0 + T == p.k_pos0 + S;
 }
 
+// Inference (nothing recorded) without a mask, as transformers' sdpa_attention_forward decides
+// (integrations/sdpa_attention.py use_gqa_in_sdpa: PyTorch >= 2.5 and attention_mask None): SDPA
+// reads each kv head in place (enable_gqa) instead of repeat_kv's copies — the call transformers
+// makes, so its bits are the reference's, and a prompt's keys and values are not copied n_rep times
+// per layer. Only with flash_gqa_operands. There a square causal block's output is bit-identical
+// to the repeated call's (Attention.CudaInferenceGqaIsTheRepeatedCall), so training's graph-free
+// forwards (boundaries) and its recomputation (sdpa_gqa_applies or the repeated call) agree — given
+// the same SDPA backend: training runs the former under the reference ops, which keep cuDNN.
 bool sdpa_gqa_inference_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   return !records_grad(q, k, v) && flash_gqa_operands(q, k, v);
 }
