@@ -2,7 +2,7 @@
 # The GPU machine's check, in one call (see docs/benchmarks.md): build against the machine's
 # PyTorch (CUDA), run the whole test suite, then the CUDA bf16 parity test against fresh
 # transformers references, then (with --bench) the real-shape benchmarks. Logs go to $OUT (or
-# ./gpu-out). Usage: tools/gpu_check.sh [--tests] [--parity] [--bench] [--bench-train] [--profile]
+# ./gpu-out). Usage: tools/gpu_check.sh [--tests] [--parity] [--bench] [--bench-train] [--profile] [--prefill]
 # The call's tree is limited to 64 MiB: carry .devdeps (tools/device_deps.sh) and leave
 # models/starter out of the tree for the call (its tests, Starter* and EnumMask, then fail there).
 set -uo pipefail
@@ -43,6 +43,16 @@ for step in "$@"; do
       ncu --graph-profiling node --clock-control none --metrics gpu__time_duration.sum --export /tmp/prof --force-overwrite \
         "$b/hearth" bench --model $m --device cuda --dtype bfloat16 --prompt-tokens 32 --gen-tokens 3 --runs 1 > "$out/ncu_run.log" 2>&1
       ncu --import /tmp/prof.ncu-rep --csv --page raw > "$out/prof.csv" && python3 "$root/tools/ncu_step_summary.py" "$out/prof.csv" | tee "$out/profile.txt" ;;
+    --prefill)  # issue 11's 8B prefill at 4K: Hearth (mlx-lm's 2,048-token chunks, one chunk) and its peers
+      m=/tmp/l8b
+      [[ -d $m ]] || python3 "$root/tools/make_random_model.py" --shape llama-3.1-8b --out $m > "$out/make_l8b.log" 2>&1
+      {
+        echo "== peers (transformers, plain PyTorch)"; python3 "$root/tools/bench_prefill_ref.py" --model $m 2>/dev/null | tail -1
+        for step in 2048 4096; do
+          echo "== hearth --prefill-step-size $step"
+          "$b/hearth" bench --model $m --prompt-tokens 4096 --gen-tokens 1 --runs 3 --prefill-step-size $step 2>&1 | grep -E "prefill|TTFT"
+        done
+      } 2>&1 | tee "$out/prefill.log" ;;
     --bench-train)  # issue 4's table: LoRA SFT memory/speed vs sequence length, Hearth vs transformers+peft
       for shape in ${HEARTH_TRAIN_SHAPES:-llama-3.2-1b llama-3.1-8b}; do
         m=/tmp/$shape
