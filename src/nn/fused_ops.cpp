@@ -8,6 +8,7 @@
 
 #include "core/env.h"
 #include "core/error.h"
+#include "nn/fused_ops_cpu.h"
 #include "nn/lean_grad.h"
 
 #ifdef HEARTH_WITH_CUDA_KERNELS
@@ -126,6 +127,8 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Te
     return {rc.defined() ? c.sum : xc, c.y};
   }
 #endif
+  if (fused_decode_enabled())
+    if (auto [s, y] = cpu_fused::add_rms_norm(x, residual, weight, eps); y.defined()) return {s, y};
   at::Tensor s = residual.defined() ? x + residual : x;
   return {s, reference_norm(s, weight, eps)};
 }
@@ -229,6 +232,7 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
 }
 
 at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  if (x.is_cpu()) return fused_decode_enabled() ? cpu_fused::rotary(x, cos, sin) : at::Tensor();
 #ifdef HEARTH_WITH_CUDA_KERNELS
   if (!kernel_applies({&x, &cos, &sin})) return {};
   if (x.dim() != 4 || x.numel() == 0 || x.stride(3) != 1 || sin.sizes() != cos.sizes() ||

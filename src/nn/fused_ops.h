@@ -1,7 +1,8 @@
 // Inference-time fused ops of the decode path with their tensor-op references: RMSNorm after a
 // residual add, SwiGLU's silu(gate) · up, and a static step's RoPE + cache write. On CUDA with Hearth's kernels built and the fused
 // path on (the default; HEARTH_FUSED_DECODE=0 or set_fused_decode(false) switches it off) each runs one kernel
-// (kernels/norm_act.h); anywhere else, or when autograd needs the graph, the reference ops run.
+// (kernels/norm_act.h); on the CPU in fp32 the norm and RoPE run one loop each (nn/fused_ops_cpu.h);
+// anywhere else, or when autograd needs the graph, the reference ops run.
 // Not the modules (nn::RMSNorm, nn::GatedMLP call these) and no backward.
 #pragma once
 #include <ATen/ATen.h>
@@ -33,8 +34,10 @@ class FusedDecodeOff {
 /// {s, y}: s = x + residual (residual omitted when undefined: s = x), y = weight · RMSNorm(s) in
 /// transformers' LlamaRMSNorm op order. x, residual [..., C] and weight [C] of one float dtype.
 /// The fused kernel rounds as the reference does except for the sum of squares' order (y within
-/// one rounding of the dtype); the reference runs on the CPU, without the kernels, when autograd
-/// records (grad mode on and an input requires grad), or when switched off. While autograd
+/// one rounding of the dtype). On the CPU, fp32 contiguous tensors take one loop
+/// (nn/fused_ops_cpu.h: the sum bit-identical, y within a rounding or two: the sum of squares in
+/// double); other CPU dtypes run the reference, as everything does when autograd records (grad mode
+/// on and an input requires grad) or when switched off. While autograd
 /// records, the norm is nn::rms_norm_lean (nn/lean_grad.h: the reference's values, a lean backward).
 std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
                                                double eps);
@@ -72,9 +75,9 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up);
 /// (any strides, the head dim contiguous); cos, sin [T, rot] or [B or 1, 1, T or 1, rot] with the
 /// last dim contiguous, rot even and <= D (the dims past rot copied). The result has x's shape
 /// (empty_like's strides). Bit-identical to the tensor ops. Undefined tensor, computing nothing,
-/// where the kernel does not apply (not built or switched off, not CUDA, mixed dtypes, autograd
-/// recording, other shapes): nn::apply_rotary then runs its tensor ops. Throws Error on a launch
-/// failure.
+/// where the kernel does not apply (not built or switched off, mixed dtypes, autograd recording,
+/// other shapes): nn::apply_rotary then runs its tensor ops. On the CPU, fp32 only, one loop
+/// (nn/fused_ops_cpu.h), bit-identical too. Throws Error on a launch failure.
 at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 /// A static decode step's RoPE and cache write in one kernel (kernels/rope_cache.h): returns

@@ -1,9 +1,9 @@
-// nn::add_rms_norm and nn::silu_mul (nn/fused_ops.h): on the CPU they are exactly the reference ops
-// (residual add, LlamaRMSNorm; at::silu · up); on CUDA with HEARTH_WITH_CUDA_KERNELS the fused
+// nn::add_rms_norm and nn::silu_mul (nn/fused_ops.h): on the CPU the fp32 norm is one loop within
+// rounding of the reference ops (exactly them when switched off), silu · up the reference; on CUDA with HEARTH_WITH_CUDA_KERNELS the fused
 // kernels (kernels/norm_act.cu) against those same ops on the same device — the sum and silu_mul
 // bit-identical, the norm within one rounding of the dtype; nn::rope_cache_write (kernels/
 // rope_cache.cu) against nn::apply_rotary + StaticKVCache::update, bit-identical; nn::fused_rotary
-// against apply_rotary's tensor ops, bit-identical. The CUDA tests
+// against apply_rotary's tensor ops, bit-identical (on the CPU in fp32 too). The CUDA tests
 // skip without a GPU.
 #include <gtest/gtest.h>
 
@@ -36,18 +36,32 @@ struct FusedOpsSwitch {
 
 }  // namespace
 
-TEST(FusedOps, CpuIsTheReferenceOps) {
-  FusedOpsSwitch on(true);  // no kernels on the CPU: the switch changes nothing there
+// On the CPU: fp32 norms take one loop (nn/fused_ops_cpu.h) — the sum bit-identical, y within two
+// fp32 roundings of the reference (its sum of squares in double, the reference's in fp32) — and
+// the reference ops exactly when switched off, in fp64, or while autograd records.
+TEST(FusedOps, CpuNormIsTheReferenceWithinRoundingAndExactlyWhenOff) {
+  FusedOpsSwitch on(true);
   at::manual_seed(3);
-  const at::Tensor x = at::randn({2, 3, 40}), r = at::randn({2, 3, 40}), w = at::randn({40});
+  const at::Tensor x = at::randn({2, 3, 40}), r = at::randn({2, 3, 40}) * 4, w = at::randn({40});
+  auto within = [](const at::Tensor& got, const at::Tensor& want) {
+    return ((got - want).abs() - want.abs() * 2.5e-7 - 1e-30).max().item<double>() <= 0.0;
+  };
   auto [s, y] = add_rms_norm(x, r, w, 1e-5);
   EXPECT_TRUE(at::equal(s, x + r));
-  EXPECT_TRUE(at::equal(y, fused_ops_ref_norm(x + r, w, 1e-5)));
+  EXPECT_TRUE(within(y, fused_ops_ref_norm(x + r, w, 1e-5)));
   auto [s0, y0] = add_rms_norm(x, at::Tensor(), w, 1e-5);
   EXPECT_TRUE(at::equal(s0, x));
-  EXPECT_TRUE(at::equal(y0, fused_ops_ref_norm(x, w, 1e-5)));
+  EXPECT_TRUE(within(y0, fused_ops_ref_norm(x, w, 1e-5)));
   hearth::nn::RMSNorm norm(w, 1e-5);
-  EXPECT_TRUE(at::equal(norm.forward_add(x, r).second, norm.forward(x + r)));
+  EXPECT_TRUE(at::equal(norm.forward_add(x, r).second, norm.forward(x + r)));  // the same loop either way
+  {
+    const hearth::nn::FusedDecodeOff off;
+    EXPECT_TRUE(at::equal(add_rms_norm(x, r, w, 1e-5).second, fused_ops_ref_norm(x + r, w, 1e-5)));
+  }
+  const at::Tensor xd = x.to(at::kDouble), wd = w.to(at::kDouble);
+  EXPECT_TRUE(at::equal(add_rms_norm(xd, at::Tensor(), wd, 1e-5).second, fused_ops_ref_norm(xd, wd, 1e-5)));
+  const at::Tensor xg = x.clone().requires_grad_(true);
+  EXPECT_TRUE(add_rms_norm(xg, at::Tensor(), w, 1e-5).second.requires_grad());
   EXPECT_TRUE(at::equal(silu_mul(x, r), at::silu(x) * r));
   EXPECT_THROW(add_rms_norm(x, r, at::randn({39}), 1e-5), hearth::Error);
 }
@@ -203,10 +217,31 @@ TEST(FusedOps, RopeCacheWriteIsApplyRotaryAndUpdate) {
 }
 
 TEST(FusedOps, FusedRotaryIsApplyRotarysTensorOps) {
-  {  // the CPU leaves it to the tensor ops
+  {  // the CPU: fp32 takes one loop, bit-identical (strided x, per-row and partial tables); fp64 not
     FusedOpsSwitch on(true);
-    const at::Tensor x = at::randn({1, 2, 3, 8}), cos = at::randn({3, 8}), sin = at::randn({3, 8});
-    EXPECT_FALSE(hearth::nn::fused_rotary(x, cos, sin).defined());
+    at::manual_seed(8);
+    const at::Tensor x = at::randn({2, 5, 3, 8}).transpose(1, 2);  // [B, H, T, D] over [B, T, H, D]
+    const std::vector<std::pair<at::Tensor, at::Tensor>> tables = {
+        {at::randn({5, 8}), at::randn({5, 8})}, {at::randn({2, 1, 5, 8}), at::randn({2, 1, 5, 8})},
+        {at::randn({5, 4}), at::randn({5, 4})}, {at::randn({2, 1, 1, 8}), at::randn({2, 1, 1, 8})}};
+    for (size_t i = 0; i < tables.size(); ++i) {
+      const auto& [cos, sin] = tables[i];
+      const at::Tensor xi = i == 3 ? x.narrow(2, 0, 1) : x;
+      at::Tensor want;
+      {
+        const hearth::nn::FusedDecodeOff tensor_ops;
+        want = hearth::nn::apply_rotary(xi, cos, sin);
+      }
+      const at::Tensor got = hearth::nn::fused_rotary(xi, cos, sin);
+      ASSERT_TRUE(got.defined()) << "table " << i;
+      EXPECT_TRUE(at::equal(got, want)) << "table " << i;
+      EXPECT_TRUE(at::equal(hearth::nn::apply_rotary(xi, cos, sin), want)) << "table " << i;
+    }
+    EXPECT_FALSE(hearth::nn::fused_rotary(x.to(at::kDouble), tables[0].first.to(at::kDouble),
+                                          tables[0].second.to(at::kDouble))
+                     .defined());
+    const hearth::nn::FusedDecodeOff off;
+    EXPECT_FALSE(hearth::nn::fused_rotary(x, tables[0].first, tables[0].second).defined());
   }
   if (!hearth::compat::cuda_available()) GTEST_SKIP() << "needs CUDA (GPU machine)";
 #ifndef HEARTH_WITH_CUDA_KERNELS
