@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace hearth::nn::cpu_fused {
 
@@ -42,6 +43,20 @@ void rope_row(const float* x, const float* c, const float* s, float* y, int64_t 
     y[d] = a + b;
   }
   for (int64_t d = rot; d < D; ++d) y[d] = x[d];
+}
+// The layout apply_rotary's tensor ops give y, which later checks read (the CPU decode attention
+// takes a [B, H, 1, D] q only with contiguous strides): a partial rotation ends in at::cat
+// (contiguous); a full one is an elementwise op, which keeps x's order of dims (size-1 dims
+// aside): contiguous when the others already run outermost to innermost, else x's layout.
+at::Tensor rotary_out(const at::Tensor& x, int64_t rot) {
+  bool ordered = true;
+  int64_t prev = std::numeric_limits<int64_t>::max();
+  for (int64_t i = 0; i < x.dim() && ordered; ++i) {
+    if (x.size(i) == 1) continue;
+    ordered = x.stride(i) <= prev;
+    prev = x.stride(i);
+  }
+  return rot < x.size(-1) || ordered ? at::empty(x.sizes(), x.options()) : at::empty_like(x);
 }
 }  // namespace
 
@@ -94,7 +109,7 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
   } else {
     return {};
   }
-  at::Tensor y = at::empty_like(x);
+  at::Tensor y = rotary_out(x, rot);
   const float* xp = x.data_ptr<float>();
   const float* cp = cos.data_ptr<float>();
   const float* sp = sin.data_ptr<float>();

@@ -20,8 +20,9 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Te
 /// nn::fused_rotary on the CPU: x [B, H, T, D] fp32 (any strides, last dim contiguous), cos/sin
 /// [T or 1, rot] or [B or 1, 1, T or 1, rot] fp32 with a contiguous last dim, rot even ≤ D →
 /// x·cos + rotate_half(x)·sin on the first rot dims, the rest copied; bit-identical to
-/// apply_rotary's tensor ops (each product and the sum rounded to fp32, no fused multiply-add), in
-/// x's layout (empty_like). Undefined tensor when it does not apply.
+/// apply_rotary's tensor ops (each product and the sum rounded to fp32, no fused multiply-add), laid
+/// out as they lay it out: contiguous when x is, else x's strides. Undefined tensor when it does not
+/// apply.
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 }  // namespace hearth::nn::cpu_fused

@@ -235,8 +235,17 @@ TEST(FusedOps, FusedRotaryIsApplyRotarysTensorOps) {
       const at::Tensor got = hearth::nn::fused_rotary(xi, cos, sin);
       ASSERT_TRUE(got.defined()) << "table " << i;
       EXPECT_TRUE(at::equal(got, want)) << "table " << i;
+      EXPECT_EQ(got.strides(), want.strides()) << "table " << i;  // the layout later ops check
       EXPECT_TRUE(at::equal(hearth::nn::apply_rotary(xi, cos, sin), want)) << "table " << i;
     }
+    // A decode step's q: [B, 1, H, D] projections seen as [B, H, 1, D] come out contiguous (the CPU
+    // decode attention takes only that layout; x's own strides had sent a batch down a slow path).
+    const at::Tensor q1 = at::randn({3, 1, 5, 8}).transpose(1, 2);
+    const at::Tensor rows_cos = at::randn({3, 1, 1, 8}), rows_sin = at::randn({3, 1, 1, 8});
+    const at::Tensor r1 = hearth::nn::fused_rotary(q1, rows_cos, rows_sin);
+    ASSERT_TRUE(r1.defined());
+    EXPECT_EQ(r1.stride(2), 8);
+    EXPECT_EQ(r1.stride(1), 8);
     EXPECT_FALSE(hearth::nn::fused_rotary(x.to(at::kDouble), tables[0].first.to(at::kDouble),
                                           tables[0].second.to(at::kDouble))
                      .defined());
