@@ -235,21 +235,9 @@ at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
   if (x.is_cpu()) return fused_decode_enabled() ? cpu_fused::rotary(x, cos, sin) : at::Tensor();
 #ifdef HEARTH_WITH_CUDA_KERNELS
   if (!kernel_applies({&x, &cos, &sin})) return {};
-  if (x.dim() != 4 || x.numel() == 0 || x.stride(3) != 1 || sin.sizes() != cos.sizes() ||
-      sin.strides() != cos.strides() || cos.stride(-1) != 1)
-    return {};
-  const int64_t B = x.size(0), T = x.size(2), D = x.size(3), rot = cos.size(-1);
-  if (rot < 2 || rot % 2 != 0 || rot > D) return {};
   int64_t cs_b = 0, cs_t = 0;
-  if (cos.dim() == 2 && (cos.size(0) == T || cos.size(0) == 1)) {
-    cs_t = cos.size(0) == 1 ? 0 : cos.stride(0);
-  } else if (cos.dim() == 4 && (cos.size(0) == B || cos.size(0) == 1) && cos.size(1) == 1 &&
-             (cos.size(2) == T || cos.size(2) == 1)) {
-    cs_b = cos.size(0) == 1 ? 0 : cos.stride(0);
-    cs_t = cos.size(2) == 1 ? 0 : cos.stride(2);
-  } else {
-    return {};
-  }
+  if (!rotary_table_strides(x, cos, sin, cs_b, cs_t)) return {};
+  const int64_t B = x.size(0), T = x.size(2), D = x.size(3), rot = cos.size(-1);
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor y = at::empty_like(x);
   kernels::RopeArgs a;

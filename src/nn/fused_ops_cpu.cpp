@@ -8,7 +8,8 @@
 #include <cmath>
 #include <limits>
 
-namespace hearth::nn::cpu_fused {
+namespace hearth::nn {
+namespace cpu_fused {
 
 namespace {
 // CPU fp32 tensors (or undefined ones) with nothing for autograd to record.
@@ -94,21 +95,9 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Te
 }
 
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  if (!applies({&x, &cos, &sin}) || x.dim() != 4 || x.numel() == 0 || x.stride(3) != 1 ||
-      sin.sizes() != cos.sizes() || sin.strides() != cos.strides() || cos.dim() < 1 || cos.stride(-1) != 1)
-    return {};
-  const int64_t B = x.size(0), H = x.size(1), T = x.size(2), D = x.size(3), rot = cos.size(-1);
-  if (rot < 2 || rot % 2 != 0 || rot > D) return {};
   int64_t cs_b = 0, cs_t = 0;
-  if (cos.dim() == 2 && (cos.size(0) == T || cos.size(0) == 1)) {
-    cs_t = cos.size(0) == 1 ? 0 : cos.stride(0);
-  } else if (cos.dim() == 4 && (cos.size(0) == B || cos.size(0) == 1) && cos.size(1) == 1 &&
-             (cos.size(2) == T || cos.size(2) == 1)) {
-    cs_b = cos.size(0) == 1 ? 0 : cos.stride(0);
-    cs_t = cos.size(2) == 1 ? 0 : cos.stride(2);
-  } else {
-    return {};
-  }
+  if (!applies({&x, &cos, &sin}) || !rotary_table_strides(x, cos, sin, cs_b, cs_t)) return {};
+  const int64_t B = x.size(0), H = x.size(1), T = x.size(2), D = x.size(3), rot = cos.size(-1);
   at::Tensor y = rotary_out(x, rot);
   const float* xp = x.data_ptr<float>();
   const float* cp = cos.data_ptr<float>();
@@ -124,4 +113,27 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
   return y;
 }
 
-}  // namespace hearth::nn::cpu_fused
+}  // namespace cpu_fused
+
+bool rotary_table_strides(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t& cs_b,
+                          int64_t& cs_t) {
+  if (x.dim() != 4 || x.numel() == 0 || x.stride(3) != 1 || sin.sizes() != cos.sizes() ||
+      sin.strides() != cos.strides() || cos.dim() < 1 || cos.stride(-1) != 1)
+    return false;
+  const int64_t B = x.size(0), T = x.size(2), D = x.size(3), rot = cos.size(-1);
+  if (rot < 2 || rot % 2 != 0 || rot > D) return false;
+  cs_b = 0, cs_t = 0;
+  if (cos.dim() == 2 && (cos.size(0) == T || cos.size(0) == 1)) {
+    cs_t = cos.size(0) == 1 ? 0 : cos.stride(0);
+    return true;
+  }
+  if (cos.dim() == 4 && (cos.size(0) == B || cos.size(0) == 1) && cos.size(1) == 1 &&
+      (cos.size(2) == T || cos.size(2) == 1)) {
+    cs_b = cos.size(0) == 1 ? 0 : cos.stride(0);
+    cs_t = cos.size(2) == 1 ? 0 : cos.stride(2);
+    return true;
+  }
+  return false;
+}
+
+}  // namespace hearth::nn

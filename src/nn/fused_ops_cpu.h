@@ -7,7 +7,8 @@
 
 #include <utility>
 
-namespace hearth::nn::cpu_fused {
+namespace hearth::nn {
+namespace cpu_fused {
 
 /// {s, y} of nn::add_rms_norm for CPU fp32 x, residual (or undefined) [..., C], weight [C], all
 /// contiguous and nothing for autograd to record: s = x + residual (the same bits), y = weight ·
@@ -25,4 +26,14 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Te
 /// apply.
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
-}  // namespace hearth::nn::cpu_fused
+}  // namespace cpu_fused
+
+/// The RoPE operands both fused paths take (this file's rotary and nn::fused_rotary's CUDA kernel):
+/// x [B, H, T, D] with a contiguous last dim; cos and sin of equal sizes and strides, last dim
+/// contiguous, rot = cos.size(-1) even in [2, D], shaped [T or 1, rot] or [B or 1, 1, T or 1, rot].
+/// Sets the element strides between the tables' rows for b and for t (0 where they broadcast) and
+/// returns true; false for any other operands.
+bool rotary_table_strides(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t& cs_b,
+                          int64_t& cs_t);
+
+}  // namespace hearth::nn
