@@ -1,5 +1,7 @@
 // Decode GEMV for dense and MLX affine 4/8-bit weights (kernels/gemv.h): y = x · Wᵀ for M ≤ 8 rows
 // of x, up to three weights sharing x in one launch. No ATen: it compiles standalone (`nvcc -c`).
+// Affine launches without a LoRA term go to kernels/gemv_affine.cuh (its own layout and numbers);
+// what follows is the kernel of dense launches and of LoRA ones, affine included.
 //
 // Shape of the work (decode reads every weight byte once, so the aim is bytes in flight and enough
 // warps to cover the memory latency): each row belongs to `tpr` lanes (4..256: a row of more than 32
@@ -438,6 +440,14 @@ int log2_exact(int64_t v) {
   return (int64_t{1} << s) == v ? s : -1;
 }
 
+}  // namespace
+}  // namespace hearth::kernels
+
+#include "gemv_affine.cuh"  // affine launches without a LoRA term (uses Segs, NormDev, stage_normed_x, log2_exact)
+
+namespace hearth::kernels {
+namespace {
+
 int chunk_codes(const GemvArgs& a) {
   if (a.format != WeightFormat::kDense) return 128 / static_cast<int>(a.format);
   return a.x_dtype == QDtype::kFloat32 ? 4 : 8;
@@ -521,6 +531,11 @@ int lanes_log2(int64_t in, int64_t rows) {
 // a row allows, and no registers held for chunks a lane does not have), launches.
 template <typename TX, typename TS, int Kind>
 const char* launch(const GemvArgs& a) {
+  bool lora = false;
+  for (int s = 0; s < a.n_seg; ++s) lora = lora || a.seg[s].lora_rank > 0;
+  if constexpr (Kind != 0) {
+    if (!lora) return launch_affine<TX, TS, Kind>(a);  // gemv_affine.cuh
+  }
   Segs segs{};
   int64_t end = 0, per_lane = 1;
   const int64_t chunks = a.in / codes_per_chunk<TX, Kind>();
@@ -555,13 +570,14 @@ const char* launch(const GemvArgs& a) {
   const unsigned blocks = static_cast<unsigned>(end);
   const int tile = per_lane <= 2 ? 2 : per_lane <= 4 ? 4 : kUnroll;
   const int M = static_cast<int>(a.M);
-  bool lora = false;
-  for (int s = 0; s < a.n_seg; ++s) lora = lora || a.seg[s].lora_rank > 0;
   if (lora) return launch_m<TX, TS, Kind, 1, true>(a, segs, blocks, tile);  // M = 1 (gemv_supported)
-  if (M <= 1) return launch_m<TX, TS, Kind, 1, false>(a, segs, blocks, tile);
-  if (M <= 2) return launch_m<TX, TS, Kind, 2, false>(a, segs, blocks, tile);
-  if (M <= 4) return launch_m<TX, TS, Kind, 4, false>(a, segs, blocks, tile);
-  return launch_m<TX, TS, Kind, 8, false>(a, segs, blocks, tile);
+  if constexpr (Kind == 0) {  // affine launches without LoRA returned above
+    if (M <= 1) return launch_m<TX, TS, Kind, 1, false>(a, segs, blocks, tile);
+    if (M <= 2) return launch_m<TX, TS, Kind, 2, false>(a, segs, blocks, tile);
+    if (M <= 4) return launch_m<TX, TS, Kind, 4, false>(a, segs, blocks, tile);
+    return launch_m<TX, TS, Kind, 8, false>(a, segs, blocks, tile);
+  }
+  return "gemv: unreachable";
 }
 
 template <typename TX>
