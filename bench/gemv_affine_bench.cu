@@ -94,23 +94,14 @@ void launch_prod(const Shape& s, const Weights& w, const bf16* x, int M, cudaStr
 // (wkl < 0: affine_wk_log2's choice, i.e. gemv() itself).
 void launch_forced(const Shape& s, const Weights& w, const bf16* x, int wkl, cudaStream_t st) {
   using namespace hearth::kernels;
+  GemvArgs a;
+  a.in = s.in;
+  a.n_seg = static_cast<int>(s.outs.size());
+  for (int i = 0; i < a.n_seg; ++i) a.seg[i] = {w.w[i], w.s[i], w.b[i], w.y[i], s.outs[i]};
   Segs segs{};
-  int64_t end = 0;
-  for (int i = 0; i < 3; ++i) {
-    if (i < static_cast<int>(s.outs.size())) {
-      segs.w[i] = w.w[i];
-      segs.s[i] = w.s[i];
-      segs.b[i] = w.b[i];
-      segs.y[i] = w.y[i];
-      segs.out[i] = s.outs[i];
-      segs.tpr_log2[i] = wkl >= 0 ? wkl : affine_wk_log2(s.in / 32, s.outs[i]);
-      const int64_t per = int64_t{kAffineRows} * (kWarps >> segs.tpr_log2[i]);
-      end += (s.outs[i] + per - 1) / per;
-      segs.block_end[i] = static_cast<unsigned>(end);
-    } else {
-      segs.block_end[i] = 0xffffffffu;
-    }
-  }
+  const int64_t end = fill_segs(
+      a, segs, [&](const GemvSegment& g) { return wkl >= 0 ? wkl : affine_wk_log2(s.in / 32, g.out); },
+      [](int l) { return int64_t{kAffineRows} * (kWarps >> l); });
   const NormDev nd{};
   check(launch_kernel(gemv_affine_kernel<bf16, bf16, 4, 1>, dim3(static_cast<unsigned>(end)), dim3(kThreads), 0, st, x, segs, 1,
                       static_cast<int>(s.in), 6, nd),

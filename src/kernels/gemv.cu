@@ -96,6 +96,31 @@ __device__ __forceinline__ T pick(int i, T a, T b, T c) {
   return i == 0 ? a : i == 1 ? b : c;
 }
 
+// A block's segment: its index si, the segment's first block, weights, scales, biases, rows and
+// tpr_log2 (block-uniform values). y and the LoRA terms are picked by si where they are used.
+template <typename TS>
+struct SegView {
+  int si;
+  unsigned first;
+  const uint4* w;
+  const TS* s;
+  const TS* b;
+  int64_t out;
+  int log2;
+};
+
+template <typename TS>
+__device__ __forceinline__ SegView<TS> segment_of(const Segs& segs, unsigned bid) {
+  const int si = (bid >= segs.block_end[0]) + (bid >= segs.block_end[1]);
+  return {si,
+          pick(si, 0u, segs.block_end[0], segs.block_end[1]),
+          static_cast<const uint4*>(pick(si, segs.w[0], segs.w[1], segs.w[2])),
+          static_cast<const TS*>(pick(si, segs.s[0], segs.s[1], segs.s[2])),
+          static_cast<const TS*>(pick(si, segs.b[0], segs.b[1], segs.b[2])),
+          pick(si, segs.out[0], segs.out[1], segs.out[2]),
+          pick(si, segs.tpr_log2[0], segs.tpr_log2[1], segs.tpr_log2[2])};
+}
+
 // Σ of the kCodes values of x in one chunk, in index order: the affine term's Σx.
 template <typename TX, int kCodes>
 __device__ __forceinline__ float chunk_sum(const TX* __restrict__ p) {
@@ -192,16 +217,17 @@ __global__ void __launch_bounds__(kThreads)
   float* const gemv_chunk_sums = gemv_smem;
   pdl_launch_dependents();  // the next kernel may launch and start its own weight loads
   const unsigned bid = blockIdx.x;
-  const int si = (bid >= segs.block_end[0]) + (bid >= segs.block_end[1]);
-  const unsigned first = pick(si, 0u, segs.block_end[0], segs.block_end[1]);
-  const uint4* __restrict__ wv = static_cast<const uint4*>(pick(si, segs.w[0], segs.w[1], segs.w[2]));
-  const TS* __restrict__ sv = static_cast<const TS*>(pick(si, segs.s[0], segs.s[1], segs.s[2]));
-  const TS* __restrict__ bv = static_cast<const TS*>(pick(si, segs.b[0], segs.b[1], segs.b[2]));
-  const int64_t out = pick(si, segs.out[0], segs.out[1], segs.out[2]);
+  const SegView<TS> sg = segment_of<TS>(segs, bid);
+  const int si = sg.si;
+  const unsigned first = sg.first;
+  const uint4* __restrict__ wv = sg.w;
+  const TS* __restrict__ sv = sg.s;
+  const TS* __restrict__ bv = sg.b;
+  const int64_t out = sg.out;
 
   // Lanes per row: 4..256, the same for every block of a segment (so block-uniform). A row of
   // more than 32 lanes is tpr/32 consecutive whole warps; one of at most 32 is an aligned lane group.
-  const int tpr_log2 = pick(si, segs.tpr_log2[0], segs.tpr_log2[1], segs.tpr_log2[2]);
+  const int tpr_log2 = sg.log2;
   const int tpr = 1 << tpr_log2;
   const int t = static_cast<int>(threadIdx.x) & (tpr - 1);
   const int64_t row = static_cast<int64_t>(bid - first) * (kThreads >> tpr_log2) + (static_cast<int>(threadIdx.x) >> tpr_log2);
@@ -440,6 +466,37 @@ int log2_exact(int64_t v) {
   return (int64_t{1} << s) == v ? s : -1;
 }
 
+// Fills the segment table from `a` (weights, scales, biases, outputs, LoRA terms), each segment's
+// tpr_log2 from log2_of(segment) and its blocks from rows_per_block(tpr_log2); unused segments end
+// at UINT32_MAX. Returns the grid's block count, or -1 past 2^31 − 1 blocks.
+template <typename Log2Of, typename RowsPerBlock>
+int64_t fill_segs(const GemvArgs& a, Segs& segs, Log2Of log2_of, RowsPerBlock rows_per_block) {
+  int64_t end = 0;
+  for (int s = 0; s < 3; ++s) {
+    if (s < a.n_seg) {
+      const GemvSegment& g = a.seg[s];
+      segs.w[s] = g.w;
+      segs.s[s] = g.scales;
+      segs.b[s] = g.biases;
+      segs.y[s] = g.y;
+      segs.out[s] = g.out;
+      segs.lora_b[s] = g.lora_b;
+      segs.lora_h[s] = g.lora_h;
+      segs.lora_rank[s] = g.lora_rank;
+      segs.lora_scale[s] = g.lora_scale;
+      segs.tpr_log2[s] = log2_of(g);
+      const int64_t per = rows_per_block(segs.tpr_log2[s]);
+      end += (g.out + per - 1) / per;
+      if (end > 0x7fffffff) return -1;
+      segs.block_end[s] = static_cast<unsigned>(end);
+    } else {
+      segs.block_end[s] = 0xffffffffu;
+      segs.tpr_log2[s] = 2;
+    }
+  }
+  return end;
+}
+
 }  // namespace
 }  // namespace hearth::kernels
 
@@ -537,35 +594,22 @@ const char* launch(const GemvArgs& a) {
     if (!lora) return launch_affine<TX, TS, Kind>(a);  // gemv_affine.cuh
   }
   Segs segs{};
-  int64_t end = 0, per_lane = 1;
   const int64_t chunks = a.in / codes_per_chunk<TX, Kind>();
-  for (int s = 0; s < 3; ++s) {
-    if (s < a.n_seg) {
-      const GemvSegment& g = a.seg[s];
-      segs.w[s] = g.w;
-      segs.s[s] = g.scales;
-      segs.b[s] = g.biases;
-      segs.y[s] = g.y;
-      segs.out[s] = g.out;
-      segs.lora_b[s] = g.lora_b;
-      segs.lora_h[s] = g.lora_h;
-      segs.lora_rank[s] = g.lora_rank;
-      segs.lora_scale[s] = g.lora_scale;
-      segs.tpr_log2[s] = lanes_log2<TX, Kind>(a.in, g.out);
-      // A normed launch computes the norm once per block: one warp per row (8 rows a block) keeps
-      // that to out/8 blocks (H200, 1B bf16: gate/up with 2 rows a block, 8,192 blocks, took 69 µs
-      // with the norm against ~17 without).
-      if (a.norm.on && segs.tpr_log2[s] > kNormedMaxLanesLog2) segs.tpr_log2[s] = kNormedMaxLanesLog2;
-      const int64_t lanes = int64_t{1} << segs.tpr_log2[s];
-      if ((chunks + lanes - 1) / lanes > per_lane) per_lane = (chunks + lanes - 1) / lanes;
-      const int64_t rows_per_block = kThreads >> segs.tpr_log2[s];
-      end += (g.out + rows_per_block - 1) / rows_per_block;
-      if (end > 0x7fffffff) return "gemv: too many output rows for one grid";
-      segs.block_end[s] = static_cast<unsigned>(end);
-    } else {
-      segs.block_end[s] = 0xffffffffu;
-      segs.tpr_log2[s] = 2;
-    }
+  const int64_t end = fill_segs(
+      a, segs,
+      [&](const GemvSegment& g) {
+        // A normed launch computes the norm once per block: one warp per row (8 rows a block) keeps
+        // that to out/8 blocks (H200, 1B bf16: gate/up with 2 rows a block, 8,192 blocks, took 69 µs
+        // with the norm against ~17 without).
+        const int l = lanes_log2<TX, Kind>(a.in, g.out);
+        return a.norm.on && l > kNormedMaxLanesLog2 ? kNormedMaxLanesLog2 : l;
+      },
+      [](int l) { return int64_t{kThreads >> l}; });
+  if (end < 0) return "gemv: too many output rows for one grid";
+  int64_t per_lane = 1;
+  for (int s = 0; s < a.n_seg; ++s) {
+    const int64_t lanes = int64_t{1} << segs.tpr_log2[s];
+    if ((chunks + lanes - 1) / lanes > per_lane) per_lane = (chunks + lanes - 1) / lanes;
   }
   const unsigned blocks = static_cast<unsigned>(end);
   const int tile = per_lane <= 2 ? 2 : per_lane <= 4 ? 4 : kUnroll;

@@ -90,17 +90,16 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ float gemv_smem[];
   __shared__ float part[kWarps][kR * MaxM];
   pdl_launch_dependents();
-  const unsigned bid = blockIdx.x;
-  const int si = (bid >= segs.block_end[0]) + (bid >= segs.block_end[1]);
-  const unsigned first = pick(si, 0u, segs.block_end[0], segs.block_end[1]);
-  const uint4* __restrict__ wv = static_cast<const uint4*>(pick(si, segs.w[0], segs.w[1], segs.w[2]));
-  const TS* __restrict__ sv = static_cast<const TS*>(pick(si, segs.s[0], segs.s[1], segs.s[2]));
-  const TS* __restrict__ bv = static_cast<const TS*>(pick(si, segs.b[0], segs.b[1], segs.b[2]));
-  const int64_t out = pick(si, segs.out[0], segs.out[1], segs.out[2]);
-  const int wk_log2 = pick(si, segs.tpr_log2[0], segs.tpr_log2[1], segs.tpr_log2[2]);  // block-uniform
+  const SegView<TS> sg = segment_of<TS>(segs, blockIdx.x);
+  const int si = sg.si;
+  const uint4* __restrict__ wv = sg.w;
+  const TS* __restrict__ sv = sg.s;
+  const TS* __restrict__ bv = sg.b;
+  const int64_t out = sg.out;
+  const int wk_log2 = sg.log2;  // block-uniform
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int grp = warp >> wk_log2, kw = warp & ((1 << wk_log2) - 1);
-  const int64_t row0 = (static_cast<int64_t>(bid - first) * (kWarps >> wk_log2) + grp) * kR;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x - sg.first) * (kWarps >> wk_log2) + grp) * kR;
   const int chunks = in / kCodes;
   const int64_t gpr = in >> group_shift;  // scale groups per row
   const int step = 32 << wk_log2;         // a lane's stride in chunks
@@ -231,29 +230,20 @@ inline int affine_wk_log2(int64_t chunks, int64_t rows) {
 template <typename TX, typename TS, int Bits>
 const char* launch_affine(const GemvArgs& a) {
   Segs segs{};
-  int64_t end = 0;
   const int64_t chunks = a.in / (128 / Bits);
-  for (int s = 0; s < 3; ++s) {
-    if (s < a.n_seg) {
-      const GemvSegment& g = a.seg[s];
-      segs.w[s] = g.w;
-      segs.s[s] = g.scales;
-      segs.b[s] = g.biases;
-      segs.y[s] = g.y;
-      segs.out[s] = g.out;
-      segs.tpr_log2[s] = affine_wk_log2(chunks, g.out);
-      const int64_t rows_per_block = int64_t{kAffineRows} * (kWarps >> segs.tpr_log2[s]);
-      end += (g.out + rows_per_block - 1) / rows_per_block;
-      if (end > 0x7fffffff) return "gemv: too many output rows for one grid";
-      segs.block_end[s] = static_cast<unsigned>(end);
-    } else {
-      segs.block_end[s] = 0xffffffffu;
-    }
-  }
+  const int64_t end = fill_segs(
+      a, segs, [&](const GemvSegment& g) { return affine_wk_log2(chunks, g.out); },
+      [](int l) { return int64_t{kAffineRows} * (kWarps >> l); });
+  if (end < 0) return "gemv: too many output rows for one grid";
   const GemvNorm& g = a.norm;
   const NormDev nd{g.residual, g.sum, g.normed, g.weight, g.mode, g.offset, g.eps,
                    1.f / static_cast<float>(a.in), g.on ? 1 : 0};
   const size_t smem = g.on ? static_cast<size_t>(a.M * chunks * smem_chunk_stride<TX, Bits>() * 4) : 0;
+  // The kernel's static shared memory (partial sums for MaxM = 8, stage_normed_x's 8 floats) beside
+  // it: within 48 KB while smem_plan counts the chunk sums this kernel does not use (a guard should
+  // that plan change).
+  constexpr size_t kStatic = sizeof(float) * (kWarps * kAffineRows * 8 + kThreads / 32);
+  if (smem + kStatic > 48 * 1024) return "gemv: the normed rows do not fit the affine kernel's shared memory";
   const int group_shift = log2_exact(a.group_size);
   const dim3 grid(static_cast<unsigned>(end)), block(kThreads);
   const auto st = static_cast<cudaStream_t>(a.stream);
