@@ -4,6 +4,8 @@
 // row's result independent of M). The CUDA cases are skipped on this CPU build; run on the GPU.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <c10/core/GradMode.h>
 
 #include "core/torch_compat.h"
@@ -84,6 +86,33 @@ TEST(DecodeGemv, AffineMatchesDequantizedReferenceAndIsRowIndependent) {
           }
         }
       }
+}
+
+// The affine kernel's codes enter the FMA as fp32 subnormals against x pre-scaled by up to 2^64
+// (kernels/gemv_affine.cuh): exact while |c·x| ≥ 2^-41 and |x| < 2^63. Across that window — x of
+// magnitude ~2^-30 (products ~2^-26 with weights of 0.05: normal) to ~2^60 — the product is the
+// dequantized reference's within one rounding, for 4 and 8 bits, bf16 and fp32 x, M = 1 and 3.
+TEST(DecodeGemv, AffineHoldsAcrossMagnitudesOfX) {
+  if (!hearth::testing::have_cuda_kernels()) GTEST_SKIP() << "needs CUDA and Hearth's kernels (GPU machine)";
+  hearth::testing::FusedDecodeSwitch on(true);
+  at::manual_seed(37);
+  const at::Device cuda(at::kCUDA, 0);
+  for (int bits : {4, 8})
+    for (auto dt : {at::kBFloat16, at::kFloat}) {
+      hearth::nn::QuantizedWeight w = hearth::nn::quantize(at::randn({200, 1024}) * 0.05, hearth::nn::QuantSpec{bits, 64});
+      w = hearth::nn::QuantizedWeight{w.wq.to(cuda), w.scales.to(dt).to(cuda), w.biases.to(dt).to(cuda), w.spec};
+      const at::Tensor wd = hearth::nn::dequantize(w, at::kFloat).to(at::kDouble);
+      for (double scale : {std::ldexp(1.0, -30), 1e-3, 1.0, std::ldexp(1.0, 40), std::ldexp(1.0, 60)})
+        for (int64_t M : {1, 3}) {
+          const at::Tensor x = (at::randn({M, 1024}) * scale).to(dt).to(cuda);
+          const std::vector<at::Tensor> y = hearth::nn::decode_gemv(x, {hearth::nn::GemvOperand{{}, &w}});
+          ASSERT_EQ(y.size(), 1u);
+          const at::Tensor ref = at::matmul(x.to(at::kDouble), wd.t());
+          EXPECT_TRUE(y[0].isfinite().all().item<bool>()) << bits << " " << dt << " scale " << scale;
+          EXPECT_LE(hearth::testing::max_rel_err(y[0], ref), hearth::testing::one_rounding_tol(dt))
+              << bits << " " << dt << " scale " << scale << " M " << M;
+        }
+    }
 }
 
 TEST(DecodeGemv, GroupedIsSeparateBitForBitDenseAndAffine) {
