@@ -2,7 +2,7 @@
 # The GPU machine's check, in one call (see docs/benchmarks.md): build against the machine's
 # PyTorch (CUDA), run the whole test suite, then the CUDA bf16 parity test against fresh
 # transformers references, then (with --bench) the real-shape benchmarks. Logs go to $OUT (or
-# ./gpu-out). Usage: tools/gpu_check.sh [--tests] [--parity] [--bench] [--bench-train] [--profile] [--prefill] [--gemv]
+# ./gpu-out). Usage: tools/gpu_check.sh [--tests] [--parity] [--bench] [--bench-train] [--profile] [--prefill] [--gemv] [--decode8b]
 # The call's tree is limited to 64 MiB: carry .devdeps (tools/device_deps.sh) and leave
 # models/starter out of the tree for the call (its tests, Starter* and EnumMask, then fail there).
 set -uo pipefail
@@ -43,6 +43,13 @@ for step in "$@"; do
       ncu --graph-profiling node --clock-control none --metrics gpu__time_duration.sum --export /tmp/prof --force-overwrite \
         "$b/hearth" bench --model $m --device cuda --dtype bfloat16 --prompt-tokens 32 --gen-tokens 3 --runs 1 > "$out/ncu_run.log" 2>&1
       ncu --import /tmp/prof.ncu-rep --csv --page raw > "$out/prof.csv" && python3 "$root/tools/ncu_step_summary.py" "$out/prof.csv" | tee "$out/profile.txt" ;;
+    --decode8b)  # issue 11's 8B decode: bf16 and MLX 4-bit, 512 + 64 greedy tokens
+      m=/tmp/l8b
+      [[ -d $m-mlx4 ]] || python3 "$root/tools/make_random_model.py" --shape llama-3.1-8b --out $m --mlx-q4 > "$out/make_l8b.log" 2>&1
+      for v in "$m" "$m-mlx4"; do
+        echo "== hearth $v 512 + 64"
+        "$b/hearth" bench --model "$v" --prompt-tokens 512 --gen-tokens 64 2>&1 | grep -E "decode|TTFT"
+      done 2>&1 | tee "$out/decode8b.log" ;;
     --gemv)  # the decode GEMV micro-benchmarks (dense bf16 on the 1B shape; MLX 4-bit on the 1B and 8B shapes)
       for n in gemv_bench gemv_affine_bench; do
         nvcc -std=c++17 -O3 -arch=sm_90 -cudart static -I "$root/src/kernels" "$root/bench/$n.cu" -o "/tmp/$n" > "$out/$n.build.log" 2>&1 \
