@@ -7,7 +7,7 @@
 //   HEARTH_PDL=1 /tmp/gemv_bench [reps] [bulk]
 // (gemv.cu is #included below: do not also list it on the nvcc line, or gemv() is defined twice.)
 // After the production kernel it times the candidate layouts of dense bf16 at M = 1 (split-K inside
-// a block, deeper per-lane loads, and with the argument `bulk` the bulk-copy staging, which is left
+// a block, deeper per-lane loads, rows per warp sharing x, and with the argument `bulk` the bulk-copy staging, which is left
 // out by default because a wrong transaction count would hang it): per candidate and shape, µs per
 // launch, TB/s, and max |y - y_production| / max |y_production| on the same x and weights (one
 // bf16 rounding of the largest output is ~0.004; 0 means bit-identical; 1e+30 a NaN or an output
@@ -402,6 +402,85 @@ void launch_bulk(const Shape& s, const Weights& w, const bf16* x, cudaStream_t s
 }
 
 // One candidate configuration: a name, the row width it is built for, its launcher.
+// Candidate 4, rows per warp (the MLX affine kernel's layout, kernels/gemv_affine.cuh, for dense
+// bf16): a warp owns R rows and WK warps split their chunks; lane t of the group's warp k walks
+// chunks k·32 + t + i·32·WK in tiles of U chunks per row (R·U loads before any use) and loads the
+// 8 values of x of a chunk once for its R rows — x traffic 1/R of one row a warp. Partials: lanes
+// by xor shuffles, then the group's warps in order (expect ~1 bf16 ulp against gemv(), not 0).
+template <int R, int WK, int U>
+__global__ void __launch_bounds__(256) cand_rows(const bf16* __restrict__ x, const CandSegs segs, int chunks) {
+  constexpr int kGroups = 8 / WK, kStep = 32 * WK;
+  __shared__ float part[8][R];
+  pdl_launch_dependents();
+  unsigned first;
+  const int si = cand_seg(segs, blockIdx.x, &first);
+  const uint4* __restrict__ W = pick(si, segs.w[0], segs.w[1], segs.w[2]);
+  const int64_t out = pick(si, segs.out[0], segs.out[1], segs.out[2]);
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int grp = warp / WK, kw = warp % WK;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x - first) * kGroups + grp) * R;
+  uint4 w[U][R];
+  auto load = [&](int c0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int c = c0 + u * kStep;
+        const bool ok = c < chunks && row0 + r < out;
+        w[u][r] = hearth::kernels::ld16_ordered(W + (ok ? (row0 + r) * chunks + c : 0), ok);
+      }
+  };
+  const int cs = kw * 32 + lane;
+  if (cs < chunks) load(cs);
+  pdl_wait();
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.f;
+  for (int c0 = cs; c0 < chunks; c0 += kStep * U) {
+    if (c0 != cs) load(c0);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + u * kStep;
+      if (c >= chunks) break;
+      float xf[8];
+      cand_load_x(x + static_cast<int64_t>(c) * 8, xf);
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r] += hearth::kernels::chunk_dot<bf16, 0>(w[u][r], xf);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+  if constexpr (WK > 1) {
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < R; ++r) part[warp][r] = acc[r];
+    __syncthreads();
+    if (kw == 0 && lane == 0)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float v = part[warp][r];
+        for (int k = 1; k < WK; ++k) v += part[warp + k][r];
+        acc[r] = v;
+      }
+  }
+  if (kw == 0 && lane == 0) {
+    bf16* __restrict__ y = pick(si, segs.y[0], segs.y[1], segs.y[2]);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (row0 + r < out) y[row0 + r] = __float2bfloat16(acc[r]);
+  }
+}
+
+template <int R, int WK, int U>
+void launch_rows(const Shape& s, const Weights& w, const bf16* x, cudaStream_t st) {
+  unsigned blocks;
+  const CandSegs g = cand_segs(s, w, 8 / WK * R, &blocks);
+  check(hearth::kernels::launch_kernel(cand_rows<R, WK, U>, dim3(blocks), dim3(256), 0, st, x, g, static_cast<int>(s.in / 8)),
+        "cand_rows");
+}
+
 struct Cand {
   const char* name;
   int64_t in;
@@ -410,6 +489,15 @@ struct Cand {
 };
 
 const Cand kCands[] = {
+    // rows per warp: R rows share each load of x, WK warps per row group, U chunks per row a tile
+    {"rows R=2 WK=1 U=4", 2048, false, launch_rows<2, 1, 4>},
+    {"rows R=4 WK=1 U=2", 2048, false, launch_rows<4, 1, 2>},
+    {"rows R=4 WK=2 U=2", 2048, false, launch_rows<4, 2, 2>},
+    {"rows R=2 WK=2 U=2", 2048, false, launch_rows<2, 2, 2>},
+    {"rows R=2 WK=4 U=4", 8192, false, launch_rows<2, 4, 4>},
+    {"rows R=4 WK=4 U=2", 8192, false, launch_rows<4, 4, 2>},
+    {"rows R=4 WK=2 U=2", 8192, false, launch_rows<4, 2, 2>},
+    {"rows R=2 WK=8 U=2", 8192, false, launch_rows<2, 8, 2>},
     // split-K in a block: S slices of 32·U chunks
     {"splitk S=2 U=4", 2048, false, launch_splitk<2, 4>},
     {"splitk S=4 U=2", 2048, false, launch_splitk<4, 2>},
