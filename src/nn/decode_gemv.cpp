@@ -173,6 +173,17 @@ bool gemv_norm_enabled() {
   return on;
 }
 
+int64_t gemv_norm_max_rows() {
+  static const int64_t rows = [] {
+    const char* v = std::getenv("HEARTH_GEMV_NORM_MAX_ROWS");
+    if (!v || !*v) return kGemvNormMaxRows;
+    char* end = nullptr;
+    const long long n = std::strtoll(v, &end, 10);
+    return *end == '\0' && n >= 0 ? static_cast<int64_t>(n) : kGemvNormMaxRows;
+  }();
+  return rows;
+}
+
 int64_t dense_gemv_max_rows() {
   static const int64_t rows = [] {
     const char* v = std::getenv("HEARTH_DENSE_GEMV_MAX_ROWS");

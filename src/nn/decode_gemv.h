@@ -58,6 +58,12 @@ NormedGemv decode_gemv_normed(const at::Tensor& x, const at::Tensor& residual, c
 /// kernel unfused, the gate/up launch (16,384 rows) 30–34 µs against 20.4 + 4.6.
 constexpr int64_t kGemvNormMaxRows = 4096;
 
+/// The row limit Linear::forward_many_normed applies: kGemvNormMaxRows, or HEARTH_GEMV_NORM_MAX_ROWS
+/// when set to an integer ≥ 0 (read once; other values are ignored). A measuring knob: the MLX
+/// affine kernel (kernels/gemv_affine.cuh) normalises once per 16–32 rows, not per 8, so its best
+/// limit may differ (the 8B's q/k/v have 6,144 rows).
+int64_t gemv_norm_max_rows();
+
 /// Whether Linear::forward_many_normed may use decode_gemv_normed: HEARTH_GEMV_NORM=0 turns it off
 /// (the norm kernel, then the GEMV); on otherwise. Read once.
 bool gemv_norm_enabled();

@@ -312,7 +312,7 @@ Linear::NormedProducts Linear::forward_many_normed(const NormedInput& in, std::i
       }
     }
   }
-  if (rows > kGemvNormMaxRows) fused = false;  // the norm once per 8 rows costs more than its launch
+  if (rows > gemv_norm_max_rows()) fused = false;  // the norm once per 8 rows costs more than its launch
   if (fused) {
     NormedGemv g = decode_gemv_normed(in.x, in.residual, in.norm->weight(), in.norm->eps(), ops);
     if (!g.ys.empty()) {
