@@ -46,10 +46,16 @@ for step in "$@"; do
     --decode8b)  # issue 11's 8B decode: bf16 and MLX 4-bit, 512 + 64 greedy tokens
       m=/tmp/l8b
       [[ -d $m-mlx4 ]] || python3 "$root/tools/make_random_model.py" --shape llama-3.1-8b --out $m --mlx-q4 > "$out/make_l8b.log" 2>&1
-      for v in "$m" "$m-mlx4"; do
-        echo "== hearth $v 512 + 64"
-        "$b/hearth" bench --model "$v" --prompt-tokens 512 --gen-tokens 64 2>&1 | grep -E "decode|TTFT"
-      done 2>&1 | tee "$out/decode8b.log" ;;
+      {
+        for v in "$m" "$m-mlx4"; do
+          echo "== hearth $v 512 + 64"
+          "$b/hearth" bench --model "$v" --prompt-tokens 512 --gen-tokens 64 2>&1 | grep -E "decode|TTFT"
+        done
+        for r in 8192 32768; do  # the norm in the affine GEMV's prologue past 4,096 rows (q/k/v 6,144; gate/up 28,672)
+          echo "== hearth $m-mlx4 512 + 64, HEARTH_GEMV_NORM_MAX_ROWS=$r"
+          HEARTH_GEMV_NORM_MAX_ROWS=$r "$b/hearth" bench --model "$m-mlx4" --prompt-tokens 512 --gen-tokens 64 2>&1 | grep -E "decode|TTFT"
+        done
+      } 2>&1 | tee "$out/decode8b.log" ;;
     --gemv)  # the decode GEMV micro-benchmarks (dense bf16 on the 1B shape; MLX 4-bit on the 1B and 8B shapes)
       for n in gemv_bench gemv_affine_bench; do
         nvcc -std=c++17 -O3 -arch=sm_90 -cudart static -I "$root/src/kernels" "$root/bench/$n.cu" -o "/tmp/$n" > "$out/$n.build.log" 2>&1 \
