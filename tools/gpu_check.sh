@@ -70,6 +70,10 @@ for step in "$@"; do
         for step in 2048 4096; do
           echo "== hearth --prefill-step-size $step"
           "$b/hearth" bench --model $m --prompt-tokens 4096 --gen-tokens 1 --runs 3 --prefill-step-size $step 2>&1 | grep -E "prefill|TTFT"
+          # cuDNN's attention for the prompt's square causal chunk (2x flash from 2K tokens; it plans each
+          # new shape for ~60 ms, which the median of 3 runs leaves out: what bucketed lengths would give)
+          echo "== hearth --prefill-step-size $step, HEARTH_SDPA_CUDNN=1"
+          HEARTH_SDPA_CUDNN=1 "$b/hearth" bench --model $m --prompt-tokens 4096 --gen-tokens 1 --runs 3 --prefill-step-size $step 2>&1 | grep -E "prefill|TTFT"
         done
       } 2>&1 | tee "$out/prefill.log" ;;
     --bench-train)  # issue 4's table: LoRA SFT memory/speed vs sequence length, Hearth vs transformers+peft
