@@ -166,15 +166,21 @@ __global__ void __launch_bounds__(kNormThreads) rms_norm_staged_kernel(const Nor
   }
 }
 
+// silu(g)·u as at::silu then the product compute it: silu rounded to T, the product in fp32, then T.
+template <typename T>
+__device__ __forceinline__ T silu_mul_one(T g, T u) {
+  const float a = to_f32(g);
+  const float s = round_to<T>(a / (1.f + expf(-a)));  // at::silu, stored in T
+  return from_f32<T>(s * to_f32(u));
+}
+
 template <typename T>
 __global__ void silu_mul_kernel(const T* __restrict__ g, const T* __restrict__ u, T* __restrict__ y, int64_t n) {
   pdl_launch_dependents();
   pdl_wait();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float a = to_f32(g[i]);
-    const float s = round_to<T>(a / (1.f + expf(-a)));  // at::silu, stored in T
-    y[i] = from_f32<T>(s * to_f32(u[i]));
+    y[i] = silu_mul_one(g[i], u[i]);
   }
 }
 
@@ -189,11 +195,7 @@ __global__ void silu_mul_vec_kernel(const T* __restrict__ g, const T* __restrict
        v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     Vec16<T> a = load16(g + v * Vec16<T>::kN), b = load16(u + v * Vec16<T>::kN);
 #pragma unroll
-    for (int k = 0; k < Vec16<T>::kN; ++k) {
-      const float x = to_f32(a[k]);
-      const float s = round_to<T>(x / (1.f + expf(-x)));  // at::silu, stored in T
-      a[k] = from_f32<T>(s * to_f32(b[k]));
-    }
+    for (int k = 0; k < Vec16<T>::kN; ++k) a[k] = silu_mul_one(a[k], b[k]);
     store16(y + v * Vec16<T>::kN, a);
   }
 }
