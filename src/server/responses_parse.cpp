@@ -70,7 +70,15 @@ std::vector<ChatMessage> parse_input(const json& input) {
   if (!input.is_array()) bad_type("input", input, "a string or an array of input items");
   if (input.empty()) bad_value("input", "Invalid 'input': empty array. Expected an array with minimum length 1.");
   std::map<std::string, std::string> call_names;
-  std::optional<std::string> pending_reasoning;
+  std::optional<std::string> pending_reasoning;  // reasoning items waiting for the assistant turn they belong to
+  std::string reasoning_at;                      // the first of them, for errors
+  // A reasoning item belongs to the assistant message or function_call that follows it (OpenAI
+  // refuses one "provided without its required following item"); anywhere else it would be
+  // dropped or moved, so it is refused.
+  auto reasoning_unclaimed = [&]() {
+    bad_value(reasoning_at, "Invalid '" + reasoning_at + "': a reasoning item must be followed by the assistant message "
+                                "or function_call it belongs to.");
+  };
   bool last_was_call = false;  // the previous item was a function_call (consecutive calls share one turn)
   for (size_t i = 0; i < input.size(); ++i) {
     const json& it = input[i];
@@ -89,6 +97,7 @@ std::vector<ChatMessage> parse_input(const json& input) {
       const json* c = json_field(it, "content");
       if (!c) missing(p + ".content");
       m.content = text_of(*c, p + ".content", {"input_text", "output_text", "text", "refusal"});
+      if (m.role != "assistant" && pending_reasoning) reasoning_unclaimed();
       if (m.role == "assistant" && pending_reasoning) m.reasoning_content = std::exchange(pending_reasoning, std::nullopt);
       out.push_back(std::move(m));
     } else if (type == "function_call") {
@@ -111,6 +120,7 @@ std::vector<ChatMessage> parse_input(const json& input) {
       out.back().tool_calls.push_back(std::move(call));
       last_was_call = true;
     } else if (type == "function_call_output") {
+      if (pending_reasoning) reasoning_unclaimed();
       ChatMessage m;
       m.role = "tool";
       m.tool_call_id = required_string(it, "call_id", p);
@@ -121,6 +131,7 @@ std::vector<ChatMessage> parse_input(const json& input) {
       out.push_back(std::move(m));
     } else if (type == "reasoning") {
       std::string t = reasoning_text(it, p);
+      if (!pending_reasoning) reasoning_at = p;
       pending_reasoning = pending_reasoning ? *pending_reasoning + "\n" + t : t;
     } else if (type == "item_reference") {
       bad_value(p + ".type", "Invalid '" + p + "': item_reference needs stored responses, which this server does not keep; "
@@ -130,6 +141,7 @@ std::vector<ChatMessage> parse_input(const json& input) {
                                  "': this server accepts message, function_call, function_call_output and reasoning items.");
     }
   }
+  if (pending_reasoning) reasoning_unclaimed();
   return out;
 }
 
@@ -197,7 +209,7 @@ ResponsesRequest parse_responses_request(const json& body) {
   const json* input = json_field(body, "input");
   if (!input) missing("input");
   for (auto& m : parse_input(*input)) req.messages.push_back(std::move(m));
-  if (req.messages.back().role == "assistant")
+  if (req.messages.empty() || req.messages.back().role == "assistant")
     bad_value("input", "Invalid 'input': the last item is the assistant's; end with a user message or a function_call_output.");
   req.max_tokens = integer_in(body, "max_output_tokens", 1, kMaxTokensLimit);
   req.max_tokens_param = "max_output_tokens";  // budget errors name the field the client sent
@@ -206,6 +218,17 @@ ResponsesRequest parse_responses_request(const json& body) {
   req.adapter = string_field(body, "adapter", "adapter");
   req.sampling.temperature = number_in(body, "temperature", 0, 2);
   req.sampling.top_p = number_in(body, "top_p", 0, 1);
+  // Log-probabilities are not produced on this route (chat/completions has them): refused, not ignored.
+  if (integer_in(body, "top_logprobs", 0, 20).value_or(0) > 0)
+    bad_value("top_logprobs", "'top_logprobs' is not supported on /v1/responses by this server; use /v1/chat/completions "
+                              "with logprobs.");
+  if (const json* inc = json_field(body, "include")) {
+    if (!inc->is_array()) bad_type("include", *inc, "an array");
+    for (size_t i = 0; i < inc->size(); ++i)
+      if ((*inc)[i].is_string() && (*inc)[i].get<std::string>() == "message.output_text.logprobs")
+        bad_value(at("include", i), "'message.output_text.logprobs' is not supported on /v1/responses by this server; "
+                                    "use /v1/chat/completions with logprobs.");
+  }
   parse_tools(body, r);
   if (const json* text = json_field(body, "text")) {
     if (!text->is_object()) bad_type("text", *text, "an object");
@@ -224,7 +247,13 @@ ResponsesRequest parse_responses_request(const json& body) {
         try {
           parse_response_format(json{{"response_format", std::move(rf)}}, req);
         } catch (const ApiError& e) {
-          throw ApiError(e.status(), e.what(), "text.format", e.code());
+          // The message names the chat form's fields; the client sent text.format.
+          std::string msg = e.what();
+          for (const std::string from : {"response_format.json_schema.", "response_format."}) {
+            for (size_t at = msg.find(from); at != std::string::npos; at = msg.find(from, at))
+              msg.replace(at, from.size(), "text.format.");
+          }
+          throw ApiError(e.status(), msg, "text.format", e.code());
         }
       } else if (type != "text") {
         bad_value("text.format.type", "Unsupported 'text.format.type': '" + type +

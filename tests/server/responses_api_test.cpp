@@ -117,6 +117,47 @@ TEST(ResponsesParse, RefusesWhatItCannotServe) {
   EXPECT_EQ(refused_responses(R"({"input": "x", "max_output_tokens": 0})"), "max_output_tokens");
   EXPECT_EQ(refused_responses(R"({"input": "x", "temperature": 3})"), "temperature");
   EXPECT_EQ(refused_responses(R"({"input": []})"), "input");
+  EXPECT_EQ(refused_responses(R"({"input": "x", "top_logprobs": 3})"), "top_logprobs");
+  EXPECT_EQ(refused_responses(R"({"input": "x", "top_logprobs": 21})"), "top_logprobs");
+  EXPECT_EQ(refused_responses(R"({"input": "x", "include": ["message.output_text.logprobs"]})"), "include[0]");
+  EXPECT_EQ(parse_responses(R"({"input": "x", "top_logprobs": 0})").req.messages.size(), 1u);
+}
+
+// A reasoning item belongs to the assistant message or function_call after it: alone (no message
+// at all: once a crash), before a user turn or a function_call_output, or last, it is refused.
+TEST(ResponsesParse, ReasoningItemWithoutItsAssistantTurnIsRefused) {
+  const std::string rs = R"({"type": "reasoning", "summary": [{"type": "summary_text", "text": "t"}]})";
+  EXPECT_EQ(refused_responses(R"({"input": [{"type": "reasoning"}]})"), "input[0]");
+  EXPECT_EQ(refused_responses(R"({"instructions": "be brief", "input": [)" + rs + "]}"), "input[0]");
+  EXPECT_EQ(refused_responses(R"({"input": [{"role": "user", "content": "x"}, )" + rs + "]}"), "input[1]");
+  EXPECT_EQ(refused_responses(R"({"input": [)" + rs + R"(, {"role": "user", "content": "x"}]})"), "input[0]");
+  EXPECT_EQ(refused_responses(R"({"input": [{"role": "user", "content": "x"}, )" + rs + ", " + rs +
+                              R"(, {"type": "function_call_output", "call_id": "c", "output": "o"}]})"),
+            "input[1]");
+  try {
+    parse_responses(R"({"input": [{"type": "reasoning"}]})");
+  } catch (const ApiError& e) {
+    EXPECT_NE(std::string(e.what()).find("must be followed by the assistant message or function_call"), std::string::npos)
+        << e.what();
+  }
+  // Followed by its assistant turn it is that turn's reasoning (MapsInputItems covers function_call).
+  auto ok = parse_responses(R"({"input": [{"role": "user", "content": "x"}, )" + rs +
+                            R"(, {"role": "assistant", "content": "y"}, {"role": "user", "content": "z"}]})");
+  ASSERT_EQ(ok.req.messages.size(), 3u);
+  EXPECT_EQ(ok.req.messages[1].reasoning_content.value_or(""), "t");
+}
+
+// A bad text.format schema names the field the client sent, not chat's response_format.
+TEST(ResponsesParse, TextFormatErrorsNameTextFormat) {
+  try {
+    parse_responses(R"({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "banana"}}}})");
+    FAIL() << "accepted";
+  } catch (const ApiError& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(e.param(), "text.format");
+    EXPECT_EQ(m.find("response_format"), std::string::npos) << m;
+    EXPECT_NE(m.find("'text.format.schema'"), std::string::npos) << m;
+  }
 }
 
 class ResponsesServerTest : public ServerTest {
