@@ -12,13 +12,19 @@ namespace hearth::server {
 /// Thrown by request parsing and routes; the server turns it into a response with `status`.
 class ApiError : public std::runtime_error {
  public:
+  /// A NUL in `message` (an echoed request value) is written as \x00: what() would end there.
   ApiError(int status, const std::string& message, std::string param = {}, std::string code = {})
-      : std::runtime_error(message), status_(status), param_(std::move(param)), code_(std::move(code)) {}
+      : std::runtime_error(without_nul(message)), status_(status), param_(std::move(param)), code_(std::move(code)) {}
   int status() const { return status_; }
   const std::string& param() const { return param_; }  ///< offending field ("" = none)
   const std::string& code() const { return code_; }    ///< OpenAI code ("" = null)
 
  private:
+  static std::string without_nul(const std::string& m) {
+    std::string out;
+    for (char c : m) out += c == '\0' ? std::string("\\x00") : std::string(1, c);
+    return out;
+  }
   int status_;
   std::string param_;
   std::string code_;

@@ -225,11 +225,13 @@ nlohmann::ordered_json parse_body(std::string_view body) {
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // syntax (parse_error) and numbers past a double (out_of_range 406)
     std::string what = e.what();
-    auto colon = what.find("]");  // drop nlohmann's "[json.exception.parse_error.101]" prefix
-    throw ApiError(400, "Invalid JSON body: " + (colon == std::string::npos ? what : what.substr(colon + 2)),
-                   "", "invalid_json");
+    auto colon = what.find("] ");  // drop nlohmann's "[json.exception.parse_error.101]" prefix
+    if (colon != std::string::npos) what = what.substr(colon + 2);
+    constexpr size_t kMaxEcho = 200;  // the message may quote a literal of the body (a 5,000-digit number)
+    if (what.size() > kMaxEcho) what = what.substr(0, kMaxEcho) + "...";
+    throw ApiError(400, "Invalid JSON body: " + what, "", "invalid_json");
   }
   if (!j.is_object()) throw ApiError(400, "Invalid JSON body: expected an object, but got " + type_name(j) + ".", "", "invalid_json");
   return j;
@@ -267,6 +269,12 @@ CompletionRequest parse_completion_request(const nlohmann::ordered_json& body) {
   const json* p = field(body, "prompt");
   if (!p) throw ApiError(400, "Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter");
   if (p->is_array() && p->empty()) bad("prompt", "Invalid 'prompt': empty array.");
+  // One prompt in a list (as LangChain and the legacy SDK send it) is that prompt; several are a
+  // batch, which stays unsupported.
+  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) {
+    p = &(*p)[0];
+    if (p->is_array() && p->empty()) bad("prompt", "Invalid 'prompt[0]': empty array.");
+  }
   if (p->is_array() && !(*p)[0].is_string() && !(*p)[0].is_array()) {
     // One prompt as token ids (OpenAI's "array of tokens"); a batch of prompts stays unsupported.
     for (size_t i = 0; i < p->size(); ++i) {
@@ -281,7 +289,8 @@ CompletionRequest parse_completion_request(const nlohmann::ordered_json& body) {
     }
   } else {
     if (!p->is_string())
-      bad_type("prompt", *p, "a string or an array of token ids (arrays of prompts are not supported)");
+      bad_type("prompt", *p, "a string or an array of token ids (arrays of several prompts are not supported: send one "
+                             "request per prompt)");
     req.prompt = p->get<std::string>();
     if (req.prompt.empty()) bad("prompt", "Invalid 'prompt': empty string.");
   }

@@ -195,8 +195,8 @@ TEST(RequestParse, DeeplyNestedJsonIs400NamingTheField) {
 }
 
 
-// OpenAI's "array of tokens" prompt for /v1/completions: one prompt as ids; a batch of prompts, a
-// non-integer or a negative id is a 400 naming the element.
+// OpenAI's "array of tokens" prompt for /v1/completions: one prompt as ids (or one prompt in a
+// list); a batch of prompts, a non-integer or a negative id is a 400 naming the element.
 TEST(RequestParse, CompletionPromptAsTokenIds) {
   auto c = parse_completion_request(parse_body(R"({"prompt": [1, 22, 333], "max_tokens": 2})"));
   EXPECT_EQ(c.prompt_ids, (std::vector<int64_t>{1, 22, 333}));
@@ -205,7 +205,12 @@ TEST(RequestParse, CompletionPromptAsTokenIds) {
   EXPECT_EQ(rejected_param(R"({"prompt": [1, 2.5]})", false), "prompt[1]");
   EXPECT_EQ(rejected_param(R"({"prompt": [-1]})", false), "prompt[0]");
   EXPECT_EQ(rejected_param(R"({"prompt": ["a", "b"]})", false), "prompt");
-  EXPECT_EQ(rejected_param(R"({"prompt": [[1, 2]]})", false), "prompt");
+  EXPECT_EQ(rejected_param(R"({"prompt": [[1, 2], [3]]})", false), "prompt");
+  EXPECT_EQ(rejected_param(R"({"prompt": [[]]})", false), "prompt");
+  EXPECT_EQ(rejected_param(R"({"prompt": [["a"]]})", false), "prompt");
+  // One prompt in a list (LangChain, the legacy SDK) is that prompt, as text or as ids.
+  EXPECT_EQ(parse_completion_request(parse_body(R"({"prompt": [[1, 2]]})")).prompt_ids, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(parse_completion_request(parse_body(R"({"prompt": ["a b"]})")).prompt, "a b");
   EXPECT_EQ(rejected_param(R"({"prompt": []})", false), "prompt");
   EXPECT_EQ(rejected_param(R"({"prompt": [true]})", false), "prompt[0]");
   EXPECT_EQ(rejected_param(R"({"prompt": [{}]})", false), "prompt[0]");
@@ -215,6 +220,29 @@ TEST(RequestParse, CompletionPromptAsTokenIds) {
   } catch (const ApiError& e) {
     EXPECT_NE(std::string(e.what()).find("outside the vocabulary"), std::string::npos) << e.what();
   }
+}
+
+// A number no double holds (nlohmann's out_of_range 406, not a parse_error) is the client's bad
+// JSON: a 400 whose message does not echo a 5,000-digit literal whole.
+TEST(RequestParse, NumberOverflowIsInvalidJson) {
+  for (const std::string lit : {std::string("1e400"), std::string(5000, '9')}) {
+    try {
+      parse_body(R"({"messages": [{"role": "user", "content": "x"}], "temperature": )" + lit + "}");
+      ADD_FAILURE() << "accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status(), 400);
+      EXPECT_EQ(e.code(), "invalid_json");
+      const std::string m = e.what();
+      EXPECT_EQ(m.rfind("Invalid JSON body: number overflow", 0), 0u) << m;
+      EXPECT_LT(m.size(), 300u);
+    }
+  }
+}
+
+// A NUL echoed from the request is written out: what() would otherwise end the message there.
+TEST(RequestParse, ApiErrorKeepsTheMessagePastANul) {
+  const ApiError e(400, std::string("The model `gpt") + '\0' + "-4` does not exist.", "model");
+  EXPECT_EQ(std::string(e.what()), "The model `gpt\\x00-4` does not exist.");
 }
 
 TEST(RequestParse, IgnoreEosIsVllmsFlagAndRefusedWithAGrammar) {

@@ -311,7 +311,7 @@ TEST_F(ServerTest, BadRequestsGet400InOpenAiShapeAndTheServerKeepsServing) {
   expect_error(post("/v1/chat/completions", "{" + m + R"(, "max_tokens": 1e15})"), 400, "max_tokens");
   expect_error(post("/v1/chat/completions", "{" + m + R"(, "n": 0})"), 400, "n");
   expect_error(post("/v1/chat/completions", "{" + m + R"(, "adapter": "nope"})"), 400);  // engine's prepare()
-  expect_error(post("/v1/completions", R"({"prompt": ["a"]})"), 400, "prompt");
+  expect_error(post("/v1/completions", R"({"prompt": ["a", "b"]})"), 400, "prompt");
   expect_error(post("/v1/completions", R"({"prompt": "a", "suffix": " the end"})"), 400, "suffix");  // as vLLM
   auto r = post("/v1/chat/completions", chat_body("still alive"));
   ASSERT_EQ(r->status, 200);
@@ -340,6 +340,9 @@ TEST_F(ServerTest, UnknownRouteIs404AndWrongMethodIs405) {
   expect_error(r, 405);
   EXPECT_EQ(r->get_header_value("Allow"), "POST");
   expect_error(client().Delete("/health"), 405);
+  // A collection path with an empty id is no resource, not a method mismatch.
+  expect_error(client().Get("/v1/models/"), 404);
+  expect_error(client().Delete("/v1/adapters/"), 404);
 }
 
 TEST_F(ServerTest, ApiKeyIsRequiredOnV1RoutesWhenSet) {
