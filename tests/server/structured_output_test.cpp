@@ -121,11 +121,24 @@ TEST(StructuredOutputParse, ForcedToolCalls) {
     named["ignore_eos"] = true;  // a forced call: refused with ignore_eos
     EXPECT_EQ(parse_error(named).param(), "ignore_eos") << name;
   }
-  // "required" without tools forces nothing, so ignore_eos is fine there.
+  // A forced choice ("required" or a named function) with no tools is a 400 (OpenAI's answer):
+  // at parsing for chat, at the engine's check for the routes that parse it elsewhere (Anthropic,
+  // Responses).
   OJ no_tools = chat_body(nullptr);
-  no_tools["tool_choice"] = "required";
-  no_tools["ignore_eos"] = true;
-  EXPECT_TRUE(parse_chat_request(no_tools).ignore_eos);
+  for (const OJ& choice : {OJ("required"), OJ{{"type", "function"}, {"function", {{"name", "f"}}}}}) {
+    no_tools["tool_choice"] = choice;
+    const ApiError e = parse_error(no_tools);
+    EXPECT_EQ(e.param(), "tool_choice");
+    EXPECT_EQ(std::string(e.what()), "Invalid 'tool_choice': it forces a tool call, but the request gives no 'tools'.");
+  }
+  CompletionRequest forced;
+  forced.chat = true;
+  forced.tool_choice = "required";
+  EXPECT_THROW(check_structured_output(forced, chat::ToolCallFormat::Hermes), ApiError);
+  forced.tool_choice = "function", forced.tool_choice_name = "f";
+  EXPECT_THROW(check_structured_output(forced, chat::ToolCallFormat::Hermes), ApiError);
+  no_tools["tool_choice"] = "auto";
+  EXPECT_NO_THROW(check_structured_output(parse_chat_request(no_tools), chat::ToolCallFormat::Hermes));
 }
 
 class StarterStructuredTest : public ::testing::Test {
