@@ -122,15 +122,30 @@ void lingering_close(int fd, std::chrono::milliseconds wait, size_t max_bytes) {
   ::close(fd);
 }
 
-// Answers a connection over the cap without reading it: a 503 written without blocking, then close.
-void refuse(int fd, size_t cap) {
-  const std::string body = "{\"error\": {\"message\": \"Too many open connections (" + std::to_string(cap) +
-                           "); retry later.\", \"type\": \"server_error\", \"param\": null, \"code\": "
-                           "\"too_many_connections\"}}";
-  const std::string msg = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: " +
-                          std::to_string(body.size()) + "\r\nConnection: close\r\nRetry-After: 1\r\n\r\n" + body;
+// A whole response with an OpenAI error body, "Connection: close", written without blocking (the
+// transport's own answers, before or instead of httplib's). `message` holds no character JSON
+// would escape.
+void send_error_now(int fd, int status, const char* reason, const std::string& message, const char* code,
+                    const char* extra_headers = "") {
+  const std::string type = status >= 500 ? "server_error" : "invalid_request_error";
+  const std::string body = "{\"error\": {\"message\": \"" + message + "\", \"type\": \"" + type +
+                           "\", \"param\": null, \"code\": " + (*code ? "\"" + std::string(code) + "\"" : "null") + "}}";
+  const std::string msg = "HTTP/1.1 " + std::to_string(status) + " " + reason +
+                          "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+                          "\r\nConnection: close\r\n" + extra_headers + "\r\n" + body;
   [[maybe_unused]] ssize_t n = ::send(fd, msg.data(), msg.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+// Answers a connection over the cap without reading it: a 503, then close.
+void refuse(int fd, size_t cap) {
+  send_error_now(fd, 503, "Service Unavailable", "Too many open connections (" + std::to_string(cap) + "); retry later.",
+                 "too_many_connections", "Retry-After: 1\r\n");
   lingering_close(fd, std::chrono::milliseconds(200), 64u << 10);
+}
+
+std::string too_large_message(const TransportLimits& lim) {
+  return "Request body too large: this server accepts at most " + std::to_string(lim.max_body_bytes) +
+         " bytes (--max-body-bytes).";
 }
 
 // Still connected? A readable socket with nothing to read (end of stream) or in error means the
@@ -197,6 +212,7 @@ struct GuardedHttpServer::Conn : httplib::Stream {
     ssize_t n;
     do n = ::send(sock, ptr, size, MSG_NOSIGNAL);
     while (n < 0 && errno == EINTR);
+    if (n > 0) written += static_cast<size_t>(n);
     return n;
   }
 
@@ -235,6 +251,7 @@ struct GuardedHttpServer::Conn : httplib::Stream {
   Clock::time_point deadline = Clock::time_point::max();
   size_t phase_bytes = 0;
   ReadFailure failure = ReadFailure::kNone;
+  size_t written = 0;  // response bytes sent on this connection
   bool close_requested = false;
   // Guarded by GuardedHttpServer::mu_:
   bool idle = false;
@@ -247,6 +264,30 @@ struct GuardedHttpServer::Conn : httplib::Stream {
 };
 
 ReadFailure current_read_failure() { return tls_conn ? tls_conn->failure : ReadFailure::kNone; }
+
+std::pair<int, std::string> read_failure_answer(ReadFailure failure, int status, const TransportLimits& lim) {
+  switch (failure) {
+    case ReadFailure::kHeaderTimeout:
+      return {408, "Request headers not received within " + std::to_string(lim.header_timeout_s) + " s."};
+    case ReadFailure::kBodyTimeout:
+      return {408, "Request body not received within " + std::to_string(lim.body_timeout_s) + " s."};
+    case ReadFailure::kHeadersTooLarge:
+      return {431, "Request line and headers exceed " + std::to_string(lim.max_header_bytes) + " bytes."};
+    case ReadFailure::kBodyTooLarge:
+      return {413, too_large_message(lim)};
+    case ReadFailure::kSilence:
+      return {400, "Request cut short: the client sent nothing for " + std::to_string(lim.read_timeout_s) +
+                       " s in the middle of it (a body shorter than its Content-Length, or a bad chunk size?)."};
+    case ReadFailure::kNone:
+      break;
+  }
+  if (status == 413) return {413, too_large_message(lim)};
+  if (status == 414)
+    return {414, "Request target too long: this server reads request lines of at most " +
+                     std::to_string(CPPHTTPLIB_REQUEST_URI_MAX_LENGTH) + " bytes."};
+  if (status == 400) return {400, "Malformed request: bad request line, headers or body framing."};
+  return {status, "HTTP error " + std::to_string(status) + "."};
+}
 
 bool current_client_closed() { return tls_conn && peer_closed(tls_conn->sock); }
 
@@ -322,8 +363,17 @@ bool GuardedHttpServer::process_and_close_socket(socket_t sock) {
     c.begin(Conn::Phase::kHeaders, limits_.header_timeout_s);
     c.close_requested = false;
     bool closed = false;
+    const size_t written = c.written;
     ret = process_request(c, n + 1 == kMaxRequestsPerConnection, closed,
                           [&c, this](httplib::Request&) { c.begin(Conn::Phase::kBody, limits_.body_timeout_s); });
+    if (!ret && c.written == written && c.failure != ReadFailure::kNone) {
+      // httplib answers nothing when the request line itself could not be read (too long, too
+      // slow): say why, as for the headers (408 / 431 / 400), then close.
+      const auto [status, message] = read_failure_answer(c.failure, 400, limits_);
+      send_error_now(sock, status, status == 408 ? "Request Timeout" : status == 431 ? "Request Header Fields Too Large" : "Bad Request",
+                     message, "");
+      c.close_requested = true;
+    }
     if (!ret || closed || c.close_requested) break;
   }
   tls_conn = nullptr;

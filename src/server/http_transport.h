@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <list>
 #include <mutex>
+#include <string>
+#include <utility>
 
 namespace hearth::server {
 
@@ -41,6 +43,10 @@ enum class ReadFailure {
 
 /// The read failure of the request being handled on this thread (kNone outside a connection).
 ReadFailure current_read_failure();
+/// Status and one-line message for a request whose line, headers or body could not be read:
+/// from `failure` (what the transport saw), else from `status` (httplib's own answer: 400, 413,
+/// 414 for a request target over CPPHTTPLIB_REQUEST_URI_MAX_LENGTH, ...).
+std::pair<int, std::string> read_failure_answer(ReadFailure failure, int status, const TransportLimits& lim);
 /// Whether the client of the request being handled on this thread has closed its connection (or
 /// it was reset): a non-blocking peek at the socket, which reads nothing (an end of stream or an
 /// error there means the client left; bytes waiting, e.g. a pipelined request, mean it did not).

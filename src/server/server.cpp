@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/printable.h"
 #include "server/anthropic_api.h"
 #include "server/api_error.h"
 #include "server/engine_loop.h"
@@ -79,34 +80,6 @@ httplib::Server::HandlerWithContentReader bodyless(BodylessHandler h) {
   };
 }
 
-std::string too_large_message(const TransportLimits& lim) {
-  return "Request body too large: this server accepts at most " + std::to_string(lim.max_body_bytes) +
-         " bytes (--max-body-bytes).";
-}
-
-// Status and message for a request whose line, headers or body could not be read, from what the
-// transport saw (`status`: httplib's own guess).
-std::pair<int, std::string> read_failure_answer(int status, const TransportLimits& lim) {
-  switch (current_read_failure()) {
-    case ReadFailure::kHeaderTimeout:
-      return {408, "Request headers not received within " + std::to_string(lim.header_timeout_s) + " s."};
-    case ReadFailure::kBodyTimeout:
-      return {408, "Request body not received within " + std::to_string(lim.body_timeout_s) + " s."};
-    case ReadFailure::kHeadersTooLarge:
-      return {431, "Request line and headers exceed " + std::to_string(lim.max_header_bytes) + " bytes."};
-    case ReadFailure::kBodyTooLarge:
-      return {413, too_large_message(lim)};
-    case ReadFailure::kSilence:
-      return {400, "Request cut short: the client sent nothing for " + std::to_string(lim.read_timeout_s) +
-                       " s in the middle of it (a body shorter than its Content-Length?)."};
-    case ReadFailure::kNone:
-      break;
-  }
-  if (status == 413) return {413, too_large_message(lim)};
-  if (status == 400) return {400, "Malformed request: bad request line, headers or body framing."};
-  return {status, "HTTP error " + std::to_string(status) + "."};
-}
-
 // Reads the request body through `read`: at most `max_bytes` decoded bytes, whatever the framing
 // (a chunked body is counted as it arrives, not after). On failure answers 413 (too large), 408
 // (too slow) or 400 (cut short, bad chunks), closes the connection after it, and returns false.
@@ -123,7 +96,7 @@ bool read_body(const httplib::ContentReader& read, const TransportLimits& lim, s
   });
   if (ok) return true;
   close_after_response(res);
-  auto [status, message] = too_large ? std::pair{413, too_large_message(lim)} : read_failure_answer(400, lim);
+  auto [status, message] = read_failure_answer(too_large ? ReadFailure::kBodyTooLarge : current_read_failure(), 400, lim);
   send_error(res, status, message, "", status == 413 ? "request_too_large" : "");
   return false;
 }
@@ -160,7 +133,19 @@ TransportLimits transport_limits(const ServerOptions& o) {
 }
 
 // Routes and the methods they accept (for 404 vs 405).
+constexpr const char* kRoutedMethods = "GET, HEAD, POST, PUT, PATCH, DELETE and OPTIONS";
+bool routed_method(const std::string& m) {
+  for (const char* r : {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+    if (m == r) return true;
+  return false;
+}
+
 bool known_path(const std::string& path, std::string& allow) {
+  // "/v1/adapters/" and "/v1/models/" with no id are no resource (404), not a method mismatch.
+  auto id_under = [&](const char* prefix) {
+    const std::string p = prefix;
+    return path.size() > p.size() && path.rfind(p, 0) == 0;
+  };
   allow = "POST";
   if (path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/responses" || path == "/v1/messages" ||
       path == "/v1/messages/count_tokens")
@@ -168,9 +153,9 @@ bool known_path(const std::string& path, std::string& allow) {
   allow = "GET, POST";
   if (path == "/v1/adapters") return true;
   allow = "DELETE";
-  if (path.rfind("/v1/adapters/", 0) == 0) return true;
+  if (id_under("/v1/adapters/")) return true;
   allow = "GET";
-  if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0 || path == "/health" || path == "/metrics" || path == "/")
+  if (path == "/v1/models" || id_under("/v1/models/") || path == "/health" || path == "/metrics" || path == "/")
     return true;
   for (const auto& a : web_assets())
     if (path == a.path) return true;
@@ -355,7 +340,16 @@ struct Server::Impl {
     // connection: what is left of the request cannot be trusted.
     http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-      auto [status, message] = read_failure_answer(res.status, http.limits());
+      auto [status, message] = read_failure_answer(current_read_failure(), res.status, http.limits());
+      if (status == 400 && current_read_failure() == ReadFailure::kNone && !routed_method(req.method) &&
+          !req.method.empty() && req.method.size() <= 32 && !has_control_chars(req.method)) {
+        // httplib reads TRACE, CONNECT and methods it does not know as a bad request line.
+        status = 501;
+        message = "Method " + printable(req.method) + " is not implemented by this server (it answers " + kRoutedMethods + ").";
+      } else if (status == 400 && current_read_failure() == ReadFailure::kNone && req.has_header("Content-Encoding")) {
+        message = "Malformed request: the body does not decode as its Content-Encoding '" +
+                  printable(req.get_header_value("Content-Encoding"), 40) + "' says, or its framing is bad.";
+      }
       close_after_response(res);
       send_error(res, status, message, "", status == 413 ? "request_too_large" : "");
       to_anthropic_error(req, res);
@@ -410,6 +404,8 @@ struct Server::Impl {
       }
       id = body["id"].get<std::string>();
       path = body["path"].get<std::string>();
+      if (has_control_chars(path))  // a NUL would cut the path short: another folder than the one sent
+        throw ApiError(400, "'path' must not contain control characters.", "path");
     } catch (const ApiError& e) {
       return send_error(res, e.status(), e.what(), e.param(), e.code());
     }

@@ -1,6 +1,6 @@
 // The server's transport under hostile clients, in process (FakeEngine): chunked bodies over
 // --max-body-bytes, slow and drip-fed headers, idle and busy connections at the cap, oversized
-// headers, ambiguous framing, and a prompt that is slow to build.
+// headers and request lines, unknown methods, ambiguous framing, and a prompt that is slow to build.
 #include <poll.h>
 
 #include <atomic>
@@ -173,6 +173,32 @@ TEST_F(TransportTest, OversizedHeadersAre431) {
   auto [status, body] = parse_reply(r.text);
   EXPECT_EQ(status, 431) << r.text.substr(0, 300);
   EXPECT_TRUE(body["error"]["message"].is_string()) << r.text.substr(0, 300);
+}
+
+// A request line past the header cap never ends for httplib (it answers nothing then): the
+// transport answers 431 itself. A target over httplib's URI limit is a 414 that says so, and a
+// method httplib does not route (TRACE, CONNECT, unknown) a 501 naming it.
+TEST_F(TransportTest, RequestLineFailuresAreAnswered) {
+  start();
+  RawReply r = raw_exchange("GET /" + std::string(100000, 'a') + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+  auto [status, body] = parse_reply(r.text);
+  EXPECT_EQ(status, 431) << r.text.substr(0, 300);
+  EXPECT_NE(body["error"]["message"].get<std::string>().find("Request line and headers exceed"), std::string::npos) << r.text;
+  EXPECT_NE(r.text.find("Connection: close"), std::string::npos) << r.text;
+  r = raw_exchange("GET /" + std::string(9000, 'a') + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+  std::tie(status, body) = parse_reply(r.text);
+  EXPECT_EQ(status, 414) << r.text.substr(0, 300);
+  EXPECT_NE(body["error"]["message"].get<std::string>().find("Request target too long"), std::string::npos) << r.text;
+  for (const std::string m : {"TRACE", "CONNECT", "FOO"}) {
+    r = raw_exchange(m + " /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+    std::tie(status, body) = parse_reply(r.text);
+    EXPECT_EQ(status, 501) << m << ": " << r.text.substr(0, 300);
+    EXPECT_NE(body["error"]["message"].get<std::string>().find("Method " + m + " is not implemented"), std::string::npos)
+        << r.text;
+  }
+  auto h = client().Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
 }
 
 TEST_F(TransportTest, AmbiguousFramingIsRefusedAtOnce) {
