@@ -62,7 +62,8 @@ class Interpreter {
   /// Counts `n` steps against the budget; TemplateError when exceeded.
   void tick(int line, int64_t n = 1) {
     steps_ += n;
-    if (steps_ > limits_.max_steps) template_fail(line, "template exceeded the step limit (infinite loop?)");
+    if (steps_ > limits_.max_steps) template_fail(line, "template exceeded the step limit of " + std::to_string(limits_.max_steps) +
+                                                            " steps (an endless loop, or more input than it can render)");
   }
   /// Throws when a string about to be built would exceed the output limit, or the strings built
   /// so far the total limit.

@@ -273,8 +273,9 @@ Prompt ModelEngine::prepare(const CompletionRequest& req) {
     in.null_content_as_empty = true;  // vLLM: content null beside tool_calls reaches templates as ""
     try {
       p.text = chat_template_->render(in);
-    } catch (const Error& e) {
-      throw InvalidArgument(cat("prompt build failed: ", e.what()));
+    } catch (const Error& e) {  // the template refused or could not render these messages (or tools)
+      throw ApiError(400, cat("Invalid 'messages': the model's chat template could not render them: ", e.what()), "messages",
+                     "invalid_value");
     }
   } else if (!req.prompt_ids.empty()) {
     // Token ids as given (vLLM: no BOS added, each id checked against the model's vocabulary).

@@ -190,6 +190,16 @@ TEST_F(ModelServerTest, PromptBuildingRendersTheTemplateWithoutDoubleBos) {
   EXPECT_THROW(engine.prepare(bad), ApiError);
   bad.adapter = "none";
   EXPECT_NO_THROW(engine.prepare(bad));
+  // A template that refuses the messages is the client's 400 on 'messages'.
+  ModelEngine refusing(cpu_options(model_with_template(tmp_.path() / "r", "llama_mha", "{{ raise_exception('no x') }}")));
+  try {
+    refusing.prepare(chat_request("x", 4));
+    ADD_FAILURE() << "rendered";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_EQ(e.param(), "messages");
+    EXPECT_NE(std::string(e.what()).find("could not render them: "), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(ModelServerTest, SamplingDefaultsResolveRequestThenServerThenGenerationConfig) {
