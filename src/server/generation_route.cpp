@@ -122,6 +122,9 @@ std::string resolve_model(const Engine& engine, CompletionRequest& req) {
   for (const auto& a : engine.list_adapters()) {
     if (a.id != req.model) continue;
     if (!req.adapter) req.adapter = a.id;
+    else if (*req.adapter != a.id)  // the response would name one and run the other
+      throw ApiError(400, "'model' names the adapter '" + a.id + "' but 'adapter' selects '" + *req.adapter +
+                              "': send one of them (or the same id in both).", "adapter", "invalid_value");
     return a.id;
   }
   throw ApiError(404, "The model `" + req.model + "` does not exist.", "model", "model_not_found");

@@ -568,6 +568,9 @@ AdapterInfo ModelEngine::mount_adapter(const std::string& id, const std::string&
   } catch (const Error& e) {
     throw ApiError(400, e.what(), "id");
   }
+  if (id == model_id_)  // 'model' would keep selecting the base model: the adapter could not be named
+    throw ApiError(409, "The id '" + id + "' is the served model's; mount the adapter under another id.", "id",
+                   "adapter_exists");
   {
     std::lock_guard<std::mutex> lock(adapters_mu_);
     for (const auto& a : adapters_)

@@ -660,6 +660,9 @@ TEST_F(ModelServerTest, DefaultAdapterCannotBeUnmountedAndAdapterErrorsKeepParam
   expect_api_error(post("/v1/adapters", {{"id", "a+b"}, {"path", lora}}), 400, "id", "");
   post_ok("/v1/adapters", {{"id", "x"}, {"path", lora}});
   expect_api_error(post("/v1/adapters", {{"id", "x"}, {"path", lora}}), 409, "id", "adapter_exists");
+  expect_api_error(post("/v1/adapters", {{"id", "m"}, {"path", lora}}), 409, "id", "adapter_exists");  // the model's id
+  // 'model' naming one adapter and 'adapter' another: refused, not answered under the wrong name.
+  expect_api_error(post("/v1/completions", {{"prompt", "hi"}, {"model", "x"}, {"adapter", "none"}}), 400, "adapter", "invalid_value");
   auto d = client().Delete("/v1/adapters/x");
   ASSERT_TRUE(d);
   EXPECT_EQ(d->status, 200) << d->body;
