@@ -121,10 +121,20 @@ std::string resolve_model(const Engine& engine, CompletionRequest& req) {
   if (req.model.empty() || req.model == engine.model_id()) return engine.model_id();
   for (const auto& a : engine.list_adapters()) {
     if (a.id != req.model) continue;
-    if (!req.adapter) req.adapter = a.id;
-    else if (*req.adapter != a.id)  // the response would name one and run the other
-      throw ApiError(400, "'model' names the adapter '" + a.id + "' but 'adapter' selects '" + *req.adapter +
-                              "': send one of them (or the same id in both).", "adapter", "invalid_value");
+    if (!req.adapter) {
+      req.adapter = a.id;
+    } else {
+      // An explicit selection decides, but must include the adapter 'model' names ("a+b" with
+      // model "a" is fine): otherwise the response would name one adapter and run another.
+      bool named = false;
+      for (size_t b = 0, e; b <= req.adapter->size(); b = e + 1) {
+        e = std::min(req.adapter->find('+', b), req.adapter->size());
+        named = named || req.adapter->compare(b, e - b, a.id) == 0;
+      }
+      if (!named)
+        throw ApiError(400, "'model' names the adapter '" + a.id + "' but 'adapter' selects '" + *req.adapter +
+                                "' without it: send one of them, or include it.", "adapter", "invalid_value");
+    }
     return a.id;
   }
   throw ApiError(404, "The model `" + req.model + "` does not exist.", "model", "model_not_found");

@@ -98,9 +98,14 @@ TEST(ServerModel, AnAdapterIdAsModelSelectsThatAdapter) {
   EXPECT_EQ(r->status, 200) << r->body;
   EXPECT_EQ(J::parse(r->body)["model"], "sql");
   EXPECT_EQ(engine.seen, "sql");
-  // An explicit `adapter` wins over the model name; the served id leaves the default.
-  EXPECT_EQ(chat(R"("model": "sql", "adapter": "none")")->status, 200);
-  EXPECT_EQ(engine.seen, "none");
+  // An explicit `adapter` decides if it includes the adapter the model names (else the response
+  // would name one and run another: a 400); the served id leaves the default.
+  EXPECT_EQ(chat(R"("model": "sql", "adapter": "chunk+sql")")->status, 200);
+  EXPECT_EQ(engine.seen, "chunk+sql");
+  auto conflict = chat(R"("model": "sql", "adapter": "none")");
+  EXPECT_EQ(conflict->status, 400) << conflict->body;
+  EXPECT_EQ(J::parse(conflict->body)["error"]["param"], "adapter");
+  EXPECT_EQ(chat(R"("model": "sql", "adapter": "sql2")")->status, 400);
   EXPECT_EQ(chat(R"("model": "fake-model")")->status, 200);
   EXPECT_EQ(engine.seen, "<unset>");
   EXPECT_EQ(chat(R"("model": "sql2")")->status, 404);
