@@ -447,9 +447,14 @@ Value list_method(const Value& obj, const std::string& name) {
   if (!tuple && (name == "append" || name == "extend"))  // mutating: jinja's immutable sandbox forbids these
     return m([obj, name](Interpreter& in, CallArgs& a) {
       auto& items = obj.list_ref().items;
-      if (name == "append") items.push_back(a.get(0, "object"));
-      else for (const auto& v : py_iter(a.get(0, "iterable"), a.line)) items.push_back(v);
-      in.check_size(items.size(), a.line);
+      if (name == "append") {
+        in.check_items(items.size() + 1, 1, a.line);
+        items.push_back(a.get(0, "object"));
+      } else {
+        const std::vector<Value> more = py_iter(a.get(0, "iterable"), a.line);
+        in.check_items(items.size() + more.size(), more.size(), a.line);  // before adding them
+        items.insert(items.end(), more.begin(), more.end());
+      }
       return Value::none();
     });
   if (name == "index" || name == "count")

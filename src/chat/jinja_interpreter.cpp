@@ -356,9 +356,10 @@ Value Interpreter::eval_binary(const std::string& op, const Value& a, const Valu
       return Value::string(a.str_ref() + b.str_ref());
     }
     if (a.is_list() && b.is_list() && a.list_ref().tuple == b.list_ref().tuple) {
+      const size_t n = a.list_ref().items.size() + b.list_ref().items.size();
+      check_items(n, n, line);  // before building it
       std::vector<Value> items = a.list_ref().items;
       items.insert(items.end(), b.list_ref().items.begin(), b.list_ref().items.end());
-      check_size(items.size(), line);
       return Value::list(std::move(items), a.list_ref().tuple);
     }
     if (a.is_string() || b.is_string())
@@ -386,7 +387,9 @@ Value Interpreter::eval_binary(const std::string& op, const Value& a, const Valu
       int64_t n = std::max<int64_t>(0, cnt->as_int());
       size_t unit = seq->is_string() ? seq->str_ref().size() : seq->list_ref().items.size();
       if (unit && static_cast<uint64_t>(n) > limits_.max_output_bytes / unit) check_size(limits_.max_output_bytes + 1, line);
-      check_size(unit * static_cast<size_t>(n), line);  // the result counts against the total too
+      // The result counts against the total too.
+      if (seq->is_string()) check_size(unit * static_cast<size_t>(n), line);
+      else check_items(unit * static_cast<size_t>(n), unit * static_cast<size_t>(n), line);
       if (seq->is_string()) {
         std::string r;
         for (int64_t i = 0; i < n; ++i) r += seq->str_ref();

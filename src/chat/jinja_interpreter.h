@@ -22,10 +22,11 @@ struct RenderLimits {
   /// (it builds the `loop` object) and range(n) counts n / kRangeItemsPerStep. About 3 s of the
   /// slowest steps on one core.
   int64_t max_steps = 1'000'000;
-  size_t max_output_bytes = 64u << 20;    // rendered text and any single string built
+  size_t max_output_bytes = kMaxSerializedBytes;  // rendered text and any single string or list built
   /// Bytes of all strings built (operators, filters) or copied out of variables, attributes and
-  /// items in one render, summed: bounds the memory a template can hold (a list it appends a
-  /// string to) and the time it spends copying.
+  /// items in one render, and of all list items built by operators (sizeof(Value) each), summed:
+  /// bounds the memory a template can hold (a list it appends a string to) and the time it spends
+  /// copying.
   size_t max_total_string_bytes = 512u << 20;
   int max_call_depth = 64;                // nested macro calls
 };
@@ -71,6 +72,14 @@ class Interpreter {
     if (bytes > limits_.max_output_bytes) template_fail(line, "string result exceeds the output size limit");
     charge_bytes(bytes, line);
   }
+  /// The same for a list about to hold `items` items of which `built` are new, an item weighing
+  /// sizeof(Value) bytes: the list within the output limit, the new items within the total (a list
+  /// doubled by `x + x` or `x * 2` in a loop would otherwise take gigabytes in few steps).
+  void check_items(size_t items, size_t built, int line) const {
+    constexpr size_t kItemBytes = sizeof(Value);
+    if (items > limits_.max_output_bytes / kItemBytes) template_fail(line, "list result exceeds the size limit");
+    charge_bytes(built * kItemBytes, line);
+  }
   /// Counts a string copied out of a variable, attribute or item against the total string limit.
   const Value& charge(const Value& v, int line) const {
     if (v.is_string()) charge_bytes(v.str_ref().size(), line);
@@ -109,7 +118,7 @@ class Interpreter {
   void charge_bytes(size_t bytes, int line) const {
     string_bytes_ += bytes;
     if (string_bytes_ > limits_.max_total_string_bytes)
-      template_fail(line, "strings built by the template exceed the total size limit");
+      template_fail(line, "strings and lists built by the template exceed the total size limit");
   }
 
   RenderLimits limits_;

@@ -15,6 +15,7 @@ namespace hearth::chat {
 namespace {
 // Depth of the recursive walk in progress on this thread (repr, ==, <, json, conversions).
 thread_local int g_walk_depth = 0;
+thread_local int64_t g_walk_containers = 0;  // containers entered by the current outermost walk
 
 // Containers whose repr() is in progress on this thread (Python's Py_ReprEnter list).
 thread_local std::vector<const void*> g_repr_active;
@@ -68,6 +69,10 @@ void release_children(ForEachChild for_each_child) {
 }  // namespace
 
 WalkLevel::WalkLevel(const char* what) {
+  if (g_walk_depth == 0) g_walk_containers = 0;
+  if (++g_walk_containers > kMaxWalkContainers)
+    template_fail(0, std::string(what) + ": value too large to walk (more than " + std::to_string(kMaxWalkContainers) +
+                         " lists and dicts, a shared one counted each time it appears)");
   if (++g_walk_depth > kMaxNesting) {
     --g_walk_depth;
     template_fail(0, std::string(what) + ": value nested deeper than " + std::to_string(kMaxNesting) +
@@ -75,6 +80,12 @@ WalkLevel::WalkLevel(const char* what) {
   }
 }
 WalkLevel::~WalkLevel() { --g_walk_depth; }
+
+void check_serialized_size(size_t bytes, const char* what) {
+  if (bytes > kMaxSerializedBytes)
+    template_fail(0, std::string(what) + ": text of the value exceeds the size limit (" +
+                         std::to_string(kMaxSerializedBytes >> 20) + " MiB)");
+}
 
 ListData::~ListData() {
   release_children([this](auto&& visit) {
@@ -308,6 +319,7 @@ std::string Value::repr() const {
       for (size_t i = 0; i < list_->items.size(); ++i) {
         if (i) out += ", ";
         out += list_->items[i].repr();
+        check_serialized_size(out.size(), "repr");
       }
       if (list_->tuple && list_->items.size() == 1) out += ",";
       return out + (list_->tuple ? ")" : "]");
@@ -320,6 +332,7 @@ std::string Value::repr() const {
       for (size_t i = 0; i < dict_->items.size(); ++i) {
         if (i) out += ", ";
         out += dict_->items[i].first.repr() + ": " + dict_->items[i].second.repr();
+        check_serialized_size(out.size(), "repr");
       }
       return out + (dict_->ns ? "}>" : "}");
     }
@@ -446,6 +459,7 @@ struct JsonWriter {
           if (i) out += item_sep;
           if (indent) newline(level + 1);
           write(items[i], level + 1);
+          check_serialized_size(out.size(), "tojson");
         }
         if (indent) newline(level);
         out += ']';
@@ -473,6 +487,7 @@ struct JsonWriter {
           else template_fail(0, "tojson: keys must be str, int, float, bool or None, not " + k.type_name());
           out += key_sep;
           write(items[i]->second, level + 1);
+          check_serialized_size(out.size(), "tojson");
         }
         if (indent) newline(level);
         out += '}';

@@ -143,10 +143,24 @@ class Value {
   std::shared_ptr<FuncData> func_;
 };
 
+/// Text repr()/str()/to_json() may build for one container: past it they throw TemplateError (a
+/// list holding the same list twice, nested 40 deep, would print 2^40 items). The interpreter's
+/// default output limit (RenderLimits::max_output_bytes) is the same.
+constexpr size_t kMaxSerializedBytes = 64u << 20;
+/// Lists and dicts one walk (repr, ==, <, json conversions) may enter, a shared one each time it
+/// appears: past it the walk throws TemplateError (comparing two such nested lists would otherwise
+/// take 2^40 steps, none of them counted by the interpreter).
+constexpr int64_t kMaxWalkContainers = 16'000'000;
+
+/// Throws TemplateError("chat template: <what>: text of the value exceeds the size limit") when
+/// `bytes` > kMaxSerializedBytes.
+void check_serialized_size(size_t bytes, const char* what);
+
 /// One level of a recursive walk over Values (repr, ==, <, json conversions) on this thread: hold
 /// one per container level entered. Throws TemplateError("chat template: <what>: value nested
 /// deeper than 128 levels (or containing itself)") past kMaxNesting (core/json_nesting.h) levels,
-/// so no walk can overflow the stack (Python raises RecursionError in the same places).
+/// so no walk can overflow the stack (Python raises RecursionError in the same places), and past
+/// kMaxWalkContainers containers entered since the outermost level.
 class WalkLevel {
  public:
   explicit WalkLevel(const char* what);

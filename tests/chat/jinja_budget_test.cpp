@@ -1,6 +1,7 @@
 // The chat-template render budget (RenderLimits): an endless template fails within seconds under
-// the default step limit (loop iterations and range sizes weighted), the strings a template builds or copies out of variables are bounded
-// in total, and a large real conversation still renders under the defaults.
+// the default step limit (loop iterations and range sizes weighted), the strings and lists a template builds or copies out of
+// variables are bounded in total, serialising or comparing a shared nested value is bounded, and a large real conversation still
+// renders under the defaults.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -58,6 +59,42 @@ TEST(JinjaBudget, StringsBuiltOrCopiedAreBoundedInTotal) {
   // Under the total: fine.
   EXPECT_EQ(budget_error_of("{% set s = 'x' * 1000 %}{% set l = [] %}{% for i in range(100) %}{% set _ = l.append(s) %}"
                      "{% endfor %}{{ l|length }}", small),
+            "<no error>");
+}
+
+// Lists doubled in a loop, and shared nested values serialised or compared, grew to gigabytes
+// (or 2^40 steps) under the defaults before lists were weighed and serialisation and walks
+// bounded: each now fails, naming the limit.
+TEST(JinjaBudget, ListsAndSharedNestedValuesAreBounded) {
+  const char* ns1 = "{% set ns = namespace(x=[1]) %}";
+  struct Case {
+    std::string tmpl, expect;
+  };
+  for (const Case& c : {
+           Case{std::string(ns1) + "{% for i in range(40) %}{% set ns.x = ns.x * 2 %}{% endfor %}{{ ns.x|length }}",
+                "size limit"},
+           Case{"{% set ns = namespace(x=[]) %}{% for i in range(30) %}{% set ns.x = ns.x + ns.x + [1] %}{% endfor %}"
+                "{{ ns.x|length }}",
+                "size limit"},
+           Case{"{% set ns = namespace(x=[1]) %}{% for i in range(30) %}{% set _ = ns.x.extend(ns.x) %}{% endfor %}",
+                "size limit"},
+           Case{"{% set ns = namespace(d={}) %}{% for i in range(30) %}{% set ns.d = {'a': ns.d, 'b': ns.d} %}{% endfor %}"
+                "{{ ns.d|tojson|length }}",
+                "tojson: "},
+           Case{std::string(ns1) + "{% for i in range(40) %}{% set ns.x = [ns.x, ns.x] %}{% endfor %}{{ ns.x|tojson|length }}",
+                "tojson: "},
+           Case{std::string(ns1) + "{% for i in range(40) %}{% set ns.x = [ns.x, ns.x] %}{% endfor %}{{ ns.x|string|length }}",
+                "repr: "},
+           Case{"{% set ns = namespace(x=[1], y=[1]) %}{% for i in range(40) %}{% set ns.x = [ns.x, ns.x] %}"
+                "{% set ns.y = [ns.y, ns.y] %}{% endfor %}{{ ns.x == ns.y }}",
+                "too large to walk"},
+       }) {
+    const std::string err = budget_error_of(c.tmpl);  // 0.1-2 s each on an idle core
+    EXPECT_NE(err.find(c.expect), std::string::npos) << c.tmpl << "\n" << err;
+  }
+  // Ordinary list work stays far below the limits.
+  EXPECT_EQ(budget_error_of("{% set ns = namespace(x=[]) %}{% for i in range(1000) %}{% set ns.x = ns.x + [i] %}"
+                            "{% endfor %}{{ ns.x|tojson|length }}"),
             "<no error>");
 }
 
