@@ -4,7 +4,8 @@
 // Not the training loop itself (train/trainer.h).
 #include <algorithm>
 #include <atomic>
-#include <csignal>
+#include <signal.h>
+#include <unistd.h>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
@@ -26,7 +27,24 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 
-extern "C" void on_signal(int) { g_stop.store(true); }
+// SIGINT/SIGTERM: stop after the current optimizer step and save a checkpoint. One-shot
+// (SA_RESETHAND): a second signal ends the process at once, as the default action does.
+extern "C" void on_signal(int) {
+  g_stop.store(true);
+  static const char kNote[] =
+      "\nhearth: stopping after this optimizer step to save a checkpoint (a second Ctrl-C quits at once, "
+      "saving nothing more)\n";
+  [[maybe_unused]] const ssize_t n = ::write(2, kNote, sizeof kNote - 1);  // async-signal-safe
+}
+
+void set_stop_handlers(bool on) {
+  struct sigaction sa {};
+  sa.sa_handler = on ? on_signal : SIG_DFL;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = on ? SA_RESETHAND : 0;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
 
 struct TrainArgs {
   std::string model, data, adapter_path, resume, device, dtype = "float32", lora_keys;
@@ -118,8 +136,7 @@ int run(TrainArgs& args, const hearth::train::DistEnv* env) {
     auto f32 = hearth::models::load_model(a->model, hearth::nn::LoadOptions{at::kCPU, at::kFloat});
     for (auto& [name, t] : f32->named_parameters()) c.master_init[name] = t.detach();
   }
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
+  set_stop_handlers(true);
   c.stop = &g_stop;
   if (env) c.data_parallel = hearth::cli::join_workers(*env, a->dist, where.device);
   c.on_note = [quiet](const std::string& note) {
@@ -136,8 +153,7 @@ int run(TrainArgs& args, const hearth::train::DistEnv* env) {
   auto res = hearth::train::run_training(c, *model, tok, [iters, quiet](const hearth::train::Report& r) {
     if (!quiet) print_report(r, iters);
   });
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
+  set_stop_handlers(false);
   if (quiet) return 0;
   if (res.interrupted)
     std::printf("interrupted: checkpoint at step %lld in %s (continue with --resume %s)\n",

@@ -428,18 +428,32 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
   if (!cfg.resume.empty() || dp) mw.copy_to_model();
   res.steps_done = start;
   const auto metrics = cfg.adapter_path / "metrics.jsonl";
+  bool previous_run_pending = false;  // a fresh run's folder still holds the previous run's files
+  std::vector<Report> held_reports;   // this run's report lines until then
+  // Before a fresh run's first save: the previous run's metrics and checkpoint.json go (so no later
+  // --resume pairs that checkpoint with this run's metrics), this run's held report lines are
+  // written; the previous adapter and optimizer files are then replaced by the save itself.
+  const auto drop_previous_run = [&]() {
+    if (!previous_run_pending) return;
+    truncate_metrics(metrics, 0);
+    std::error_code ec;
+    std::filesystem::remove(cfg.adapter_path / "checkpoint.json", ec);
+    for (const Report& r : held_reports) append_metrics(metrics, r);
+    held_reports.clear();
+    previous_run_pending = false;
+  };
   if (writer) {
     std::filesystem::create_directories(cfg.adapter_path);
     if (const int64_t n = io::remove_stale_temporaries(cfg.adapter_path); n > 0)
       note(cat(cfg.adapter_path.string(), ": removed ", n, " temporary file(s) left by a killed run"));
     std::error_code ec;
     const bool continued = !cfg.resume.empty() && std::filesystem::equivalent(cfg.resume, cfg.adapter_path, ec);
-    // The killed run's lines after its checkpoint; all of them when this run does not continue that
-    // folder's own checkpoint. Then its checkpoint.json goes too (a fresh run into a folder that held
-    // one: the CLI's --overwrite), so no later --resume pairs it with this run's metrics; its adapter
-    // files stay until this run's first save replaces them, each atomically.
-    truncate_metrics(metrics, continued ? start : 0);
-    if (!continued) std::filesystem::remove(cfg.adapter_path / "checkpoint.json", ec);
+    // A run that continues this folder's checkpoint drops the killed run's lines after it. A fresh
+    // run into a folder that held another (the CLI's --overwrite) leaves that run whole until its
+    // own first save (drop_previous_run): a run that fails before it keeps the user's checkpoint.
+    if (continued) truncate_metrics(metrics, start);
+    else
+      previous_run_pending = std::filesystem::exists(metrics, ec) || std::filesystem::exists(cfg.adapter_path / "checkpoint.json", ec);
   }
   if (lora) lora->set_training(true);
   const at::Device device = model.placement().device;
@@ -604,12 +618,14 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
       rep.trained_tokens = trained_tokens;
       rep.peak_memory_bytes = compat::peak_memory_bytes(device);
       pending_val.reset();
-      if (writer) append_metrics(metrics, rep);
+      if (writer && previous_run_pending) held_reports.push_back(rep);
+      else if (writer) append_metrics(metrics, rep);
       if (on_report) on_report(rep);
       res.reports.push_back(rep);
     }
     if (writer && save) {
       check_weights();
+      drop_previous_run();
       save_checkpoint(cfg, step, batcher, opt, mw.masters(), lora.get());
     }
     if (report || save) resume();
@@ -617,6 +633,7 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
   flush_losses();
   if (writer) {
     check_weights();
+    drop_previous_run();
     save_checkpoint(cfg, res.steps_done, batcher, opt, mw.masters(), lora.get());
   }
   return res;

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <stdexcept>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include "core/error.h"
@@ -325,6 +326,55 @@ TEST(Trainer, CrashWhileCheckpointingResumesFromTheLastCompleteOne) {
   EXPECT_EQ(r.step_losses[0], straight.step_losses[4]);
 }
 
+// A fresh run into a folder holding another run's files (the CLI's --overwrite) leaves them whole
+// until its own first save: a run that fails (diverges) or dies before it keeps the previous run
+// resumable; one that saves replaces it all.
+TEST(Trainer, AFreshRunLeavesThePreviousRunUntilItsFirstSave) {
+  TrainerTempDir d("overwrite");
+  write_data(d.path);
+  auto tok = tiny_tok();
+  TrainConfig c = base_config(d.path, d.path / "out");
+  c.save_every = 2;
+  {
+    auto m = tiny_model();
+    run_training(c, *m, tok);
+  }
+  std::map<std::string, std::string> before;
+  for (const auto& e : fs::directory_iterator(c.adapter_path)) before[e.path().filename()] = hearth::io::read_file(e.path());
+  ASSERT_TRUE(before.count("checkpoint.json") && before.count("metrics.jsonl") && before.count("adapters.safetensors"));
+  auto unchanged = [&](const std::string& what) {
+    std::map<std::string, std::string> now;
+    for (const auto& e : fs::directory_iterator(c.adapter_path)) now[e.path().filename()] = hearth::io::read_file(e.path());
+    EXPECT_TRUE(now == before) << what;
+  };
+  TrainConfig again = c;
+  again.save_every = 4;
+  {
+    auto m = tiny_model();
+    EXPECT_THROW(run_training(again, *m, tok, [](const Report& r) {
+                   if (r.step == 3) throw std::runtime_error("killed before the first save");
+                 }),
+                 std::runtime_error);
+  }
+  unchanged("after a run that died before its first save");
+  again.learning_rate = 1e30;
+  {
+    auto m = tiny_model();
+    EXPECT_THROW(run_training(again, *m, tok), hearth::Error);
+  }
+  unchanged("after a run that diverged");
+  TrainConfig fresh = c;
+  fresh.iters = 3;
+  fresh.save_every = 0;
+  {
+    auto m = tiny_model();
+    run_training(fresh, *m, tok);
+  }
+  EXPECT_EQ(metric_steps(c.adapter_path / "metrics.jsonl"), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(checkpoint_step(c.adapter_path), 3);
+  EXPECT_EQ(count_optimizer_files(c.adapter_path), 1);
+}
+
 TEST(Trainer, ResumeChecksCheckpointFieldsAndRemovesStaleTemporaries) {
   TrainerTempDir d("resume_checks");
   write_data(d.path);
@@ -473,6 +523,40 @@ TEST(TrainCli, SigintWritesALoadableCheckpointAndExitsZero) {
   TrainResult r = run_training(c, *m, tok);
   EXPECT_EQ(r.steps_done, step + 1);
   EXPECT_EQ(r.step_losses.size(), 1u);
+}
+
+// The stop handler is one-shot: the first signal asks for a checkpoint after the optimizer step,
+// a second ends the process at once — here a step of 10^8 micro-batches that would not end. A
+// first signal that lands before the step starts (a slow start-up) ends the run gracefully at
+// once; then it is tried again with a longer wait.
+TEST(TrainCli, ASecondSigintQuitsAtOnce) {
+  TrainerTempDir d("sigint2");
+  write_data(d.path);
+  int status = 0;
+  for (int wait_ms : {1000, 3000, 8000}) {
+    fs::remove_all(d.path / "out");
+    int fd = -1;
+    pid_t pid = spawn({HEARTH_BINARY, "train", "--model", golden("models/llama_mha").string(), "--data", d.path.string(),
+                       "--adapter-path", (d.path / "out").string(), "--fine-tune-type", "full", "--iters", "1",
+                       "--batch-size", "2", "--max-seq-length", "12", "--grad-accumulation-steps", "100000000",
+                       "--device", "cpu"},
+                      &fd);
+    ASSERT_GT(pid, 0);
+    FILE* f = fdopen(fd, "r");
+    char line[512];
+    bool started = false;
+    while (!started && fgets(line, sizeof line, f)) started = std::string(line).rfind("training ", 0) == 0;
+    ASSERT_TRUE(started) << "the child printed no start line";
+    std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));  // inside the endless step
+    kill(pid, SIGINT);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    kill(pid, SIGINT);
+    waitpid(pid, &status, 0);
+    fclose(f);
+    if (WIFSIGNALED(status)) break;
+  }
+  ASSERT_TRUE(WIFSIGNALED(status)) << "exited with " << WEXITSTATUS(status);
+  EXPECT_EQ(WTERMSIG(status), SIGINT);
 }
 
 // Items 23 and 26 through the CLI: no --num-layers on a 2-layer model trains (the default used to
