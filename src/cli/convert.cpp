@@ -297,6 +297,9 @@ int run_convert(const ConvertOptions& o) {
   const fs::path in = cli::without_trailing_slash(o.model), out = cli::without_trailing_slash(o.out);
   std::error_code ec;
   HEARTH_CHECK_T(NotFound, fs::is_directory(in, ec), in.string(), ": model folder not found");
+  // A model folder would then hold another model (read as part of it by later converts, as fuse refuses).
+  HEARTH_CHECK(!cli::same_or_inside(out, in), "convert: --out ", out.string(), " is (or lies inside) the --model folder ",
+               in.string(), "; write the new model elsewhere");
   cli::check_new_output_folder("convert", out);
   return cli::write_new_folder("convert", out, [&] {
     io::write_dir_atomic(out, /*replace=*/false, [&](const fs::path& tmp) {

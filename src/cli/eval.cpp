@@ -65,6 +65,14 @@ int run_eval_chunk(const EvalChunkArgs& a) {
   std::error_code ec;
   HEARTH_CHECK(a.out.empty() || !std::filesystem::equivalent(a.out, a.data, ec), "--out ", a.out,
                " is the --data file: it would be overwritten; pick another path");
+  // Checked before the evaluation, not when its file is written at the end.
+  if (!a.out.empty()) {
+    const std::filesystem::path o(a.out);
+    HEARTH_CHECK(!std::filesystem::is_directory(o, ec), "--out ", a.out, " is a folder; give the path of a file to write");
+    const std::filesystem::path parent = o.parent_path();
+    HEARTH_CHECK(parent.empty() || std::filesystem::is_directory(parent, ec), "--out ", a.out, ": its folder ",
+                 parent.string(), " does not exist");
+  }
   std::ostringstream out;
   const auto t0 = std::chrono::steady_clock::now();
   double f1_sum = 0;
@@ -116,7 +124,7 @@ std::function<int()> setup_eval(CLI::App& app) {
   chunk->add_option("--model", a->model, "Model folder")->required();
   chunk->add_option("--adapter-path,--adapter", a->adapter_path, "LoRA adapter (mlx-lm or PEFT layout) or full fine-tune folder to apply");
   chunk->add_option("--data", a->data, "Test jsonl ({\"prompt\",\"completion\"} or {\"messages\"} rows)")->required();
-  chunk->add_option("--max-examples", a->max_examples, "Score only the first N rows (default: all)");
+  chunk->add_option("--max-examples", a->max_examples, "Score only the first N rows (default 0: all of them)");
   chunk->add_option("--max-tokens", a->max_tokens, "Generation limit per example (default 1024)");
   chunk->add_option("--out", a->out, "Write per-example results (jsonl)");
   chunk->add_option("--device", a->device, "cpu | cuda (default: cuda when available)");

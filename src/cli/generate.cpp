@@ -3,6 +3,10 @@
 // mlx_lm-style stats to stderr. Not a server (see `serve`) nor an interactive chat (`chat`).
 #include <c10/core/GradMode.h>
 
+#include <fcntl.h>
+
+#include <cerrno>
+#include <cstring>
 #include <iostream>
 #include <iterator>
 
@@ -42,7 +46,12 @@ std::function<int()> setup_generate(CLI::App& app) {
   return [a] {
     using namespace hearth;
     c10::NoGradGuard no_grad;
-    if (a->prompt == "-") a->prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    if (a->prompt == "-") {  // the prompt from stdin: a closed or unreadable stdin is an error, not an empty prompt
+      HEARTH_CHECK(::fcntl(0, F_GETFD) != -1, "--prompt -: cannot read the prompt from stdin (", std::strerror(errno), ")");
+      a->prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+      HEARTH_CHECK(!std::cin.bad(), "--prompt -: reading the prompt from stdin failed");
+      HEARTH_CHECK(!a->prompt.empty(), "--prompt -: stdin held no text (pipe the prompt in, or pass it as --prompt TEXT)");
+    }
     server::ModelEngineOptions eo;
     eo.model_dir = a->model;
     eo.device = a->device;

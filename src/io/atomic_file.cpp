@@ -43,8 +43,9 @@ void finish(const fs::path& tmp, const fs::path& path) {
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) {
+    const std::string why = fs::is_directory(path) ? "a folder is in the way" : ec.message();
     fs::remove(tmp, ec);
-    throw Error(cat(path.string(), ": cannot rename temp file into place (", ec.message(), ")"));
+    throw Error(cat(path.string(), ": cannot rename temp file into place (", why, ")"));
   }
   fs::path parent = path.parent_path();
   fsync_path(parent.empty() ? fs::path(".") : parent, false);

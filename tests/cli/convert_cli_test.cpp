@@ -200,6 +200,14 @@ TEST(ConvertCli, BadOutAndFlagCombinationsAreRefusedBeforeAnyWork) {
   hearth::testing::expect_one_line_cli_error(conv_run("--q-bits 8 --model " + m + " -o " + conv_q(d / "x"), d),
                                              "convert: --q-bits applies to -q/--quantize (pass -q to quantize)");
   EXPECT_EQ(conv_entries(d.path()), (std::vector<std::string>{"cli_stderr.txt", "link"}));
+  // A folder inside the model is never the output (fuse and train refuse it too).
+  fs::copy(conv_golden("llama_mha"), d / "m");
+  const std::vector<std::string> model_files = conv_entries(d / "m");
+  hearth::testing::expect_one_line_cli_error(conv_run("--model " + conv_q(d / "m") + " -o " + conv_q(d / "m" / "sub"), d),
+                                             "convert: --out " + (d / "m" / "sub").string() +
+                                                 " is (or lies inside) the --model folder " + (d / "m").string());
+  EXPECT_EQ(conv_entries(d / "m"), model_files);
+  fs::remove_all(d / "m");
   // With -q they are the spec, as before.
   const auto r = conv_run("-q --q-bits 8 --q-group-size 32 --model " + m + " -o " + conv_q(d / "q8"), d);
   ASSERT_EQ(r.rc, 0) << r.err;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <c10/core/GradMode.h>
 
+#include <cstdlib>
 #include <fstream>
 
 #include "../io/io_test_util.h"
@@ -158,6 +159,26 @@ TEST(InputChecksCli, GenerateSystemWithoutAChatTemplateIsAnError) {
   EXPECT_EQ(hearth_run("generate" + tmodel, d).rc, 0) << hearth_run("generate" + tmodel, d).err;
   expect_one_line_error(hearth_run("generate" + tmodel + " --ignore-chat-template", d),
                         "--system: --ignore-chat-template sends the raw prompt");
+}
+
+// --prompt - reads stdin: an empty one, or a closed one, is an error (it generated from BOS, rc 0).
+TEST(InputChecksCli, GeneratePromptFromAnEmptyOrClosedStdinIsAnError) {
+  TempDir d;
+  const std::string gen = "generate --model " + shell_quote(golden_model("llama_mha").string()) + " --device cpu --max-tokens 2 --prompt -";
+  expect_one_line_error(hearth_run(gen, d), "--prompt -: stdin held no text");  // stdin is /dev/null
+  const fs::path err = d / "closed_stderr.txt";
+  const int status = std::system((std::string(HEARTH_BINARY) + " " + gen + " <&- 2>" + shell_quote(err.string()) + " >/dev/null").c_str());
+  EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 1);
+  EXPECT_NE(hearth::io::read_file(err).find("--prompt -: cannot read the prompt from stdin (Bad file descriptor)"), std::string::npos)
+      << hearth::io::read_file(err);
+  const std::string piped = std::string("printf hello | ") + HEARTH_BINARY + " " + gen + " 2>/dev/null";
+  FILE* p = ::popen(piped.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[256];
+  while (std::fread(buf, 1, sizeof buf, p) > 0) {
+  }
+  const int piped_status = ::pclose(p);
+  EXPECT_EQ(WIFEXITED(piped_status) ? WEXITSTATUS(piped_status) : -1, 0);
 }
 
 TEST(InputChecksCli, BenchBeyondTheContextIsOneLine) {

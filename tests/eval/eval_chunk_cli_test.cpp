@@ -136,11 +136,19 @@ TEST_F(EvalChunkCli, OutCannotBeTheDataFile) {
   const fs::path data = dir_ / "same.jsonl";
   const std::string row = R"({"prompt": "x", "completion": "[\"a\"]"})";
   std::ofstream(data) << row << "\n" << row << "\n";
-  CliResult r = run_eval("eval chunk --model " + model(false).string() + " --data " + data.string() + " --out " +
-                    data.string() + " --max-tokens 2");
+  const std::string m = model(false).string();
+  CliResult r = run_eval("eval chunk --model " + m + " --data " + data.string() + " --out " + data.string() + " --max-tokens 2");
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.out.find("is the --data file"), std::string::npos) << r.out;
   std::ifstream in(data);
   std::string all((std::istreambuf_iterator<char>(in)), {});
   EXPECT_EQ(all, row + "\n" + row + "\n");  // untouched
+  // A folder, or a path in a missing folder, is refused before the evaluation (it failed at the
+  // end, after every example, with "(Success)" as the reason).
+  r = run_eval("eval chunk --model " + m + " --data " + data.string() + " --out " + dir_.string());
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.out.find("is a folder; give the path of a file to write"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("[1/"), std::string::npos) << r.out;
+  r = run_eval("eval chunk --model " + m + " --data " + data.string() + " --out " + (dir_ / "no" / "such.jsonl").string());
+  EXPECT_NE(r.out.find("does not exist"), std::string::npos) << r.out;
 }

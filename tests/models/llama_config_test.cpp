@@ -116,6 +116,9 @@ TEST(LlamaConfig, OutOfRangeValuesAreOneLineNamingTheField) {
       {{{"model_type", "qwen2"}, {"use_sliding_window", true}, {"sliding_window", 4}, {"max_window_layers", -3}},
        "m/config.json: 'max_window_layers' must be >= 0, got -3"},
       {{{"tie_word_embeddings", "no"}}, "m/config.json: 'tie_word_embeddings' has the wrong type (\"no\")"},
+      // Any other activation ran as silu (the same tokens, exit 0).
+      {{{"hidden_act", "gelu"}}, "m/config.json: hidden_act \"gelu\" is not supported (silu only)"},
+      {{{"hidden_act", 3}}, "m/config.json: hidden_act 3 is not supported (silu only)"},
   };
   for (const auto& c : cases) {
     const std::string msg = error_of([&] { LlamaConfig::from_json(tiny_llama_config(c.patch), "m/config.json"); });

@@ -69,6 +69,11 @@ LlamaConfig LlamaConfig::from_json(const json& j, const std::string& origin) {
                  ": 'rms_norm_eps' must be a number > 0, got ", it->dump());
     c.rms_norm_eps = it->get<double>();
   }
+  // The MLP is SwiGLU (silu); transformers' ACT2FN also names it "swish". Another activation
+  // would run as silu, a silent wrong answer.
+  if (auto it = j.find("hidden_act"); it != j.end() && !it->is_null())
+    HEARTH_CHECK(it->is_string() && (it->get<std::string>() == "silu" || it->get<std::string>() == "swish"), origin,
+                 ": hidden_act ", it->dump(), " is not supported (silu only)");
   c.tie_word_embeddings = opt<bool>(j, "tie_word_embeddings", false, origin);
   c.max_position_embeddings =
       opt_pos_int(j, "max_position_embeddings", mt == "mistral" ? 4096 * 32 : mt == "llama" ? 2048 : 32768, origin);
