@@ -9,8 +9,10 @@
 
 #include <iostream>
 
+#include "cli/output_folder.h"
 #include "cli/verb.h"
 #include "core/error.h"
+#include "io/atomic_dir.h"
 #include "io/atomic_file.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
@@ -123,6 +125,17 @@ void init_into(const InitOptions& o, const fs::path& tmp) {
   std::optional<int64_t> pad_id;
   if (auto it = config.find("pad_token_id"); it != config.end() && it->is_number_integer()) pad_id = it->get<int64_t>();
   const at::ScalarType dtype = parse_dtype(o.dtype);
+  // The weights are made in float32 first: refuse what this machine cannot hold before trying
+  // (libtorch's allocator error names no file or field).
+  const double C = static_cast<double>(parsed.hidden_size), I = static_cast<double>(parsed.intermediate_size),
+               V = static_cast<double>(parsed.vocab_size), HD = static_cast<double>(parsed.num_attention_heads * parsed.head_dim),
+               KD = static_cast<double>(parsed.num_key_value_heads * parsed.head_dim);
+  const double n_params = V * C * (parsed.tie_word_embeddings ? 1 : 2) +
+                        static_cast<double>(parsed.num_hidden_layers) * (2 * C * HD + 2 * C * KD + 3 * C * I);
+  const double need = n_params * 4, have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  HEARTH_CHECK_T(InvalidArgument, have <= 0 || need < have, cfg_path.string(), ": the model has ", n_params / 1e9,
+                 "e9 parameters, ", need / 1e9, " GB in float32 while initializing; this machine has ", have / 1e9,
+                 " GB of memory");
 
   // Weights.
   std::map<std::string, at::Tensor> tensors = init_tensors(parsed, std, o.seed, pad_id);
@@ -184,26 +197,19 @@ void init_into(const InitOptions& o, const fs::path& tmp) {
 }
 
 int run_init(const InitOptions& o) {
-  const fs::path out(o.out);
+  const fs::path out = cli::without_trailing_slash(o.out);
   std::error_code ec;
   HEARTH_CHECK_T(NotFound, fs::is_regular_file(o.config, ec), o.config, ": config file not found");
   HEARTH_CHECK_T(NotFound, fs::is_directory(o.tokenizer, ec), o.tokenizer, ": tokenizer folder not found");
-  HEARTH_CHECK_T(InvalidArgument, !fs::exists(out, ec), out.string(), ": already exists (init-model writes a new folder)");
-  const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
-  HEARTH_CHECK_T(NotFound, fs::is_directory(parent, ec), parent.string(), ": output's parent folder not found");
-  const fs::path tmp = fs::path(out.string() + ".tmp." + std::to_string(::getpid()));
-  io::remove_tree(tmp);
-  fs::create_directory(tmp, ec);
-  HEARTH_CHECK(!ec, tmp.string(), ": cannot create (", ec.message(), ")");
-  try {
-    init_into(o, tmp);
-    fs::rename(tmp, out, ec);
-    HEARTH_CHECK(!ec, out.string(), ": cannot move the new model into place (", ec.message(), ")");
-  } catch (...) {
-    io::remove_tree(tmp);
-    throw;
-  }
-  return 0;
+  cli::check_new_output_folder("init-model", out);
+  // As convert and fuse: OUT.tmp.PID renamed into place; SIGINT/SIGTERM remove it, and a run killed
+  // outright leaves one that the next run removes.
+  return cli::write_new_folder("init-model", out, [&] {
+    io::write_dir_atomic(out, /*replace=*/false, [&](const fs::path& tmp) {
+      init_into(o, tmp);
+      cli::check_output_signal();
+    });
+  });
 }
 
 std::function<int()> setup_init(CLI::App& app) {

@@ -199,5 +199,16 @@ TEST_F(InitModelCli, BadInputIsOneLineError) {
   expect_error(run_init_model("init-model --config " + good.string() + " --tokenizer " + kTokDir.string() + " --out " +
                    (dir_ / "x").string() + " --dtype int8"),
                "--dtype");
+  // More than the machine's memory is refused before any allocation (libtorch's allocator
+  // error named nothing), and no OUT.tmp.PID is left.
+  json huge = tiny_config(true);
+  huge["hidden_size"] = 10000000;
+  huge["intermediate_size"] = 10000000;
+  huge["num_attention_heads"] = 1;
+  huge["num_key_value_heads"] = 1;
+  fs::path c4 = write_config("big.json", huge);
+  expect_error(run_init_model("init-model --config " + c4.string() + " --tokenizer " + kTokDir.string() + " --out " + (dir_ / "x").string()),
+               "GB of memory");
   EXPECT_FALSE(fs::exists(dir_ / "x"));
+  for (const auto& e : fs::directory_iterator(dir_)) EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
 }
