@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <iostream>
+#include <limits>
 
+#include "cli/number_option.h"
 #include "cli/threads_option.h"
 #include "cli/verb.h"
 #include "core/error.h"
@@ -84,7 +86,8 @@ std::function<int()> setup_chat(CLI::App& app) {
   app.add_option("--model", a->model, "Model folder (with a chat template)")->required();
   app.add_option("--adapter-path,--adapter", a->adapter_path, "LoRA adapter (mlx-lm or PEFT layout) or full fine-tune folder to apply");
   app.add_option("--system", a->system, "System message at the start of every conversation");
-  app.add_option("--max-tokens", a->max_tokens, "Maximum tokens per reply (default 256)")->check(CLI::PositiveNumber);
+  app.add_option("--max-tokens", a->max_tokens, "Maximum tokens per reply (default 256)")
+      ->check(hearth::cli::number_in<int64_t>(1, std::numeric_limits<int32_t>::max()));
   app.add_option("--temp", a->temp, "Sampling temperature (default 0 = greedy)");
   app.add_option("--top-p", a->top_p, "Nucleus sampling threshold (0 = off)");
   app.add_option("--seed", a->seed, "Sampling seed (default 0)");

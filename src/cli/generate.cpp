@@ -8,8 +8,10 @@
 #include <cerrno>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <iterator>
 
+#include "cli/number_option.h"
 #include "cli/threads_option.h"
 #include "cli/verb.h"
 #include "core/error.h"
@@ -30,7 +32,8 @@ std::function<int()> setup_generate(CLI::App& app) {
   app.add_option("--prompt", a->prompt, "Prompt text ('-' reads stdin)")->required();
   app.add_option("--system", a->system, "System message (needs the chat template; an error without one)");
   app.add_flag("--ignore-chat-template", a->ignore_chat_template, "Send the prompt as raw text, without the chat template");
-  app.add_option("--max-tokens", a->max_tokens, "Maximum tokens to generate (default 256)")->check(CLI::PositiveNumber);
+  app.add_option("--max-tokens", a->max_tokens, "Maximum tokens to generate (default 256)")
+      ->check(hearth::cli::number_in<int64_t>(1, std::numeric_limits<int32_t>::max()));
   app.add_option("--temp", a->sampling.temperature, "Sampling temperature (default 0 = greedy)");
   app.add_option("--top-p", a->sampling.top_p, "Nucleus sampling threshold (0 = off)");
   app.add_option("--top-k", a->sampling.top_k, "Keep the k most likely tokens (0 = off)");

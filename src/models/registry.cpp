@@ -37,8 +37,8 @@ const Family& family_of(const nlohmann::json& config, const std::string& origin)
   HEARTH_CHECK(config.is_object(), origin, ": must be a JSON object, got ", config.type_name());
   std::string type;
   if (auto it = config.find("model_type"); it != config.end()) {
-    HEARTH_CHECK(it->is_string(), origin, ": model_type must be a string (e.g. \"llama\"), got ", it->type_name(), " ",
-                 printable(it->dump(), 60));
+    HEARTH_CHECK(it->is_string(), origin, ": model_type must be a string (e.g. \"llama\"), got ",
+                 it->is_null() ? std::string("null") : std::string(it->type_name()) + " " + printable(it->dump(), 60));
     type = *it;
   }
   auto f = families().find(type);

@@ -207,7 +207,7 @@ TEST(ConvertCli, BadOutAndFlagCombinationsAreRefusedBeforeAnyWork) {
                                              "convert: --out " + (d / "m" / "sub").string() +
                                                  " is (or lies inside) the --model folder " + (d / "m").string());
   EXPECT_EQ(conv_entries(d / "m"), model_files);
-  fs::remove_all(d / "m");
+  hearth::io::remove_tree(d / "m");
   // With -q they are the spec, as before.
   const auto r = conv_run("-q --q-bits 8 --q-group-size 32 --model " + m + " -o " + conv_q(d / "q8"), d);
   ASSERT_EQ(r.rc, 0) << r.err;

@@ -179,6 +179,10 @@ TEST(InputChecksCli, GeneratePromptFromAnEmptyOrClosedStdinIsAnError) {
   }
   const int piped_status = ::pclose(p);
   EXPECT_EQ(WIFEXITED(piped_status) ? WEXITSTATUS(piped_status) : -1, 0);
+  // --max-tokens states its range (CLI11's PositiveNumber printed DBL_MAX's 310 digits and said 0 was in it).
+  const CliRun bad = hearth_run("generate --model " + shell_quote(golden_model("llama_mha").string()) + " --max-tokens 0 --prompt hi", d);
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.err.find("--max-tokens: Value 0 not in range 1 to 2147483647"), std::string::npos) << bad.err;
 }
 
 TEST(InputChecksCli, BenchBeyondTheContextIsOneLine) {

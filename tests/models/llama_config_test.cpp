@@ -135,6 +135,8 @@ TEST(LlamaConfig, OutOfRangeValuesAreOneLineNamingTheField) {
 TEST(LlamaConfig, WrongTypedModelTypeSaysItMustBeAString) {
   EXPECT_EQ(error_of([] { hearth::models::check_config(tiny_llama_config({{"model_type", 5}}), "m/config.json"); }),
             "m/config.json: model_type must be a string (e.g. \"llama\"), got number 5");
+  EXPECT_EQ(error_of([] { hearth::models::check_config(tiny_llama_config({{"model_type", nullptr}}), "m/config.json"); }),
+            "m/config.json: model_type must be a string (e.g. \"llama\"), got null");
   nlohmann::json no_type = tiny_llama_config();
   no_type.erase("model_type");
   const std::string missing = error_of([&] { hearth::models::check_config(no_type, "m/config.json"); });

@@ -534,7 +534,7 @@ TEST(TrainCli, ASecondSigintQuitsAtOnce) {
   write_data(d.path);
   int status = 0;
   for (int wait_ms : {1000, 3000, 8000}) {
-    fs::remove_all(d.path / "out");
+    hearth::io::remove_tree(d.path / "out");
     int fd = -1;
     pid_t pid = spawn({HEARTH_BINARY, "train", "--model", golden("models/llama_mha").string(), "--data", d.path.string(),
                        "--adapter-path", (d.path / "out").string(), "--fine-tune-type", "full", "--iters", "1",
