@@ -448,11 +448,14 @@ Value list_method(const Value& obj, const std::string& name) {
     return m([obj, name](Interpreter& in, CallArgs& a) {
       auto& items = obj.list_ref().items;
       if (name == "append") {
-        in.check_items(items.size() + 1, 1, a.line);
-        items.push_back(a.get(0, "object"));
+        const Value& v = a.get(0, "object");
+        in.check_items(items.size() + 1, Interpreter::item_bytes(v), a.line);
+        items.push_back(v);
       } else {
         const std::vector<Value> more = py_iter(a.get(0, "iterable"), a.line);
-        in.check_items(items.size() + more.size(), more.size(), a.line);  // before adding them
+        size_t bytes = 0;
+        for (const Value& v : more) bytes += Interpreter::item_bytes(v);
+        in.check_items(items.size() + more.size(), bytes, a.line);  // before adding them
         items.insert(items.end(), more.begin(), more.end());
       }
       return Value::none();

@@ -356,8 +356,10 @@ Value Interpreter::eval_binary(const std::string& op, const Value& a, const Valu
       return Value::string(a.str_ref() + b.str_ref());
     }
     if (a.is_list() && b.is_list() && a.list_ref().tuple == b.list_ref().tuple) {
-      const size_t n = a.list_ref().items.size() + b.list_ref().items.size();
-      check_items(n, n, line);  // before building it
+      size_t bytes = 0;
+      for (const Value* l : {&a, &b})
+        for (const Value& v : l->list_ref().items) bytes += item_bytes(v);
+      check_items(a.list_ref().items.size() + b.list_ref().items.size(), bytes, line);  // before building it
       std::vector<Value> items = a.list_ref().items;
       items.insert(items.end(), b.list_ref().items.begin(), b.list_ref().items.end());
       return Value::list(std::move(items), a.list_ref().tuple);
@@ -388,8 +390,15 @@ Value Interpreter::eval_binary(const std::string& op, const Value& a, const Valu
       size_t unit = seq->is_string() ? seq->str_ref().size() : seq->list_ref().items.size();
       if (unit && static_cast<uint64_t>(n) > limits_.max_output_bytes / unit) check_size(limits_.max_output_bytes + 1, line);
       // The result counts against the total too.
-      if (seq->is_string()) check_size(unit * static_cast<size_t>(n), line);
-      else check_items(unit * static_cast<size_t>(n), unit * static_cast<size_t>(n), line);
+      if (seq->is_string()) {
+        check_size(unit * static_cast<size_t>(n), line);
+      } else {
+        size_t unit_bytes = 0;
+        for (const Value& v : seq->list_ref().items) unit_bytes += item_bytes(v);
+        if (unit_bytes && static_cast<uint64_t>(n) > limits_.max_output_bytes / unit_bytes)
+          check_items(0, limits_.max_output_bytes + 1, line);
+        check_items(unit * static_cast<size_t>(n), unit_bytes * static_cast<size_t>(n), line);
+      }
       if (seq->is_string()) {
         std::string r;
         for (int64_t i = 0; i < n; ++i) r += seq->str_ref();

@@ -72,13 +72,17 @@ class Interpreter {
     if (bytes > limits_.max_output_bytes) template_fail(line, "string result exceeds the output size limit");
     charge_bytes(bytes, line);
   }
-  /// The same for a list about to hold `items` items of which `built` are new, an item weighing
-  /// sizeof(Value) bytes: the list within the output limit, the new items within the total (a list
-  /// doubled by `x + x` or `x * 2` in a loop would otherwise take gigabytes in few steps).
-  void check_items(size_t items, size_t built, int line) const {
-    constexpr size_t kItemBytes = sizeof(Value);
-    if (items > limits_.max_output_bytes / kItemBytes) template_fail(line, "list result exceeds the size limit");
-    charge_bytes(built * kItemBytes, line);
+  /// Bytes a list item costs when a list is copied: the Value and, for a string, its characters
+  /// (a Value holds its string by value; lists and dicts inside are shared, not copied).
+  static size_t item_bytes(const Value& v) { return sizeof(Value) + (v.is_string() ? v.str_ref().size() : 0); }
+  /// The same for a list about to hold `items` items whose copying costs `built_bytes` (item_bytes
+  /// summed over the new items): the list's item count, and the new items' bytes, within the
+  /// output limit, and those bytes within the total (a list doubled by `x + x` or `x * 2` in a
+  /// loop, or `[s] * n` of a long string s, would otherwise take gigabytes in few steps).
+  void check_items(size_t items, size_t built_bytes, int line) const {
+    if (items > limits_.max_output_bytes / sizeof(Value) || built_bytes > limits_.max_output_bytes)
+      template_fail(line, "list result exceeds the size limit");
+    charge_bytes(built_bytes, line);
   }
   /// Counts a string copied out of a variable, attribute or item against the total string limit.
   const Value& charge(const Value& v, int line) const {

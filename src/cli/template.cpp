@@ -2,29 +2,20 @@
 // apply_chat_template(tokenize=False) would, and prints it with no trailing newline. Reads only
 // tokenizer_config.json / chat_template.jinja / chat_template.json; not a tokenizer.
 #include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "chat/chat_template.h"
 #include "cli/verb.h"
 #include "core/error.h"
 #include "core/json_nesting.h"
+#include "io/atomic_file.h"
 
 namespace {
 namespace fs = std::filesystem;
 using nlohmann::ordered_json;
 
-std::string read_text(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  HEARTH_CHECK_T(hearth::NotFound, f.good(), p.string(), ": cannot open file");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 ordered_json read_json(const fs::path& p) {
-  std::string text = read_text(p);
+  std::string text = hearth::io::read_file(p);  // a regular file, size-capped ("is a folder" named as such)
   hearth::check_json_nesting(text, p.string());
   ordered_json j = ordered_json::parse(text, nullptr, false);
   HEARTH_CHECK_T(hearth::InvalidArgument, !j.is_discarded(), p.string(), ": not valid JSON");
@@ -43,7 +34,7 @@ std::string token_text(const ordered_json& cfg, const char* key, const fs::path&
 // The template source: chat_template.jinja, else chat_template.json, else tokenizer_config.json's
 // chat_template (a string, or a list of {name, template} from which "default" is taken).
 std::string find_template(const fs::path& dir, const ordered_json& cfg, const fs::path& cfg_path) {
-  if (fs::exists(dir / "chat_template.jinja")) return read_text(dir / "chat_template.jinja");
+  if (fs::exists(dir / "chat_template.jinja")) return hearth::io::read_file(dir / "chat_template.jinja");
   ordered_json tmpl;
   fs::path from = cfg_path;
   if (fs::exists(dir / "chat_template.json")) {

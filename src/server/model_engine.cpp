@@ -228,6 +228,9 @@ ModelEngine::ModelEngine(ModelEngineOptions opts)
 ModelEngine::~ModelEngine() = default;
 
 std::vector<std::string> ModelEngine::selected_adapters(const CompletionRequest& req) const {
+  // An empty selection read as the base model; "none" says that (and an empty id may be a typo).
+  HEARTH_CHECK_T(InvalidArgument, !req.adapter || !req.adapter->empty(),
+                 "adapter: empty; name a mounted adapter, \"a+b\", or \"none\" for the base model");
   std::vector<std::string> ids = nn::parse_adapter_spec(req.adapter ? *req.adapter : opts_.default_adapter);
   std::lock_guard<std::mutex> lock(adapters_mu_);
   for (const auto& id : ids) {

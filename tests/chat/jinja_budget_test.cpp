@@ -78,6 +78,14 @@ TEST(JinjaBudget, ListsAndSharedNestedValuesAreBounded) {
                 "size limit"},
            Case{"{% set ns = namespace(x=[1]) %}{% for i in range(30) %}{% set _ = ns.x.extend(ns.x) %}{% endfor %}",
                 "size limit"},
+           // A list copies its strings: 100,000 copies of 1 MB took 15 GB.
+           Case{"{% set s = 'a' * 1000000 %}{% set l = [s] * 100000 %}{{ l|length }}", "size limit"},
+           Case{"{% set s = 'a' * 1000000 %}{% set ns = namespace(l=[s]) %}{% for i in range(20) %}"
+                "{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l|length }}",
+                "size limit"},
+           Case{"{% set s = 'a' * 1000000 %}{% set l = [] %}{% for i in range(3000) %}{% set _ = l.append(s) %}"
+                "{% endfor %}{{ l|length }}",
+                "total size limit"},
            Case{"{% set ns = namespace(d={}) %}{% for i in range(30) %}{% set ns.d = {'a': ns.d, 'b': ns.d} %}{% endfor %}"
                 "{{ ns.d|tojson|length }}",
                 "tojson: "},

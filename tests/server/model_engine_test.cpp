@@ -188,6 +188,8 @@ TEST_F(ModelServerTest, PromptBuildingRendersTheTemplateWithoutDoubleBos) {
   }
   bad.adapter = "a++b";  // a malformed selection too
   EXPECT_THROW(engine.prepare(bad), ApiError);
+  bad.adapter = "";  // and an empty one (it ran the base model)
+  EXPECT_THROW(engine.prepare(bad), ApiError);
   bad.adapter = "none";
   EXPECT_NO_THROW(engine.prepare(bad));
   // A template that refuses the messages is the client's 400 on 'messages'.
