@@ -48,6 +48,8 @@ std::string field(const json& c, const char* key) {
 int run_info(const fs::path& dir) {
   using namespace hearth;
   std::error_code ec;
+  HEARTH_CHECK_T(InvalidArgument, !fs::exists(dir, ec) || fs::is_directory(dir, ec), dir.string(),
+                 ": not a folder (info reads a model folder)");
   HEARTH_CHECK_T(NotFound, fs::is_directory(dir, ec), dir.string(), ": model folder not found");
   const fs::path cfg_path = dir / "config.json";
   const json config = io::read_json(cfg_path);

@@ -67,6 +67,16 @@ void check_config(const TrainConfig& c) {
   HEARTH_CHECK(!std::filesystem::exists(c.adapter_path, ec) || std::filesystem::is_directory(c.adapter_path, ec),
                "--adapter-path ", c.adapter_path.string(), ": exists and is not a folder (the adapter, checkpoints and "
                "metrics.jsonl are written into a folder)");
+  // The folder is created at the first write: an existing ancestor that is a file would fail then,
+  // after the model has loaded, with a bare filesystem error.
+  for (std::filesystem::path p = c.adapter_path.parent_path(); !p.empty(); p = p.parent_path()) {
+    if (std::filesystem::exists(p, ec)) {
+      HEARTH_CHECK(std::filesystem::is_directory(p, ec), "--adapter-path ", c.adapter_path.string(), ": ", p.string(),
+                   " is not a folder");
+      break;
+    }
+    if (p == p.parent_path()) break;
+  }
 }
 
 }  // namespace hearth::train

@@ -142,6 +142,16 @@ TEST(InputChecksCli, TrainAdapterPathOnARegularFileIsOneLine) {
                            d);
   expect_one_line_error(r, "--adapter-path " + file.string() + ": exists and is not a folder");
   EXPECT_EQ(hearth::io::read_file(file), "keep me");
+  // A path under that file: refused before the model loads (a filesystem error after it, rc 2).
+  const fs::path under = file / "sub";
+  expect_one_line_error(hearth_run("train --model " + shell_quote(golden_model("llama_mha").string()) + " --data " +
+                                       shell_quote((d / "data").string()) + " --adapter-path " + shell_quote(under.string()) +
+                                       " --iters 1 --device cpu",
+                                   d),
+                        "--adapter-path " + under.string() + ": " + file.string() + " is not a folder");
+  // info on a file says so (it said "model folder not found").
+  expect_one_line_error(hearth_run("info --model " + shell_quote(file.string()), d), file.string() + ": not a folder");
+  EXPECT_EQ(hearth::io::read_file(file), "keep me");
 }
 
 TEST(InputChecksCli, GenerateSystemWithoutAChatTemplateIsAnError) {
