@@ -218,11 +218,14 @@ void Sequence::prefill_alone(models::Model& model, int64_t len) {
     logits = model.forward(ids, offset_, &caches_, /*logits_to_keep=*/1);
   }
   const Clock::time_point t1 = Clock::now();
-  end_chunk(model, len, last ? logits[0][-1] : at::Tensor());  // its sampling waits for the forward
+  const at::Tensor row = last ? logits[0][-1] : at::Tensor();
+  // its sampling waits for the forward (the finiteness read too: one flag, no extra wait)
+  end_chunk(model, len, row, -1, !last || at::isfinite(row).all().item<bool>());
   StepTrace::prefill_forward(1, seconds(t0, t1), 0, seconds(t1, Clock::now()));
 }
 
-void Sequence::end_chunk(models::Model& model, int64_t len, const at::Tensor& last_logits, int64_t greedy) {
+void Sequence::end_chunk(models::Model& model, int64_t len, const at::Tensor& last_logits, int64_t greedy,
+                         bool finite) {
   const int64_t n = static_cast<int64_t>(prompt_.size());
   offset_ += len;
   ++result_.stats.prefill_chunks;
@@ -232,6 +235,18 @@ void Sequence::end_chunk(models::Model& model, int64_t len, const at::Tensor& la
     on_snapshot_(offset_, std::move(copy));
   }
   if (offset_ < n) return;
+  if (!finite) {  // broken weights (or an overflow): no token can be drawn from NaN/Inf logits
+    error_ = "the model's logits for the prompt are not finite (NaN or Inf): check the model's weights";
+    for (Sequence* c : forks_) {
+      c->parent_ = nullptr;
+      c->done_ = true;
+      c->error_ = error_;
+    }
+    forks_.clear();
+    pending_ = -1;
+    done_ = true;
+    return;
+  }
   GenerationStats& st = result_.stats;
   const int64_t prefilled = n - st.cached_tokens;
   if (!forks_.empty()) release_forks(model, last_logits);  // before this sequence samples or feeds anything
@@ -300,11 +315,15 @@ void Sequence::prefill_together(models::Model& model, const std::vector<Sequence
   // Plain-greedy rows take their first token from one argmax over every completing row and one
   // copy to the host, not an argmax and a host sync each (the same ids: each row reduces alone).
   at::Tensor greedy;  // [E] int64 on the host
+  // Which completing rows have finite logits: reduced on the device before the greedy read and
+  // copied after it (one small copy, no extra wait).
+  at::Tensor finite = logits.defined() ? at::isfinite(logits).flatten(1).all(1) : at::Tensor();
   for (int64_t b : last_rows)
     if (plain_greedy(rows[b]->opts_) && rows[b]->forks_.empty()) {
       greedy = logits.select(1, 0).to(at::kFloat).argmax(-1).to(at::kCPU);
       break;
     }
+  if (finite.defined()) finite = finite.to(at::kCPU);
   const Clock::time_point t2 = Clock::now();  // the first tokens on the host (greedy rows), or queued
   size_t e = 0;
   for (int64_t b = 0; b < B; ++b) {
@@ -313,7 +332,8 @@ void Sequence::prefill_together(models::Model& model, const std::vector<Sequence
     const int64_t id = completes && greedy.defined() && plain_greedy(rows[b]->opts_) && rows[b]->forks_.empty()
                            ? greedy.data_ptr<int64_t>()[i]
                            : -1;
-    rows[b]->end_chunk(model, lens[b], completes ? logits[static_cast<int64_t>(e++)][0] : at::Tensor(), id);
+    const bool ok = !completes || finite.data_ptr<bool>()[i];
+    rows[b]->end_chunk(model, lens[b], completes ? logits[static_cast<int64_t>(e++)][0] : at::Tensor(), id, ok);
     if (rows[b]->done()) rows[b]->finish_stats(model);
   }
   StepTrace::prefill_forward(B, seconds(t0, t1), seconds(t1, t2), seconds(t2, Clock::now()));

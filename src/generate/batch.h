@@ -106,7 +106,10 @@ class Sequence {
   // After `len` prompt tokens went into the caches: snapshots, and when the prompt is complete the
   // forks and the first token from last_logits [V] (undefined while the prompt is incomplete) —
   // `greedy` when >= 0: the caller's argmax of them for a plain-greedy sequence without forks.
-  void end_chunk(models::Model& model, int64_t len, const at::Tensor& last_logits, int64_t greedy = -1);
+  // `finite` false (the caller's check of last_logits found NaN or Inf): the sequence and its forks
+  // end with an error instead of a token drawn from them (an argmax over NaN is token 0).
+  void end_chunk(models::Model& model, int64_t len, const at::Tensor& last_logits, int64_t greedy = -1,
+                 bool finite = true);
   // One padded forward for the next lens[b] prompt tokens of rows[b] (batch.cpp explains); with
   // `slots`, rows that are in those decode slots, written straight into them.
   static void prefill_together(models::Model& model, const std::vector<Sequence*>& rows,

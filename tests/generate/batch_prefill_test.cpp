@@ -6,8 +6,10 @@
 
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -441,6 +443,36 @@ TEST_F(BatchPrefill, HybridRowsOfQwen3_5AtEqualLengthsEqualEachAlone) {
   const std::vector<PrefillSpec> specs{{prefill_prompt(7, 1, V)}, {prefill_prompt(12, 2, V)}, {prefill_prompt(7, 3, V)}};
   // The tolerance of batch_test's hybrid test: these random models' logits are large.
   expect_prefill_same(prefill_run(*model, specs, true), prefill_run(*model, specs, false), 1e-4);
+}
+
+// A model whose logits are NaN (a NaN norm weight, as a broken checkpoint gives): every sequence
+// ends with an error naming it, alone, padded beside others, and the choices sharing a prefill —
+// not with token 0, the argmax over NaN, as a silent answer.
+TEST_F(BatchPrefill, NonFiniteLogitsEndTheSequencesWithAnError) {
+  auto cfg = models::llama::LlamaConfig::from_json(hearth::testing::tiny_llama_config(nlohmann::json::object()), "config.json");
+  auto weights = hearth::testing::random_llama_weights(cfg, 27);
+  weights["model.norm.weight"] = at::full_like(weights["model.norm.weight"], std::numeric_limits<float>::quiet_NaN());
+  nn::TensorMapSource src(weights);
+  PrefillShapesLlama model(cfg, src, std::nullopt, nn::LoadOptions{at::kCPU, at::kFloat});
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  for (int64_t i = 0; i < 4; ++i)
+    seqs.push_back(std::make_unique<Sequence>(prefill_prompt(5 + 3 * std::min<int64_t>(i, 2), std::min<int64_t>(i, 2)),
+                                              prefill_options(4), cache::Caches{},
+                                              std::vector<std::string>{},
+                                              [](int64_t, const StepLogprobs*) { return true; }));
+  seqs[2]->share_prefill(*seqs[3]);
+  while (!seqs[0]->done()) step(model, {seqs[0].get()}, 256);  // alone
+  for (;;) {  // the others padded together, one of them with a fork
+    std::vector<Sequence*> live;
+    for (size_t i = 1; i < seqs.size(); ++i)
+      if (!seqs[i]->done()) live.push_back(seqs[i].get());
+    if (live.empty()) break;
+    step(model, live, 256);
+  }
+  for (const auto& s : seqs) {
+    EXPECT_NE(s->error().find("logits for the prompt are not finite"), std::string::npos) << s->error();
+    EXPECT_TRUE(s->result().tokens.empty());
+  }
 }
 
 }  // namespace
