@@ -453,9 +453,7 @@ Value list_method(const Value& obj, const std::string& name) {
         items.push_back(v);
       } else {
         const std::vector<Value> more = py_iter(a.get(0, "iterable"), a.line);
-        size_t bytes = 0;
-        for (const Value& v : more) bytes += Interpreter::item_bytes(v);
-        in.check_items(items.size() + more.size(), bytes, a.line);  // before adding them
+        in.check_items(items.size() + more.size(), Interpreter::item_bytes(more), a.line);  // before adding them
         items.insert(items.end(), more.begin(), more.end());
       }
       return Value::none();

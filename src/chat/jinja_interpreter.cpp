@@ -356,10 +356,8 @@ Value Interpreter::eval_binary(const std::string& op, const Value& a, const Valu
       return Value::string(a.str_ref() + b.str_ref());
     }
     if (a.is_list() && b.is_list() && a.list_ref().tuple == b.list_ref().tuple) {
-      size_t bytes = 0;
-      for (const Value* l : {&a, &b})
-        for (const Value& v : l->list_ref().items) bytes += item_bytes(v);
-      check_items(a.list_ref().items.size() + b.list_ref().items.size(), bytes, line);  // before building it
+      check_items(a.list_ref().items.size() + b.list_ref().items.size(),
+                  item_bytes(a.list_ref().items) + item_bytes(b.list_ref().items), line);  // before building it
       std::vector<Value> items = a.list_ref().items;
       items.insert(items.end(), b.list_ref().items.begin(), b.list_ref().items.end());
       return Value::list(std::move(items), a.list_ref().tuple);
@@ -393,10 +391,9 @@ Value Interpreter::eval_binary(const std::string& op, const Value& a, const Valu
       if (seq->is_string()) {
         check_size(unit * static_cast<size_t>(n), line);
       } else {
-        size_t unit_bytes = 0;
-        for (const Value& v : seq->list_ref().items) unit_bytes += item_bytes(v);
-        if (unit_bytes && static_cast<uint64_t>(n) > limits_.max_output_bytes / unit_bytes)
-          check_items(0, limits_.max_output_bytes + 1, line);
+        const size_t unit_bytes = item_bytes(seq->list_ref().items);
+        if (unit_bytes && static_cast<uint64_t>(n) > limits_.max_output_bytes / unit_bytes)  // before unit_bytes * n overflows
+          template_fail(line, "list result exceeds the size limit");
         check_items(unit * static_cast<size_t>(n), unit_bytes * static_cast<size_t>(n), line);
       }
       if (seq->is_string()) {

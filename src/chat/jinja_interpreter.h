@@ -75,6 +75,11 @@ class Interpreter {
   /// Bytes a list item costs when a list is copied: the Value and, for a string, its characters
   /// (a Value holds its string by value; lists and dicts inside are shared, not copied).
   static size_t item_bytes(const Value& v) { return sizeof(Value) + (v.is_string() ? v.str_ref().size() : 0); }
+  static size_t item_bytes(const std::vector<Value>& items) {
+    size_t n = 0;
+    for (const Value& v : items) n += item_bytes(v);
+    return n;
+  }
   /// The same for a list about to hold `items` items whose copying costs `built_bytes` (item_bytes
   /// summed over the new items): the list's item count, and the new items' bytes, within the
   /// output limit, and those bytes within the total (a list doubled by `x + x` or `x * 2` in a

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "nn/linear.h"
 #include "server/api_error.h"
 #include "server/http_transport.h"
 #include "server/openai_format.h"
@@ -126,12 +127,13 @@ std::string resolve_model(const Engine& engine, CompletionRequest& req) {
     } else {
       // An explicit selection decides, but must include the adapter 'model' names ("a+b" with
       // model "a" is fine): otherwise the response would name one adapter and run another.
-      bool named = false;
-      for (size_t b = 0, e; b <= req.adapter->size(); b = e + 1) {
-        e = std::min(req.adapter->find('+', b), req.adapter->size());
-        named = named || req.adapter->compare(b, e - b, a.id) == 0;
+      std::vector<std::string> ids;
+      try {
+        ids = nn::parse_adapter_spec(*req.adapter);
+      } catch (const InvalidArgument& e) {  // as the engine's own check of the selection
+        throw ApiError(400, e.what(), "adapter", "invalid_value");
       }
-      if (!named)
+      if (std::find(ids.begin(), ids.end(), a.id) == ids.end())
         throw ApiError(400, "'model' names the adapter '" + a.id + "' but 'adapter' selects '" + *req.adapter +
                                 "' without it: send one of them, or include it.", "adapter", "invalid_value");
     }

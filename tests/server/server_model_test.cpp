@@ -102,6 +102,8 @@ TEST(ServerModel, AnAdapterIdAsModelSelectsThatAdapter) {
   // would name one and run another: a 400); the served id leaves the default.
   EXPECT_EQ(chat(R"("model": "sql", "adapter": "chunk+sql")")->status, 200);
   EXPECT_EQ(engine.seen, "chunk+sql");
+  EXPECT_EQ(chat(R"("model": "sql", "adapter": "chunk,sql")")->status, 200);  // the other separator
+  EXPECT_EQ(chat(R"("model": "sql", "adapter": "sql++chunk")")->status, 400);
   auto conflict = chat(R"("model": "sql", "adapter": "none")");
   EXPECT_EQ(conflict->status, 400) << conflict->body;
   EXPECT_EQ(J::parse(conflict->body)["error"]["param"], "adapter");
