@@ -123,6 +123,27 @@ void check_module_shape(const ModuleShapes* shapes, const std::string& file, con
                it->second.second, ", ", it->second.first, "] (out, in)");
 }
 
+// mlx-lm's linear_to_lora_layers gives LoRA only to the `keys` modules of the last `num_layers`
+// blocks, and load_weights(strict=False) ignores the file's other tensors: a module outside them
+// would run here and not there, so it is refused (`keys` absent: mlx-lm's per-family default,
+// not checked; num_layers -1 or 0: every block, as layers[-0:]).
+void check_mlx_coverage(const LoraConfig& config, const ModuleShapes* shapes, const std::string& file,
+                        const std::string& module) {
+  if (!config.keys.empty()) {
+    bool match = false;
+    for (const auto& k : config.keys) match = match || key_matches(module, k);
+    HEARTH_CHECK(match, file, ": module ", printable(module), " matches none of ", kConfig,
+                 " lora_parameters.keys (mlx-lm would not load it)");
+  }
+  if (!shapes || config.num_layers <= 0) return;
+  int64_t layers = 0;
+  for (const auto& [path, shape] : *shapes) layers = std::max(layers, layer_index(path) + 1);
+  const int64_t layer = layer_index(module);
+  HEARTH_CHECK(layer < 0 || layer >= layers - config.num_layers, file, ": module ", printable(module), " is in block ",
+               layer, ", outside the last num_layers = ", config.num_layers, " of the model's ", layers,
+               " blocks (", kConfig, "; mlx-lm would not load it)");
+}
+
 // The tensor of a header entry as an owned CPU copy (read only after every header check passed).
 at::Tensor load_entry(const io::SafetensorsFile& file, const io::TensorInfo* info) {
   return file.tensor(info->name).clone();
@@ -163,6 +184,10 @@ Adapter load_mlx(const fs::path& dir, const json& cfg, const std::string& where,
   json lp = cfg.contains("lora_parameters") ? cfg["lora_parameters"] : json::object();
   HEARTH_CHECK(lp.is_object(), where, ": field 'lora_parameters' must be an object");
   ad.config.rank = int_field(lp, "rank", 8, 1, kMaxLoraRank, where);
+  // mlx-lm's load_adapters reads config["scale"] (a KeyError when absent); a default would change
+  // every output by a factor nobody chose.
+  HEARTH_CHECK(lp.contains("scale"), where, ": lora_parameters.scale is missing (mlx-lm's trainer writes it, "
+               "20.0 by default; its load_adapters requires it)");
   ad.config.scale = num_field(lp, "scale", 20.0, where);
   if (bool_field(lp, "rs_lora", false, where)) ad.config.scale /= std::sqrt(double(ad.config.rank));
   ad.config.dropout = num_field(lp, "dropout", 0.0, where);
@@ -179,6 +204,7 @@ Adapter load_mlx(const fs::path& dir, const json& cfg, const std::string& where,
                  " but ", kConfig, " lora_parameters.rank is ", ad.config.rank,
                  lp.contains("rank") ? "" : " (absent: mlx-lm's default)");
     check_module_shape(opt.shapes, fwhere, module, p.a->shape[1], p.a->shape[0], p.b->shape[1]);
+    check_mlx_coverage(ad.config, opt.shapes, fwhere, module);
   }
   for (const auto& [module, p] : pairs)
     ad.modules[module] = nn::LoraAdapter{load_entry(*file, p.a).t().contiguous(),
@@ -345,6 +371,12 @@ const std::vector<std::string>& default_keys() {
 
 bool key_matches(const std::string& path, const std::string& key) {
   return path == key || (path.size() > key.size() && ends_with(path, key) && path[path.size() - key.size() - 1] == '.');
+}
+
+int64_t layer_index(const std::string& path) {
+  static const std::regex re(R"(^(.*\.)?layers\.(\d+)\..+$)");
+  std::smatch m;
+  return std::regex_match(path, m, re) ? std::stoll(m[2].str()) : -1;
 }
 
 void check_adapter_id(const std::string& id) {

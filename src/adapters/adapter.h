@@ -51,6 +51,9 @@ const std::vector<std::string>& default_keys();
 /// True when module `path` matches `key` (path == key or path ends with "." + key).
 bool key_matches(const std::string& path, const std::string& key);
 
+/// The decoder-block index of a module path "model.layers.N.…", or -1.
+int64_t layer_index(const std::string& path);
+
 /// Module path → {in_features, out_features} of the model's Linear modules (mount.h module_shapes).
 using ModuleShapes = std::map<std::string, std::pair<int64_t, int64_t>>;
 

@@ -24,12 +24,6 @@ std::map<std::string, nn::Linear*> module_map(models::Model& model) {
 
 }  // namespace
 
-int64_t layer_index(const std::string& path) {
-  static const std::regex re(R"(^(.*\.)?layers\.(\d+)\..+$)");
-  std::smatch m;
-  return std::regex_match(path, m, re) ? std::stoll(m[2].str()) : -1;
-}
-
 ModuleShapes module_shapes(models::Model& model) {
   ModuleShapes out;
   for (auto& [path, lin] : model.linear_modules()) out[path] = {lin->in_features(), lin->out_features()};

@@ -49,7 +49,4 @@ std::vector<at::Tensor> layer_params(const Adapter& adapter, int64_t begin, int6
 /// The trainable tensors of `adapter` outside the decoder blocks (e.g. lm_head).
 std::vector<at::Tensor> head_params(const Adapter& adapter);
 
-/// The decoder-block index of a module path "model.layers.N.…", or -1.
-int64_t layer_index(const std::string& path);
-
 }  // namespace hearth::adapters

@@ -216,6 +216,46 @@ TEST(AdapterFormat, BrokenFoldersGiveOneLineErrors) {
   expect_load_error(tmp / "mlx", "fine_tune_type 'dora'");
 }
 
+// mlx-lm gives LoRA only to the `keys` modules of the last `num_layers` blocks and needs `scale`:
+// a file whose tensors reach outside them, or a config without a scale, is refused.
+TEST(AdapterFormat, MlxConfigMustCoverItsTensors) {
+  TempDir tmp;
+  auto ad = adapters::load_adapter(golden_lora("llama_mha"));  // q,k,v,o,gate,up,down of blocks 0 and 1
+  adapters::save_adapter(tmp / "mlx", ad, adapters::Format::Mlx);
+  const json cfg = io::read_json(tmp / "mlx" / "adapter_config.json");
+  auto write = [&](const json& j) { io::write_file_atomic(tmp / "mlx" / "adapter_config.json", j.dump()); };
+  json no_scale = cfg;
+  no_scale["lora_parameters"].erase("scale");
+  write(no_scale);
+  expect_load_error(tmp / "mlx", "lora_parameters.scale is missing");
+  json q_only = cfg;
+  q_only["lora_parameters"]["keys"] = {"self_attn.q_proj", "self_attn.v_proj"};
+  write(q_only);
+  expect_load_error(tmp / "mlx", "model.layers.0.mlp.down_proj matches none of adapter_config.json lora_parameters.keys");
+
+  adapters::ModuleShapes shapes;  // the model's Linear shapes, as the server and generate pass them
+  for (const auto& [path, m] : ad.modules) shapes[path] = {m.a.size(1), m.b.size(0)};
+  adapters::LoadAdapterOptions with_model;
+  with_model.shapes = &shapes;
+  json last_one = cfg;
+  last_one["num_layers"] = 1;
+  write(last_one);
+  EXPECT_EQ(adapters::load_adapter(tmp / "mlx").modules.size(), 14u);  // the block count is the model's
+  try {
+    adapters::load_adapter(tmp / "mlx", with_model);
+    ADD_FAILURE() << "a block-0 module loaded under num_layers = 1";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is in block 0, outside the last num_layers = 1 of the model's 2 blocks"),
+              std::string::npos) << e.what();
+  }
+  for (int n : {2, 0, -1}) {
+    json all = cfg;
+    all["num_layers"] = n;
+    write(all);
+    EXPECT_EQ(adapters::load_adapter(tmp / "mlx", with_model).modules.size(), 14u) << "num_layers " << n;
+  }
+}
+
 // For tools/check_peft_load.py (run by the lead where peft is installed): with
 // HEARTH_PEFT_CHECK_OUT=<dir>, writes <dir>/<name>/ (a Hearth-saved PEFT adapter for the tiny
 // llama_mha model) and <dir>/logits.safetensors (Hearth's logits for <dir>/input_ids, per name).
