@@ -59,7 +59,7 @@ int run_chat(const ChatArgs& a) {
     req.max_tokens = a.max_tokens;
     req.sampling.temperature = a.temp;
     req.sampling.top_p = a.top_p;
-    req.sampling.seed = a.seed + static_cast<int64_t>(history.size());
+    req.sampling.seed = static_cast<uint64_t>(a.seed) + history.size();  // wraps, never overflows
     std::string reply;
     try {
       server::Prompt prompt = engine.prepare(req);
@@ -90,7 +90,7 @@ std::function<int()> setup_chat(CLI::App& app) {
       ->check(hearth::cli::number_in<int64_t>(1, std::numeric_limits<int32_t>::max()));
   app.add_option("--temp", a->temp, "Sampling temperature (default 0 = greedy)");
   app.add_option("--top-p", a->top_p, "Nucleus sampling threshold (0 = off)");
-  app.add_option("--seed", a->seed, "Sampling seed (default 0)");
+  app.add_option("--seed", a->seed, "Sampling seed (default 0)")->check(hearth::cli::seed_number());
   app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
   hearth::cli::add_threads_option(app);
   app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's torch_dtype on cuda, float32 on cpu)");

@@ -41,7 +41,7 @@ std::function<int()> setup_generate(CLI::App& app) {
   app.add_option("--repetition-penalty", a->sampling.repetition_penalty, "Penalty for the last 20 tokens (off)");
   app.add_option("--presence-penalty", a->sampling.presence_penalty, "Subtract from tokens seen in the last 20 (off)");
   app.add_option("--frequency-penalty", a->sampling.frequency_penalty, "Subtract per occurrence in the last 20 (off)");
-  app.add_option("--seed", a->sampling.seed, "Sampling seed (default 0)");
+  app.add_option("--seed", a->sampling.seed, "Sampling seed (default 0)")->check(hearth::cli::seed_number());
   app.add_option("--device", a->device, "cpu | cuda (default: cuda when available)");
   hearth::cli::add_threads_option(app);
   app.add_option("--dtype", a->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's torch_dtype on cuda, float32 on cpu)");

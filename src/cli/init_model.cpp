@@ -9,6 +9,7 @@
 
 #include <iostream>
 
+#include "cli/number_option.h"
 #include "cli/output_folder.h"
 #include "cli/verb.h"
 #include "core/error.h"
@@ -217,7 +218,7 @@ std::function<int()> setup_init(CLI::App& app) {
   app.add_option("--config", o->config, "config.json of the new model (llama, mistral, qwen2 or qwen3)")->required();
   app.add_option("--tokenizer", o->tokenizer, "Folder with tokenizer.json (+ tokenizer_config.json)")->required();
   app.add_option("--out,-o", o->out, "Output model folder (must not exist)")->required();
-  app.add_option("--seed", o->seed, "Initialization seed (default 0)");
+  app.add_option("--seed", o->seed, "Initialization seed (default 0)")->check(hearth::cli::seed_number());
   app.add_option("--dtype", o->dtype, "Stored weight dtype: float32 | bfloat16 | float16 (default float32)");
   app.add_option("--chat-template", o->chat_template,
                  "Jinja file for tokenizer_config.json's chat_template (default: the tokenizer's, else a "

@@ -3,23 +3,50 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include <charconv>
+#include <cstdint>
+#include <limits>
 #include <string>
+#include <system_error>
+#include <type_traits>
 
 namespace hearth::cli {
 
 /// A CLI11 check for an option holding a T: "Failed parsing V as a INT" (or FLOAT) when V does not
-/// parse as T (CLI11's own words), else CLI::Range(lo, hi)'s "Value V not in range lo to hi" when
-/// V is outside [lo, hi]; empty (accepted) otherwise. Plain CLI::Range reports a word as out of
-/// range, since it runs before the conversion.
+/// parse as T (CLI11's own words), else "Value V not in range lo to hi" (CLI::Range's words) when V
+/// is outside [lo, hi]; empty (accepted) otherwise. Plain CLI::Range reports a word as out of
+/// range, since it runs before the conversion. An integer is read in base 10 with its overflow
+/// checked (CLI11 2.1 reads it with strtoll/strtoull in base 0, which clamps 2^64 to INT64_MAX,
+/// wraps -1 into an unsigned option and reads "010" as 8) and handed on in canonical decimal.
 template <typename T>
 CLI::Validator number_in(T lo, T hi) {
   const CLI::Range range(lo, hi);
   return CLI::Validator(
-      [range](std::string& v) {
-        std::string e = CLI::TypeValidator<T>()(v);
-        return e.empty() ? range(v) : e;
+      [range, lo, hi](std::string& v) -> std::string {
+        if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+          const char* begin = v.data() + (!v.empty() && v[0] == '+' ? 1 : 0);
+          const char* end = v.data() + v.size();
+          T x{};
+          const auto [stop, ec] = std::from_chars(begin, end, x);
+          const std::string range_text = " not in range " + std::to_string(lo) + " to " + std::to_string(hi);
+          if (ec == std::errc::result_out_of_range && stop == end) return "Value " + v + range_text;
+          if (ec != std::errc() || stop != end || begin == end) return "Failed parsing " + v + " as a INT";
+          if (x < lo || x > hi) return "Value " + v + range_text;
+          v = std::to_string(x);
+          return std::string();
+        } else {
+          std::string e = CLI::TypeValidator<T>()(v);
+          return e.empty() ? range(v) : e;
+        }
       },
       range.get_description());
+}
+
+/// The check of a --seed option: any 64-bit signed integer, as the server's `seed` field takes
+/// (a negative seed is used as its two's-complement bits); a number past int64 is refused instead
+/// of wrapping silently.
+inline CLI::Validator seed_number() {
+  return number_in<int64_t>(std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
 }
 
 }  // namespace hearth::cli

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "cli/launch.h"
+#include "cli/number_option.h"
 #include "cli/output_folder.h"
 #include "cli/threads_option.h"
 #include "cli/verb.h"
@@ -212,7 +213,7 @@ std::function<int()> setup_train(CLI::App& app) {
                "dropped and metrics.jsonl emptied when training starts, its adapter files are replaced (each "
                "atomically) at the first save. Refused with --resume of the same folder (continue or start afresh: "
                "pass one), whatever step its checkpoint is at");
-  app.add_option("--seed", c.seed, "Seed for data order and LoRA init (default 0)");
+  app.add_option("--seed", c.seed, "Seed for data order and LoRA init (default 0)")->check(hearth::cli::seed_number());
   app.add_flag("--mask-prompt", a->mask_prompt, "Loss on completions only (always on for chat/completion rows)");
   app.add_flag("--grad-checkpoint", a->grad_checkpoint, "Recompute activations per layer (= --segment-size 1)");
   app.add_option("--segment-size", c.segment_size, "Layers per backward segment (0 = full backward)");

@@ -289,4 +289,29 @@ TEST(InputChecksCli, BenchRunsWithAnAdapterAndRefusesBadOnes) {
   EXPECT_NE(missing.err.find("no-adapter"), std::string::npos) << missing.err;
 }
 
+// --seed takes any int64 (a negative one as its bits, like the server's `seed`); past int64 it is
+// refused (it wrapped silently), on every verb that has one.
+TEST(InputChecksCli, SeedPastInt64IsRefusedOnEveryVerb) {
+  TempDir d;
+  const std::string model = " --model " + shell_quote(golden_model("llama_mha").string()) + " --device cpu";
+  const std::string big = " --seed 18446744073709551616";
+  for (const std::string verb : {"generate --prompt hi --max-tokens 2", "chat --max-tokens 2"}) {
+    const CliRun r = hearth_run(verb + model + big, d);
+    EXPECT_NE(r.rc, 0) << verb;
+    EXPECT_NE(r.err.find("--seed"), std::string::npos) << verb << ": " << r.err;
+  }
+  fs::create_directories(d / "data");
+  hearth::io::write_file_atomic(d / "data" / "train.jsonl", "{\"text\": \"hello\"}\n");
+  const CliRun train = hearth_run("train" + model + " --data " + shell_quote((d / "data").string()) +
+                                      " --adapter-path " + shell_quote((d / "ad").string()) + big, d);
+  EXPECT_NE(train.err.find("--seed"), std::string::npos) << train.err;
+  const fs::path src = golden_model("llama_mha");
+  const CliRun init = hearth_run("init-model --config " + shell_quote((src / "config.json").string()) + " --tokenizer " +
+                                     shell_quote(src.string()) + " --out " + shell_quote((d / "m").string()) + big, d);
+  EXPECT_NE(init.err.find("--seed"), std::string::npos) << init.err;
+  EXPECT_FALSE(fs::exists(d / "ad"));
+  EXPECT_FALSE(fs::exists(d / "m"));
+  EXPECT_EQ(hearth_run("generate --prompt hi --max-tokens 2 --temp 1" + model + " --seed -1", d).rc, 0);
+}
+
 }  // namespace
