@@ -500,9 +500,13 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
   };
   compat::synchronize(device);
   resume();
-  for (int64_t step = start + 1; step <= cfg.iters; ++step) {
+  const auto stop_requested = [&] {
     const bool stop = cfg.stop && cfg.stop->load();
-    if (dp ? dp->any(stop) : stop) {  // every rank stops at the same step
+    return dp ? dp->any(stop) : stop;  // every rank stops at the same micro-batch
+  };
+  for (int64_t step = start + 1; step <= cfg.iters; ++step) {
+    if (cfg.on_micro_batch) cfg.on_micro_batch(step, 0);
+    if (stop_requested()) {
       res.interrupted = true;
       break;
     }
@@ -518,7 +522,15 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
     at::Tensor step_loss;  // Σ over micro-batches of their token-mean loss (fp64, on the device)
     int64_t counted = 0;
     std::vector<std::pair<std::string, double>> step_metrics;
+    const int64_t step_epoch = batcher.epoch(), step_index = batcher.index();
     for (int64_t m = 0; m < cfg.grad_accumulation_steps; ++m) {
+      if (m > 0) {
+        if (cfg.on_micro_batch) cfg.on_micro_batch(step, m);
+        if (stop_requested()) {
+          res.interrupted = true;
+          break;
+        }
+      }
       bopt.on_segment = [&, step, m](size_t s, bool) {
         const uint64_t seed = rng_seed(cfg.seed, step, dp ? m * dp->world_size() + dp->rank() : m, s);
         at::manual_seed(seed);
@@ -578,6 +590,11 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
       step_loss = step_loss.defined() ? step_loss + mean : mean;
       ++counted;
       window_tokens += ntok;
+    }
+    if (res.interrupted) {  // stopped inside the step: drop it, and replay its data when resumed
+      opt.zero_grad();
+      batcher.seek(step_epoch, step_index);
+      break;
     }
     if (pref || !step_loss.defined()) step_loss = at::scalar_tensor(pref_loss, at::kDouble);
     pending_losses.push_back(counted > 0 ? step_loss / static_cast<double>(counted) : step_loss);

@@ -132,7 +132,9 @@ TEST(NamedAdamW, StateRoundTripContinuesIdentically) {
   EXPECT_GT((straight - at::arange(6, at::kFloat).reshape({2, 3})).abs().max().item<float>(), 0.1f);
 }
 
-void check_resume(TrainConfig c, const TrainerTempDir& d) {
+// stop_in_step: the stop flag is set between step 4's two micro-batches (not after step 3's
+// report): step 4 is dropped and the resumed run replays it.
+void check_resume(TrainConfig c, const TrainerTempDir& d, bool stop_in_step = false) {
   c.adapter_path = d.path / "straight";
   auto tok = tiny_tok();
   TrainResult straight;
@@ -145,13 +147,20 @@ void check_resume(TrainConfig c, const TrainerTempDir& d) {
   std::atomic<bool> stop{false};
   c.adapter_path = d.path / "split";
   c.stop = &stop;
+  if (stop_in_step) {
+    ASSERT_EQ(c.grad_accumulation_steps, 2);
+    c.on_micro_batch = [&](int64_t step, int64_t m) {
+      if (step == 4 && m == 1) stop = true;
+    };
+  }
   TrainResult first;
   {
     auto m = tiny_model();
     first = run_training(c, *m, tok, [&](const Report& r) {
-      if (r.step == 3) stop = true;
+      if (r.step == 3 && !stop_in_step) stop = true;
     });
   }
+  c.on_micro_batch = nullptr;
   EXPECT_TRUE(first.interrupted);
   EXPECT_EQ(first.steps_done, 3);
   EXPECT_EQ(checkpoint_step(c.adapter_path), 3);
@@ -188,6 +197,12 @@ TEST(Trainer, ResumeGivesTheSameLossesFull) {
   TrainerTempDir d("resume_full");
   write_data(d.path);
   check_resume(base_config(d.path, d.path), d);
+}
+
+TEST(Trainer, StopInsideAStepDropsItAndTheResumedRunReplaysIt) {
+  TrainerTempDir d("resume_mid_step");
+  write_data(d.path);
+  check_resume(base_config(d.path, d.path), d, /*stop_in_step=*/true);
 }
 
 TEST(Trainer, ResumeGivesTheSameLossesLoraWithDropout) {
