@@ -105,6 +105,11 @@ struct CompletionRequest {
 
   /// True when tools were given and tool_choice is not "none" (tool-call parsing is on).
   bool tools_active() const { return !tools.empty() && tool_choice != "none"; }
+  /// True when tools were given and tool_choice forces a call ("required" or a named function):
+  /// a grammar then constrains the output (structured_output.h tool_call_grammar).
+  bool forces_tool_call() const { return tools_active() && tool_choice != "auto"; }
+  /// True when a grammar constrains the whole output: a response_format or a forced tool call.
+  bool output_constrained() const { return response_grammar != nullptr || forces_tool_call(); }
 };
 
 /// The prompt the engine will run: token ids (and the rendered text, for logs and debugging).
@@ -116,11 +121,10 @@ struct Prompt {
   bool reasoning_open = false;
 };
 
-/// Whether the output starts as reasoning: the prompt opened a thought and no response_format
-/// grammar constrains the output. A constrained answer starts at the first generated token and
-/// cannot write the closing marker (special tokens are never allowed), so it is the content.
+/// Whether the output starts as reasoning: the prompt opened a thought and no grammar constrains
+/// the output. A constrained answer starts at the first generated token, so it is the content.
 inline bool output_starts_in_reasoning(const CompletionRequest& req, const Prompt& prompt) {
-  return prompt.reasoning_open && !req.response_grammar;
+  return prompt.reasoning_open && !req.output_constrained();
 }
 
 /// An alternative token at one position, for logprobs.
@@ -287,8 +291,11 @@ class Engine {
   /// (chat::parse_tool_calls). Never throws on model output. Any thread.
   virtual ParsedToolCalls parse_tool_calls(const std::string& text, const nlohmann::ordered_json& tools) const;
   /// Reasoning routing: a fresh splitter (chat/reasoning.h) that separates the thought from the
-  /// answer in this request's output, or nullptr when the model has no reasoning format or the
-  /// request is not a chat (then all text is content). Default: nullptr. Any thread.
+  /// answer in this request's output, or nullptr when the model has no reasoning format, the
+  /// request is not a chat, or a grammar constrains the output (response_format or a forced tool
+  /// call: the whole output is the answer, and a marker the grammar lets through, such as Qwen's
+  /// "<think>" that is not a special token, is text); then all text is content. Default: nullptr.
+  /// Any thread.
   virtual std::unique_ptr<chat::ReasoningSplitter> reasoning_splitter(const CompletionRequest& req,
                                                                       const Prompt& prompt) const;
 

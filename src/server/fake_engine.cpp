@@ -142,7 +142,7 @@ Finish FakeEngine::generate(const Prompt& prompt, const CompletionRequest& req, 
 
 std::unique_ptr<chat::ReasoningSplitter> FakeEngine::reasoning_splitter(const CompletionRequest& req,
                                                                         const Prompt& prompt) const {
-  if (!req.chat || opts_.reasoning == chat::ReasoningFormat::None) return nullptr;
+  if (!req.chat || req.output_constrained() || opts_.reasoning == chat::ReasoningFormat::None) return nullptr;
   std::vector<std::string> ends;
   if (req.tools_active()) ends.emplace_back("<tool_call>");
   return std::make_unique<chat::ReasoningSplitter>(opts_.reasoning, output_starts_in_reasoning(req, prompt),

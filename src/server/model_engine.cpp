@@ -553,7 +553,7 @@ ParsedToolCalls ModelEngine::parse_tool_calls(const std::string& text, const nlo
 
 std::unique_ptr<chat::ReasoningSplitter> ModelEngine::reasoning_splitter(const CompletionRequest& req,
                                                                          const Prompt& prompt) const {
-  if (!req.chat || reasoning_format_ == chat::ReasoningFormat::None) return nullptr;
+  if (!req.chat || req.output_constrained() || reasoning_format_ == chat::ReasoningFormat::None) return nullptr;
   std::vector<std::string> ends;
   if (req.tools_active()) ends.push_back(chat::tool_call_start_marker(tool_format_));
   return std::make_unique<chat::ReasoningSplitter>(reasoning_format_, output_starts_in_reasoning(req, prompt),

@@ -243,7 +243,7 @@ CompletionRequest parse_chat_request(const nlohmann::ordered_json& body) {
   req.messages = parse_messages(body);
   parse_common(body, req);
   parse_tools(body, req);
-  if (req.ignore_eos && forces_tool_call(req))
+  if (req.ignore_eos && req.forces_tool_call())
     bad("ignore_eos", "Invalid 'ignore_eos': it cannot be combined with a forced tool call (tool_choice '" +
                           (req.tool_choice == "function" ? req.tool_choice_name : req.tool_choice) + "').");
   req.logprobs = boolean(body, "logprobs").value_or(false);

@@ -114,15 +114,11 @@ void parse_response_format(const nlohmann::ordered_json& body, CompletionRequest
   req.response_format = type;
 }
 
-bool forces_tool_call(const CompletionRequest& req) {
-  return !req.tools.empty() && req.tool_choice != "none" && req.tool_choice != "auto";
-}
-
 std::shared_ptr<const grammar::Grammar> tool_call_grammar(const CompletionRequest& req, chat::ToolCallFormat format) {
   if (req.tools.empty() && (req.tool_choice == "required" || req.tool_choice == "function"))
     throw ApiError(400, "Invalid 'tool_choice': it forces a tool call, but the request gives no 'tools'.", "tool_choice",
                    "invalid_value");
-  if (!forces_tool_call(req)) return nullptr;
+  if (!req.forces_tool_call()) return nullptr;
   std::string prefix, suffix, args_key;
   switch (format) {
     case chat::ToolCallFormat::Hermes:

@@ -27,9 +27,6 @@ namespace hearth::server {
 /// (the message names the keyword and its path).
 void parse_response_format(const nlohmann::ordered_json& body, CompletionRequest& req);
 
-/// True when the request forces a tool call: tools given and tool_choice "required" or "function".
-bool forces_tool_call(const CompletionRequest& req);
-
 /// The grammar of a forced tool call in `format` (Hermes: <tool_call>{"name": .., "arguments":
 /// {..}}</tool_call>; Llama3Json: {"name": .., "parameters": {..}}), arguments constrained by
 /// the tool's `parameters` schema; nullptr when the request forces none. Throws ApiError(400):

@@ -148,6 +148,13 @@ TEST_F(ReasoningServerTest, StructuredOutputAfterAPrimedThoughtIsTheContent) {
     EXPECT_FALSE(a.has_reasoning_key) << format;
     EXPECT_EQ(a.content, R"({"a": 1})") << format;
   }
+  // Qwen's "<think>" is not a special token, so the grammar lets it into a JSON string: there it
+  // is text (it moved the rest of the JSON into reasoning_content, leaving invalid JSON content).
+  for (const std::string& extra : {thinking, std::string()}) {
+    Answer a = both(R"(emit:{"a": "x<think>y</think>z<think>w"})", extra + R"(, "response_format": {"type": "json_object"})");
+    EXPECT_FALSE(a.has_reasoning_key);
+    EXPECT_EQ(a.content, R"({"a": "x<think>y</think>z<think>w"})");
+  }
   // Without response_format the primed thought is still reasoning.
   Answer a = both(R"(emit:{"a": 1})", thinking);
   EXPECT_EQ(a.reasoning, R"({"a": 1})");
@@ -169,6 +176,14 @@ TEST_F(ReasoningServerTest, ToolCallAfterOrInsideAThoughtIsStillACall) {
     EXPECT_EQ(a.tool_calls[0]["function"]["arguments"], "{\"a\": 1}");
     EXPECT_EQ(a.finish, "tool_calls");
   }
+  // A forced call is grammar-constrained from its first token: a "<think>" in its arguments is
+  // text (it split the call between content and reasoning_content, and no call came back).
+  const std::string forced = tools + R"(, "tool_choice": "required")";
+  Answer f = both("emit:<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": \"x<think>y\"}}\n</tool_call>", forced);
+  EXPECT_FALSE(f.has_reasoning_key);
+  ASSERT_EQ(f.tool_calls.size(), 1u);
+  EXPECT_EQ(f.tool_calls[0]["function"]["arguments"], "{\"a\": \"x<think>y\"}");
+  EXPECT_EQ(f.finish, "tool_calls");
 }
 
 TEST_F(ReasoningServerTest, StopStringsApplyToTheAnswerOnlyAndLogprobsCoverEveryToken) {

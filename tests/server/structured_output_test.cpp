@@ -94,7 +94,7 @@ TEST(StructuredOutputParse, ForcedToolCalls) {
       << schema.what();
   body["tools"] = weather_tools();
   CompletionRequest req = parse_chat_request(body);
-  EXPECT_TRUE(forces_tool_call(req));
+  EXPECT_TRUE(req.forces_tool_call());
   EXPECT_NE(tool_call_grammar(req, chat::ToolCallFormat::Hermes), nullptr);
   EXPECT_NE(tool_call_grammar(req, chat::ToolCallFormat::Llama3Json), nullptr);
   try {
@@ -116,7 +116,7 @@ TEST(StructuredOutputParse, ForcedToolCalls) {
     const CompletionRequest r = parse_chat_request(named);
     EXPECT_EQ(r.tool_choice, "function");
     EXPECT_EQ(r.tool_choice_name, name);
-    EXPECT_TRUE(forces_tool_call(r)) << name;
+    EXPECT_TRUE(r.forces_tool_call()) << name;
     EXPECT_NE(tool_call_grammar(r, chat::ToolCallFormat::Hermes), nullptr) << name;
     named["ignore_eos"] = true;  // a forced call: refused with ignore_eos
     EXPECT_EQ(parse_error(named).param(), "ignore_eos") << name;
