@@ -5,6 +5,7 @@
 #include "grammar/json_schema.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -498,6 +499,60 @@ class Compiler {
     invalid(cat("unknown type '", t, "'"), path(p));
   }
 
+  // The values of `const`/`enum` (both: the enum's values equal to const) that the keywords beside
+  // them allow (`type`, and min/max Length and Items, which bind strings and arrays only); none
+  // left is a 400, and another keyword beside them is unsupported (it was dropped silently).
+  std::vector<json> listed_values(const json& s, const std::vector<std::string>& keys, const std::string& p) {
+    std::vector<json> values;
+    if (s.contains("enum")) {
+      const json& e = s["enum"];
+      if (!e.is_array() || e.empty()) invalid("'enum' must be a non-empty array", path(p));
+      for (const json& v : e)
+        if (!s.contains("const") || v == s["const"]) values.push_back(v);
+    } else {
+      values.push_back(s["const"]);
+    }
+    const char* listed = s.contains("enum") ? "enum" : "const";
+    for (const std::string& k : keys) {
+      if (k == "enum" || k == "const") continue;
+      const bool on_strings = k == "minLength" || k == "maxLength", on_arrays = k == "minItems" || k == "maxItems";
+      if (k != "type" && !on_strings && !on_arrays) unsupported(cat("keyword '", k, "' beside '", listed, "'"), path(p));
+      const int64_t bound = k == "type" ? 0 : count_of(s, k.c_str(), path(p));
+      const bool at_least = k == "minLength" || k == "minItems";
+      std::erase_if(values, [&](const json& v) {
+        if (k == "type") return !has_type(v, s["type"], p);
+        int64_t n = -1;
+        if (on_strings && v.is_string())  // code points, as JSON Schema counts them
+          n = std::count_if(v.get_ref<const std::string&>().begin(), v.get_ref<const std::string&>().end(),
+                            [](char c) { return (static_cast<uint8_t>(c) & 0xC0) != 0x80; });
+        if (on_arrays && v.is_array()) n = static_cast<int64_t>(v.size());
+        return n >= 0 && (at_least ? n < bound : n > bound);
+      });
+    }
+    if (values.empty()) invalid(cat("no value of '", listed, "' satisfies the keywords beside it"), path(p));
+    return values;
+  }
+
+  // Whether JSON value `v` is of schema type `t` (a name or a list of names); 1.0 is an integer.
+  bool has_type(const json& v, const json& t, const std::string& p) const {
+    if (t.is_array() && !t.empty()) {
+      for (const json& x : t)
+        if (has_type(v, x, p)) return true;
+      return false;
+    }
+    if (!t.is_string()) invalid("'type' must be a string or a non-empty array of strings", path(p));
+    const std::string& n = t.get_ref<const std::string&>();
+    if (n == "string") return v.is_string();
+    if (n == "number") return v.is_number();
+    if (n == "integer")
+      return v.is_number_integer() || (v.is_number_float() && std::trunc(v.get<double>()) == v.get<double>());
+    if (n == "boolean") return v.is_boolean();
+    if (n == "null") return v.is_null();
+    if (n == "object") return v.is_object();
+    if (n == "array") return v.is_array();
+    invalid(cat("unknown type '", n, "'"), path(p));
+  }
+
   // The nodes of `s` (at JSON pointer `p` from the current root), then `next`.
   int32_t build(const json& s, const std::string& p, int32_t next) {
     if (++depth_ > 200) unsupported("nesting deeper than 200 schemas", path(p));
@@ -538,12 +593,9 @@ class Compiler {
       for (size_t i = 0; i < list.size(); ++i) alts.push_back(build(list[i], p + "/" + kw + "/" + std::to_string(i), next));
       return g().split(std::move(alts));
     }
-    if (s.contains("const")) return g().literal(s["const"].dump(), next);
-    if (s.contains("enum")) {
-      const json& e = s["enum"];
-      if (!e.is_array() || e.empty()) invalid("'enum' must be a non-empty array", path(p));
+    if (s.contains("const") || s.contains("enum")) {
       std::vector<std::string> texts;
-      for (const auto& v : e) texts.push_back(v.dump());
+      for (const json& v : listed_values(s, keys, p)) texts.push_back(v.dump());
       const int32_t start = texts_trie(std::move(texts), next);
       if (g_->size() > kMaxGrammarNodes)
         throw InvalidArgument(cat("the schema is too large to enforce (over ", kMaxGrammarNodes, " grammar states at ",

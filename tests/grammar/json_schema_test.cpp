@@ -133,6 +133,47 @@ TEST(JsonSchemaGrammar, ASchemaWithNoFiniteValueIsRefusedNamingItsPath) {
   }
 }
 
+// The keywords beside enum/const narrow their values (they were dropped: {"type": "string",
+// "const": 5} produced 5); none left is a 400, and one that cannot narrow a list is unsupported.
+TEST(JsonSchemaGrammar, EnumAndConstKeepOnlyTheValuesTheirSiblingsAllow) {
+  auto typed = schema(R"({"type": "string", "enum": ["a", 1, null, "b"]})");
+  EXPECT_TRUE(accepts(typed, R"("a")"));
+  EXPECT_TRUE(accepts(typed, R"("b")"));
+  EXPECT_FALSE(accepts(typed, "1"));
+  EXPECT_FALSE(accepts(typed, "null"));
+  auto integers = schema(R"({"type": ["integer", "null"], "enum": [1.0, 1.5, "x", null]})");
+  EXPECT_TRUE(accepts(integers, "1.0"));
+  EXPECT_TRUE(accepts(integers, "null"));
+  EXPECT_FALSE(accepts(integers, "1.5"));
+  auto lengths = schema(R"({"enum": ["a", "bbbbbbbb", "éé", ["x", "y"], 7], "maxLength": 2, "maxItems": 1})");
+  EXPECT_TRUE(accepts(lengths, R"("a")"));
+  EXPECT_TRUE(accepts(lengths, R"("éé")"));  // two code points, four bytes
+  EXPECT_TRUE(accepts(lengths, "7"));         // length keywords bind strings (and items arrays) only
+  EXPECT_FALSE(accepts(lengths, R"("bbbbbbbb")"));
+  EXPECT_FALSE(accepts(lengths, R"(["x","y"])"));
+  // Pydantic's Literal["a"]: const, enum and type together.
+  auto literal = schema(R"({"const": "a", "enum": ["a", "b"], "type": "string"})");
+  EXPECT_TRUE(accepts(literal, R"("a")"));
+  EXPECT_FALSE(accepts(literal, R"("b")"));
+  auto message = [](const char* text) {
+    try {
+      schema(text);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message(R"({"type": "string", "const": 5})"),
+            "invalid JSON Schema: no value of 'const' satisfies the keywords beside it at #");
+  EXPECT_EQ(message(R"({"properties": {"k": {"enum": ["long"], "minLength": 5}}})"),
+            "invalid JSON Schema: no value of 'enum' satisfies the keywords beside it at #/properties/k");
+  EXPECT_EQ(message(R"({"const": "a", "enum": ["b"]})"),
+            "invalid JSON Schema: no value of 'enum' satisfies the keywords beside it at #");
+  EXPECT_EQ(message(R"({"enum": [{"a": 1}], "required": ["b"]})"),
+            "unsupported JSON Schema keyword 'required' beside 'enum' at #");
+  EXPECT_EQ(message(R"({"enum": ["a"], "type": "text"})"), "invalid JSON Schema: unknown type 'text' at #");
+}
+
 TEST(JsonSchemaGrammar, AnEndlessOptionalBranchIsPrunedNotEntered) {
   // "next" can never be completed, but it is optional: the schema has values, and the automaton
   // must not let a text start down the endless branch (it would end truncated).
