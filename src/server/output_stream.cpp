@@ -52,7 +52,9 @@ bool OutputStream::on_token(const TokenEvent& ev) {
   }
   std::string text = ev.text, reasoning;
   if (splitter_) {
+    const bool was_in = splitter_->in_reasoning();
     chat::ReasoningSplit s = splitter_->push(ev.text);
+    if (!ev.text_only && (was_in || splitter_->in_reasoning())) ++reasoning_tokens_;
     reasoning = std::move(s.reasoning);
     text = std::move(s.content);
   }
@@ -103,6 +105,7 @@ void OutputStream::finish(const Finish& f, int64_t prompt_tokens) {
   done.prompt_tokens = prompt_tokens;
   done.completion_tokens = f.completion_tokens;
   done.cached_tokens = f.cached_tokens;
+  done.reasoning_tokens = std::min(reasoning_tokens_, f.completion_tokens);
   out_.push(std::move(done));
 }
 

@@ -49,6 +49,7 @@ class OutputStream {
   std::vector<TokenEvent> pending_logprobs_;
   std::string matched_stop_;     // the stop string that matched ("" = none yet)
   std::unique_ptr<chat::ReasoningSplitter> splitter_;  // null: no reasoning format for this request
+  int64_t reasoning_tokens_ = 0;  // tokens that arrived inside a thought, or opened or closed one
 };
 
 }  // namespace hearth::server

@@ -39,7 +39,8 @@ std::string new_responses_id(const char* prefix = "resp_");
 /// ("completed"; "incomplete" with incomplete_details.reason "max_output_tokens" at the length
 /// limit or "cancelled" when cut by shutdown), model, output: [reasoning?, message?,
 /// function_call*], usage {input_tokens, input_tokens_details.cached_tokens, output_tokens,
-/// output_tokens_details.reasoning_tokens (0: not counted), total_tokens}, and the echoed fields}.
+/// output_tokens_details.reasoning_tokens (the output tokens generated inside a thought, its
+/// markers included), total_tokens}, and the echoed fields}.
 /// A message item is present when there is text or no function call. Streaming: response.created,
 /// response.in_progress, then per item output_item.added / content_part.added /
 /// output_text.delta (reasoning_text.delta for thoughts) / output_text.done / content_part.done /

@@ -61,7 +61,7 @@ ojson ResponsesWriter::response(const std::string& status, ojson output, const S
     r["usage"] = ojson{{"input_tokens", done->prompt_tokens},
                        {"input_tokens_details", {{"cached_tokens", done->cached_tokens}}},
                        {"output_tokens", done->completion_tokens},
-                       {"output_tokens_details", {{"reasoning_tokens", 0}}},
+                       {"output_tokens_details", {{"reasoning_tokens", done->reasoning_tokens}}},
                        {"total_tokens", done->prompt_tokens + done->completion_tokens}};
   } else {
     r["usage"] = nullptr;

@@ -31,6 +31,8 @@ struct StreamEvent {
   std::string stop_sequence;         ///< kDone: the request's stop string that ended the output ("" = none)
   int64_t completion_tokens = 0;     ///< kDone
   int64_t cached_tokens = 0;         ///< kDone: prompt tokens served from the prompt cache
+  /// kDone: of completion_tokens, those generated inside a thought (its markers included)
+  int64_t reasoning_tokens = 0;
   int status = 0;                    ///< kError: HTTP status
   std::string message;               ///< kError
   std::string param;                 ///< kError: OpenAI `param` ("" = null)

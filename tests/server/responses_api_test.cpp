@@ -270,6 +270,9 @@ TEST_F(ResponsesServerTest, ReasoningAndFunctionCallsBothWays) {
   EXPECT_EQ(J::parse(fc["arguments"].get<std::string>()), J({{"city", "Paris"}}));
   EXPECT_EQ(fc["status"], "completed");
   EXPECT_EQ(j["status"], "completed");
+  // The thought's tokens ("pla", "n</", "thi", "nk>": three characters per fake token), the
+  // closing marker's included (it was always 0).
+  EXPECT_EQ(j["usage"]["output_tokens_details"]["reasoning_tokens"], 4) << j["usage"].dump();
 
   auto evs = stream(body(user, extra + R"(, "stream": true)"));
   // Event names with runs of the same delta collapsed (the thought arrives in several pieces).
@@ -298,6 +301,7 @@ TEST_F(ResponsesServerTest, ReasoningAndFunctionCallsBothWays) {
   ASSERT_EQ(done["output"].size(), 2u);
   EXPECT_EQ(done["output"][0]["content"][0]["text"], "plan");
   EXPECT_EQ(done["output"][1]["call_id"], evs[call_added].second["item"]["call_id"]);
+  EXPECT_EQ(done["usage"]["output_tokens_details"]["reasoning_tokens"], 4);
 
   // The round trip: the call and its output go back as items; the model sees a tool message.
   J next = J::parse(body("x", R"(, "tools": [{"type": "function", "name": "get_weather"}])"));
