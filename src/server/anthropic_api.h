@@ -42,7 +42,7 @@ std::string anthropic_stop_reason(const StreamEvent& done);
 
 /// The ResponseWriter of /v1/messages. Non-streaming: a Message {id, type, role, model, content:
 /// [thinking?, text?, tool_use*], stop_reason, stop_sequence, usage}; a text block is present when
-/// there is text or no tool call. Streaming: message_start, ping, then per block
+/// there is text, or neither thinking nor a tool call (an empty one then). Streaming: message_start, ping, then per block
 /// content_block_start / content_block_delta (thinking_delta, text_delta, input_json_delta) /
 /// content_block_stop, then message_delta (stop_reason, usage) and message_stop; an error mid-stream
 /// is an `error` event. usage follows Anthropic: input_tokens excludes cache_read_input_tokens.
@@ -62,7 +62,6 @@ class AnthropicWriter : public ResponseWriter {
   std::string id_, model_;
   int index_ = -1;         // index of the last block started
   std::string open_type_;  // "" | "thinking" | "text"
-  bool had_text_block_ = false;
 };
 
 }  // namespace hearth::server

@@ -81,7 +81,8 @@ std::string AnthropicWriter::full(const std::vector<StreamEvent>& deltas, const 
   }
   ojson content = ojson::array();
   if (!reasoning.empty()) content.push_back(ojson{{"type", "thinking"}, {"thinking", reasoning}, {"signature", ""}});
-  if (!text.empty() || done.tool_calls.empty()) content.push_back(ojson{{"type", "text"}, {"text", text}});
+  if (!text.empty() || (done.tool_calls.empty() && reasoning.empty()))  // an empty text block only alone
+    content.push_back(ojson{{"type", "text"}, {"text", text}});
   for (const auto& c : done.tool_calls) content.push_back(tool_use_block(c, true));
   return dump_json(ojson{{"id", id_},
                          {"type", "message"},
@@ -121,7 +122,6 @@ std::string AnthropicWriter::open(const char* type) {
   ++index_;
   ojson block = open_type_ == "thinking" ? ojson{{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}
                                          : ojson{{"type", "text"}, {"text", ""}};
-  if (open_type_ == "text") had_text_block_ = true;
   return out + event(ojson{{"type", "content_block_start"}, {"index", index_}, {"content_block", block}});
 }
 
@@ -142,7 +142,7 @@ std::string AnthropicWriter::delta(const StreamEvent& d) {
 
 std::string AnthropicWriter::end(const StreamEvent& done) {
   std::string out;
-  if (!had_text_block_ && done.tool_calls.empty()) out += open("text");  // as full(): a text block, even empty
+  if (index_ < 0 && done.tool_calls.empty()) out += open("text");  // as full(): an empty text block only alone
   out += close();
   for (const auto& c : done.tool_calls) {
     ++index_;

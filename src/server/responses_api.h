@@ -41,7 +41,8 @@ std::string new_responses_id(const char* prefix = "resp_");
 /// function_call*], usage {input_tokens, input_tokens_details.cached_tokens, output_tokens,
 /// output_tokens_details.reasoning_tokens (the output tokens generated inside a thought, its
 /// markers included), total_tokens}, and the echoed fields}.
-/// A message item is present when there is text or no function call. Streaming: response.created,
+/// A message item is present when there is text, or neither reasoning nor a function call (an
+/// empty one then). Streaming: response.created,
 /// response.in_progress, then per item output_item.added / content_part.added /
 /// output_text.delta (reasoning_text.delta for thoughts) / output_text.done / content_part.done /
 /// output_item.done, function_call_arguments.delta/done for calls, and response.completed (or

@@ -88,7 +88,7 @@ std::string ResponsesWriter::full(const std::vector<StreamEvent>& deltas, const 
   const auto [status, details] = outcome(done);
   ojson output = ojson::array();
   if (!reasoning.empty()) output.push_back(item_json(Item{"reasoning", new_responses_id("rs_"), reasoning}, status));
-  if (!text.empty() || done.tool_calls.empty())
+  if (!text.empty() || (done.tool_calls.empty() && reasoning.empty()))  // never an empty message beside other items
     output.push_back(item_json(Item{"message", new_responses_id("msg_"), text}, status));
   for (const auto& c : done.tool_calls) output.push_back(function_call_item(c, "completed", true));
   return dump_json(response(status, std::move(output), &done));
@@ -156,10 +156,8 @@ std::string ResponsesWriter::delta(const StreamEvent& d) {
 
 std::string ResponsesWriter::end(const StreamEvent& done) {
   const auto [status, details] = outcome(done);
-  bool has_message = false;
-  for (const auto& it : items_) has_message = has_message || it.type == "message";
   std::string out;
-  if (!has_message && done.tool_calls.empty()) out += open("message");  // as full(): a message, even empty
+  if (items_.empty() && done.tool_calls.empty()) out += open("message");  // as full(): an empty message only alone
   out += close(status);
   ojson output = ojson::array();
   for (const auto& it : items_) output.push_back(item_json(it, status));

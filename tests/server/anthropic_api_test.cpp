@@ -235,6 +235,30 @@ TEST_F(AnthropicServerTest, StreamingEventOrderAndText) {
   EXPECT_EQ(md["usage"]["input_tokens"], 5);
 }
 
+// An output that is all thought (a primed thought never closed) is one thinking block, with no
+// empty text block after it either way; an empty output alone is still one empty text block.
+TEST_F(AnthropicServerTest, ThinkingOnlyOutputHasNoEmptyTextBlock) {
+  FakeEngineOptions fo;
+  fo.reasoning = chat::ReasoningFormat::ThinkTags;
+  start({}, fo);
+  const std::string thinking = R"(, "thinking": {"type": "enabled", "budget_tokens": 100})";
+  J j = J::parse(messages(body("emit:still thinking", thinking))->body);
+  ASSERT_EQ(j["content"].size(), 1u) << j.dump();
+  EXPECT_EQ(j["content"][0]["type"], "thinking");
+  EXPECT_EQ(j["content"][0]["thinking"], "still thinking");
+  auto evs = stream(body("emit:still thinking", thinking + R"(, "stream": true)"));
+  std::vector<std::string> blocks;
+  for (const auto& [name, data] : evs)
+    if (name == "content_block_start") blocks.push_back(data["content_block"]["type"].get<std::string>());
+  EXPECT_EQ(blocks, std::vector<std::string>{"thinking"});
+  J empty = J::parse(messages(body("emit:"))->body);
+  EXPECT_EQ(empty["content"], J::parse(R"([{"type": "text", "text": ""}])")) << empty.dump();
+  blocks.clear();
+  for (const auto& [name, data] : stream(body("emit:", R"(, "stream": true)")))
+    if (name == "content_block_start") blocks.push_back(data["content_block"]["type"].get<std::string>());
+  EXPECT_EQ(blocks, std::vector<std::string>{"text"});
+}
+
 TEST_F(AnthropicServerTest, ThinkingAndToolUseBothWays) {
   FakeEngineOptions fo;
   fo.reasoning = chat::ReasoningFormat::ThinkTags;

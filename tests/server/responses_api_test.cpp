@@ -251,6 +251,25 @@ TEST_F(ResponsesServerTest, StreamingEventOrder) {
   EXPECT_EQ(done["usage"]["output_tokens"], 4);
 }
 
+// An output that is all reasoning has one reasoning item and no empty message item either way;
+// an empty output alone is still one empty message.
+TEST_F(ResponsesServerTest, ReasoningOnlyOutputHasNoEmptyMessage) {
+  FakeEngineOptions fo;
+  fo.reasoning = chat::ReasoningFormat::ThinkTags;
+  start({}, fo);
+  const std::string effort = R"(, "reasoning": {"effort": "high"})";
+  J j = J::parse(responses(body("emit:still thinking", effort))->body);
+  ASSERT_EQ(j["output"].size(), 1u) << j.dump();
+  EXPECT_EQ(j["output"][0]["type"], "reasoning");
+  std::vector<std::string> items;
+  for (const auto& [name, data] : stream(body("emit:still thinking", effort + R"(, "stream": true)")))
+    if (name == "response.output_item.added") items.push_back(data["item"]["type"].get<std::string>());
+  EXPECT_EQ(items, std::vector<std::string>{"reasoning"});
+  J empty = J::parse(responses(body("emit:"))->body);
+  ASSERT_EQ(empty["output"].size(), 1u) << empty.dump();
+  EXPECT_EQ(empty["output"][0]["type"], "message");
+}
+
 TEST_F(ResponsesServerTest, ReasoningAndFunctionCallsBothWays) {
   FakeEngineOptions fo;
   fo.reasoning = chat::ReasoningFormat::ThinkTags;
