@@ -229,17 +229,27 @@ ModelEngine::~ModelEngine() = default;
 
 std::vector<std::string> ModelEngine::selected_adapters(const CompletionRequest& req) const {
   // An empty selection read as the base model; "none" says that (and an empty id may be a typo).
-  HEARTH_CHECK_T(InvalidArgument, !req.adapter || !req.adapter->empty(),
-                 "adapter: empty; name a mounted adapter, \"a+b\", or \"none\" for the base model");
-  std::vector<std::string> ids = nn::parse_adapter_spec(req.adapter ? *req.adapter : opts_.default_adapter);
+  // ApiError naming the field wherever it is checked (prepare, and again on the engine thread,
+  // where an unmount since prepare() is found): one error shape either way.
+  if (req.adapter && req.adapter->empty())
+    throw ApiError(400, "adapter: empty; name a mounted adapter, \"a+b\", or \"none\" for the base model", "adapter",
+                   "invalid_value");
+  std::vector<std::string> ids;
+  try {
+    ids = nn::parse_adapter_spec(req.adapter ? *req.adapter : opts_.default_adapter);
+  } catch (const InvalidArgument& e) {
+    throw ApiError(400, e.what(), "adapter", "invalid_value");
+  }
   std::lock_guard<std::mutex> lock(adapters_mu_);
   for (const auto& id : ids) {
     bool found = std::any_of(adapters_.begin(), adapters_.end(), [&](const AdapterInfo& a) { return a.id == id; });
     if (found) continue;
     std::string mounted;
     for (const auto& a : adapters_) mounted += (mounted.empty() ? "" : ", ") + a.id;
-    throw InvalidArgument(cat("adapter: unknown adapter \"", id, "\" (mounted: ", mounted.empty() ? "none" : mounted,
-                              "; use \"none\" for the base model)"));
+    throw ApiError(400,
+                   cat("adapter: unknown adapter \"", id, "\" (mounted: ", mounted.empty() ? "none" : mounted,
+                       "; use \"none\" for the base model)"),
+                   "adapter", "invalid_value");
   }
   return ids;
 }
@@ -253,11 +263,7 @@ void ModelEngine::check_logit_bias(const CompletionRequest& req) const {
 }
 
 Prompt ModelEngine::prepare(const CompletionRequest& req) {
-  try {
-    selected_adapters(req);
-  } catch (const InvalidArgument& e) {  // a 400 that names the field, as the other request errors
-    throw ApiError(400, e.what(), "adapter", "invalid_value");
-  }
+  selected_adapters(req);
   check_logit_bias(req);  // here, so the client gets a 400 before generation starts
   check_structured_output(req, tool_format_);
   Prompt p;

@@ -107,7 +107,7 @@ class ModelEngine : public Engine {
   /// template, a template error, an empty prompt, or an adapter id that is not mounted.
   /// Thread-safe (tokenizer, template and the adapter list under its mutex only).
   Prompt prepare(const CompletionRequest& req) override;
-  /// The adapter ids again (unknown: InvalidArgument), on the engine thread before generate().
+  /// The adapter ids again (unknown: ApiError 400, param "adapter"), on the engine thread before generate().
   void check_request(const CompletionRequest& req) override { selected_adapters(req); }
   /// Runs generate::generate with resolve_sampling(req), the request's adapters active, EOS ids
   /// (eos_ids()); streams text through a StreamDecoder that skips special tokens except, for chat
@@ -219,6 +219,8 @@ class ModelEngine : public Engine {
 
  private:
   struct Running;
+  /// The request's adapter ids (or the default selection), each mounted; else ApiError 400 with
+  /// param "adapter", code "invalid_value".
   std::vector<std::string> selected_adapters(const CompletionRequest& req) const;
   std::unique_ptr<ActiveSequence> start_choice(const Prompt& prompt, const CompletionRequest& req, TokenCallback on_token,
                                                int choice);

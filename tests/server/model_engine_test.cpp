@@ -177,15 +177,15 @@ TEST_F(ModelServerTest, PromptBuildingRendersTheTemplateWithoutDoubleBos) {
   // Unknown adapter ids are request errors: a 400 naming the field.
   CompletionRequest bad = chat_request("x", 4);
   bad.adapter = "nope";
-  try {
-    engine.prepare(bad);
-    ADD_FAILURE() << "an unknown adapter was accepted";
-  } catch (const ApiError& e) {
-    EXPECT_EQ(e.status(), 400);
-    EXPECT_EQ(e.param(), "adapter");
-    EXPECT_EQ(e.code(), "invalid_value");
-    EXPECT_NE(std::string(e.what()).find("unknown adapter \"nope\""), std::string::npos) << e.what();
-  }
+  for (int on_engine_thread = 0; on_engine_thread < 2; ++on_engine_thread) try {  // prepare(), then the check
+      on_engine_thread ? engine.check_request(bad) : (void)engine.prepare(bad);     // that finds an unmount since
+      ADD_FAILURE() << "an unknown adapter was accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status(), 400);
+      EXPECT_EQ(e.param(), "adapter");  // the same fields either way (null on the engine thread before)
+      EXPECT_EQ(e.code(), "invalid_value");
+      EXPECT_NE(std::string(e.what()).find("unknown adapter \"nope\""), std::string::npos) << e.what();
+    }
   bad.adapter = "a++b";  // a malformed selection too
   EXPECT_THROW(engine.prepare(bad), ApiError);
   bad.adapter = "";  // and an empty one (it ran the base model)
