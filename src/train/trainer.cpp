@@ -15,6 +15,7 @@
 #include <set>
 #include <sstream>
 
+#include "adapters/adapter.h"
 #include "core/error.h"
 #include "core/torch_compat.h"
 #include "io/atomic_file.h"
@@ -34,16 +35,6 @@
 namespace hearth::train {
 
 namespace {
-
-// Layer index of an HF name "model.layers.N.…" (or -1).
-int64_t layer_of(const std::string& name) {
-  static const std::string kPrefix = "model.layers.";
-  const auto pos = name.find(kPrefix);
-  if (pos == std::string::npos) return -1;
-  size_t i = pos + kPrefix.size(), j = i;
-  while (j < name.size() && std::isdigit(static_cast<unsigned char>(name[j]))) ++j;
-  return j > i ? std::stoll(name.substr(i, j - i)) : -1;
-}
 
 // Seed for the randomness (LoRA dropout) of one segment of one micro-batch of one step, so the
 // segmented recompute replays the forward's masks and a resumed run draws what it would have.
@@ -254,7 +245,7 @@ std::vector<TrainableParam> full_parameters(models::Model& model, int64_t num_la
   for (const auto& [n, t] : named) has_lm_head |= n.rfind("lm_head.", 0) == 0;
   std::vector<TrainableParam> out;
   for (auto& [name, t] : named) {
-    TrainableParam p{name, t, layer_of(name)};
+    TrainableParam p{name, t, adapters::layer_index(name)};  // "….layers.N.…", any prefix
     if (p.layer < 0) {
       if (num_layers >= 0 && num_layers < L) continue;  // embed/norm/head only with all layers
       // Used by Model::embed: the token tables and Gemma 4's per-layer-input projection and norm.

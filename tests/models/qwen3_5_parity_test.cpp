@@ -20,6 +20,7 @@
 #include "cache/recurrent_cache.h"
 #include "exact_logits.h"
 #include "io/hf_config.h"
+#include "io/safetensors.h"
 #include "models/qwen3_5/qwen3_5.h"
 #include "models/registry.h"
 #include "test_paths.h"
@@ -154,6 +155,29 @@ TEST(Qwen3_5Prefill, ChunkedPrefillEqualsTokenByToken) {
     // BLAS kernels) — 7e-5 relative on these logits of ~8; a wrong state or decay is O(1).
     EXPECT_LE(diff, 1e-3) << v;
     std::cout << "[qwen3_5 prefill] " << v << " T=" << ids.size() << " chunked vs recurrent max|d| = " << diff << "\n";
+  }
+}
+
+// Module and parameter names are the checkpoint's own (model.language_model.… in the transformers
+// wrapper, language_model.model.… in mlx-lm's), so adapters, full fine-tunes and fuse name what
+// the file holds (they were text-model names: nothing could fuse a wrapped model's adapter).
+TEST(Qwen3_5Names, ModulesAndParametersAreTheCheckpointsNames) {
+  for (const std::string v : {"q35_vlm", "q35_mlx_mixed", "q35_tied_hv2"}) {
+    if (!fs::exists(kQwen35Golden / v)) GTEST_SKIP() << "no golden " << v;
+    auto model = hearth::models::load_model(kQwen35Golden / v, {at::kCPU, at::kFloat});
+    std::set<std::string> stored;
+    const auto file = hearth::io::SafetensorsFile::open(kQwen35Golden / v / "model.safetensors");
+    for (const auto& t : file->tensors()) stored.insert(t.name);
+    const std::string prefix = v == "q35_vlm" ? "model.language_model." : v == "q35_mlx_mixed" ? "language_model.model." : "model.";
+    const auto modules = model->linear_modules();
+    ASSERT_FALSE(modules.empty());
+    EXPECT_EQ(modules.front().first, prefix + "layers.0." + (modules.front().first.find("linear_attn") != std::string::npos
+                                                                  ? "linear_attn.in_proj_qkv" : "self_attn.q_proj"));
+    for (size_t i = 0; i + 1 < modules.size(); ++i)  // the last is the (tied, not stored) lm_head
+      EXPECT_TRUE(stored.count(modules[i].first + ".weight")) << v << ": " << modules[i].first;
+    EXPECT_EQ(modules.back().first, "lm_head");
+    if (v == "q35_mlx_mixed") continue;  // quantized: no dense parameters
+    for (const auto& [name, t] : model->named_parameters()) EXPECT_TRUE(stored.count(name)) << v << ": " << name;
   }
 }
 

@@ -9,6 +9,12 @@
 
 namespace hearth::models::qwen3_5 {
 
+std::string WeightLayout::name(const std::string& path) const {
+  if (path.rfind("lm_head", 0) == 0) return head + path.substr(std::string("lm_head").size());
+  HEARTH_CHECK(path.rfind("model.", 0) == 0, "qwen3_5: '", path, "' is not a text-model path");
+  return prefix + path.substr(std::string("model.").size());
+}
+
 WeightLayout detect_layout(const Qwen3_5Config& c, const nn::ParamSource& w, bool quantized, const std::string& origin) {
   WeightLayout L;
   bool found = false;
@@ -46,11 +52,7 @@ Qwen3_5Model::Qwen3_5Model(Qwen3_5Config config, const nn::ParamSource& w,
     : config_(std::move(config)), placement_(placement) {
   const Qwen3_5Config& c = config_;
   layout_ = detect_layout(c, w, quant.has_value(), origin);
-  // HF text-model path ("model.layers.0.mlp.up_proj", "lm_head") → the checkpoint's name.
-  auto name = [&](const std::string& canon) {
-    if (canon == "lm_head") return layout_.head;
-    return layout_.prefix + canon.substr(std::string("model.").size());
-  };
+  auto name = [&](const std::string& canon) { return layout_.name(canon); };
   auto spec = [&](const std::string& actual) -> std::optional<nn::QuantSpec> {
     return quant ? quant->spec_for(actual) : std::nullopt;
   };
@@ -192,6 +194,7 @@ std::vector<std::pair<std::string, nn::Linear*>> Qwen3_5Model::linear_modules() 
     out.emplace_back(p + "mlp.down_proj", &l.mlp.down_proj);
   }
   out.emplace_back("lm_head", &lm_head_);
+  for (auto& [path, lin] : out) path = layout_.name(path);
   return out;
 }
 
@@ -237,6 +240,7 @@ std::vector<std::pair<std::string, at::Tensor>> Qwen3_5Model::named_parameters()
   }
   out.emplace_back("model.norm.weight", norm_.weight);
   if (!config_.tie_word_embeddings) dense("lm_head", lm_head_);
+  for (auto& [path, t] : out) path = layout_.name(path);
   return out;
 }
 

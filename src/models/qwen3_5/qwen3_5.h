@@ -100,6 +100,9 @@ struct WeightLayout {
   std::string prefix = "model.";
   std::string head = "lm_head";
   bool mlx = false;  // conv1d stored [C, K, 1] and zero-centred norms stored as weight + 1
+  /// The checkpoint's name of a text-model path: "model.layers.0.mlp.up_proj" → prefix +
+  /// "layers.0.mlp.up_proj"; "lm_head…" → head + "…". Throws hearth::Error for another path.
+  std::string name(const std::string& text_model_path) const;
 };
 
 class Qwen3_5Model : public Model {
@@ -131,11 +134,14 @@ class Qwen3_5Model : public Model {
   int64_t hidden_size() const override { return config_.hidden_size; }
   const nn::LoadOptions& placement() const override { return placement_; }
   int64_t weight_bytes() const override;
-  /// HF text-model paths: model.layers.N.self_attn.{q,k,v,o}_proj,
-  /// model.layers.N.linear_attn.{in_proj_qkv,in_proj_z,in_proj_b,in_proj_a,out_proj} (qwen3_next:
-  /// in_proj_qkvz, in_proj_ba), model.layers.N.mlp.{gate,up,down}_proj, lm_head.
+  /// The checkpoint's own module paths (WeightLayout::name; as transformers and mlx-lm name the
+  /// modules, so adapters and fused weights match their tools): model.layers.N.self_attn.
+  /// {q,k,v,o}_proj, model.layers.N.linear_attn.{in_proj_qkv,in_proj_z,in_proj_b,in_proj_a,
+  /// out_proj} (qwen3_next: in_proj_qkvz, in_proj_ba), model.layers.N.mlp.{gate,up,down}_proj,
+  /// lm_head, with "model." read as model.language_model. / language_model.model. (and
+  /// language_model.lm_head) in the wrapped layouts.
   std::vector<std::pair<std::string, nn::Linear*>> linear_modules() override;
-  /// HF text-model names and shapes (conv1d.weight [convDim, 1, K]; norms as stored: zero-centred
+  /// The checkpoint's names (as linear_modules) and shapes (conv1d.weight [convDim, 1, K]; norms as stored: zero-centred
   /// for transformers checkpoints, +1 for MLX ones). Throws hearth::Error when a weight is quantized.
   std::vector<std::pair<std::string, at::Tensor>> named_parameters() override;
 
