@@ -379,6 +379,21 @@ int64_t layer_index(const std::string& path) {
   return std::regex_match(path, m, re) ? std::stoll(m[2].str()) : -1;
 }
 
+std::optional<std::string> resolve_module_path(const std::string& path, const std::vector<std::string>& names) {
+  if (std::binary_search(names.begin(), names.end(), path)) return path;
+  static const std::regex block(R"(^(.*\.)?(layers\.\d+\..+)$)");
+  std::smatch m;
+  const std::string tail = "." + (std::regex_match(path, m, block) ? m[2].str()
+                                  : path.rfind("model.", 0) == 0 ? path.substr(6) : path);
+  std::optional<std::string> found;
+  for (const auto& n : names)
+    if (n == tail.substr(1) || (n.size() > tail.size() && ends_with(n, tail))) {
+      if (found) return std::nullopt;  // two candidates: not this rule's to choose
+      found = n;
+    }
+  return found;
+}
+
 void check_adapter_id(const std::string& id) {
   HEARTH_CHECK_T(InvalidArgument, !id.empty() && id.find_first_of("+,") == std::string::npos && id != "none" &&
                                       !has_control_chars(id),

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,15 @@ bool key_matches(const std::string& path, const std::string& key);
 
 /// The decoder-block index of a module path "model.layers.N.…", or -1.
 int64_t layer_index(const std::string& path);
+
+/// `path` as `names` (sorted) holds it: itself when present, else the one name that is, or ends
+/// with "." and, path's tail — from "layers.N." on, else path without a leading "model." — the
+/// same module of a checkpoint wrapped another way ("model.layers.0.mlp.up_proj" ↔
+/// "model.language_model.layers.0.mlp.up_proj" ↔ "language_model.model.layers.0.mlp.up_proj",
+/// "model.embed_tokens.weight" ↔ "model.language_model.embed_tokens.weight", "lm_head" ↔
+/// "language_model.lm_head"), as an adapter trained on a text-only checkpoint names a wrapped
+/// one's; nullopt when absent or when two names share the tail.
+std::optional<std::string> resolve_module_path(const std::string& path, const std::vector<std::string>& names);
 
 /// Module path → {in_features, out_features} of the model's Linear modules (mount.h module_shapes).
 using ModuleShapes = std::map<std::string, std::pair<int64_t, int64_t>>;

@@ -3,6 +3,9 @@
 // through them. Not writing folders (fuse.cpp).
 #include "adapters/full.h"
 
+#include <set>
+
+#include "adapters/adapter.h"
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "io/weights.h"
@@ -51,7 +54,12 @@ WeightEdits full_finetune_edits(const io::WeightStore& base, const std::optional
                                 const std::string& who) {
   WeightEdits e;
   const std::string where = base.dir().string();
-  for (const auto& [name, t] : trained) {
+  const std::vector<std::string> stored = base.names();
+  std::set<std::string> seen;
+  for (const auto& [trained_name, t] : trained) {
+    // The base's own name (a fine-tune of another wrapping of the same checkpoint is accepted).
+    const std::string name = resolve_module_path(trained_name, stored).value_or(trained_name);
+    HEARTH_CHECK(seen.insert(name).second, who, ": tensor ", trained_name, " names ", name, " as another tensor does");
     const std::string module = ends_with(name, ".weight") ? name.substr(0, name.size() - 7) : "";
     const bool quantized = !module.empty() && base.contains(module + ".scales");
     HEARTH_CHECK(base.contains(name), who, ": tensor ", name, " is not in the base model ", where);

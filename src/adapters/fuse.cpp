@@ -124,9 +124,17 @@ void fuse_model(const fs::path& model_dir, const Adapter& adapter, const fs::pat
   // names to drop (scales/biases of dequantized modules).
   std::map<std::string, at::Tensor> replaced;
   std::set<std::string> dropped;
-  for (const auto& [module, m] : adapter.modules) {
+  const std::vector<std::string> stored = store.names();
+  std::vector<std::string> stored_modules;  // "<module>.weight" names without the suffix
+  for (const auto& n : stored)
+    if (n.size() > 7 && n.compare(n.size() - 7, 7, ".weight") == 0) stored_modules.push_back(n.substr(0, n.size() - 7));
+  std::set<std::string> fused;
+  for (const auto& [adapter_module, m] : adapter.modules) {
     if (opts.between_tensors) opts.between_tensors();
-    const std::string who = cat("adapter '", adapter.id, "': ", module);
+    const std::string who = cat("adapter '", adapter.id, "': ", adapter_module);
+    // The base's own name of the module (an adapter of another wrapping of it is accepted).
+    const std::string module = resolve_module_path(adapter_module, stored_modules).value_or(adapter_module);
+    HEARTH_CHECK(fused.insert(module).second, who, ": names ", module, " as another of its entries does");
     const bool quantized = store.contains(module + ".scales");
     if (!store.contains(module + ".weight")) {
       HEARTH_CHECK(module != "lm_head" && !store.contains("model.embed_tokens.weight"), who,

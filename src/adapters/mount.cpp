@@ -22,6 +22,16 @@ std::map<std::string, nn::Linear*> module_map(models::Model& model) {
   return out;
 }
 
+// The model's Linear that adapter module `path` names (resolve_module_path: another wrapping of
+// the same checkpoint is accepted), or null.
+nn::Linear* find_module(const std::map<std::string, nn::Linear*>& modules, const std::string& path) {
+  std::vector<std::string> names;
+  if (modules.find(path) == modules.end())
+    for (const auto& [n, lin] : modules) names.push_back(n);
+  const auto name = modules.count(path) ? std::optional<std::string>(path) : resolve_module_path(path, names);
+  return name ? modules.at(*name) : nullptr;
+}
+
 }  // namespace
 
 ModuleShapes module_shapes(models::Model& model) {
@@ -35,11 +45,14 @@ void validate_against(const Adapter& adapter, models::Model& model) {
   const std::string who = cat("adapter '", adapter.id, "'");
   HEARTH_CHECK_T(InvalidArgument, !adapter.modules.empty(), who, ": has no modules");
   const auto modules = module_map(model);
+  std::set<const nn::Linear*> seen;
   for (const auto& [path, m] : adapter.modules) {
-    auto it = modules.find(path);
-    HEARTH_CHECK_T(InvalidArgument, it != modules.end(), who, ": ", path, ": no such module in the model (",
-                   model.model_type(), ", ", model.num_layers(), " layers)");
-    const nn::Linear& lin = *it->second;
+    const nn::Linear* found = find_module(modules, path);
+    HEARTH_CHECK_T(InvalidArgument, found, who, ": ", path, ": no such module in the model (", model.model_type(),
+                   ", ", model.num_layers(), " layers)");
+    HEARTH_CHECK_T(InvalidArgument, seen.insert(found).second, who, ": ", path,
+                   ": names a module that another of its entries names too (the same layer under two prefixes)");
+    const nn::Linear& lin = *found;
     HEARTH_CHECK_T(InvalidArgument, m.a.defined() && m.b.defined() && m.a.dim() == 2 && m.b.dim() == 2, who, ": ",
                    path, ": A and B must be 2-D");
     const int64_t r = m.a.size(0);
@@ -65,7 +78,7 @@ void mount(models::Model& model, const Adapter& adapter) {
     // Trainable leaves are used as they are (they must stay the same tensors as the optimizer's).
     if (!m.a.requires_grad()) p.a = m.a.to(where.device, where.dtype).contiguous();
     if (!m.b.requires_grad()) p.b = m.b.to(where.device, where.dtype).contiguous();
-    placed.emplace_back(modules.at(path), std::move(p));
+    placed.emplace_back(find_module(modules, path), std::move(p));
   }
   for (auto& [lin, p] : placed) lin->add_adapter(adapter.id, std::move(p));
 }

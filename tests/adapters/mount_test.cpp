@@ -1,6 +1,7 @@
 // Mounting LoRA adapters on a model: the PEFT golden adapter reproduces PEFT's loss and the
 // merged-weight forward, selection is per thread (inactive = byte-identical base), stacking sums,
 // bad adapters leave the model untouched, trainable leaves get PEFT's gradients, dropout replays.
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 
@@ -31,6 +32,59 @@ TEST(LinearModules, LlamaListsHfPaths) {
   EXPECT_EQ(mods.back().first, "lm_head");
   EXPECT_EQ(mods[6].second->in_features(), 128);
   EXPECT_EQ(mods[6].second->out_features(), 64);
+}
+
+TEST(LinearModules, ResolveModulePathAcceptsAnotherWrappingOfTheSameCheckpoint) {
+  const std::vector<std::string> vlm = {"lm_head", "model.language_model.embed_tokens.weight",
+                                        "model.language_model.layers.0.mlp.up_proj",
+                                        "model.language_model.layers.10.mlp.up_proj", "model.visual.blocks.0.mlp.up_proj"};
+  using adapters::resolve_module_path;
+  EXPECT_EQ(resolve_module_path("model.language_model.layers.0.mlp.up_proj", vlm), vlm[2]);  // itself
+  EXPECT_EQ(resolve_module_path("model.layers.0.mlp.up_proj", vlm), vlm[2]);                 // text-only names
+  EXPECT_EQ(resolve_module_path("language_model.model.layers.10.mlp.up_proj", vlm), vlm[3]);  // mlx-lm's
+  EXPECT_EQ(resolve_module_path("model.embed_tokens.weight", vlm), vlm[1]);
+  EXPECT_EQ(resolve_module_path("model.layers.1.mlp.up_proj", vlm), std::nullopt);  // not "layers.10"
+  EXPECT_EQ(resolve_module_path("model.layers.0.mlp.down_proj", vlm), std::nullopt);
+  const std::vector<std::string> two = {"a.layers.0.q", "b.layers.0.q"};
+  EXPECT_EQ(resolve_module_path("model.layers.0.q", two), std::nullopt);  // ambiguous: refused, not guessed
+}
+
+// An adapter keyed by the text-only names mounts on the wrapped checkpoint (the same modules),
+// and gives what the same tensors under the checkpoint's own names give.
+TEST(Mount, TextOnlyNamesMountOnAWrappedQwen35) {
+  const auto dir = hearth::testing::golden_model("qwen3_5/q35_vlm");
+  auto model = models::load_model(dir, {at::kCPU, at::kFloat});
+  const auto ids = at::arange(1, 9, at::kLong).view({1, 8});
+  auto make = [&](const std::string& prefix, const std::string& id) {
+    adapters::Adapter ad;
+    ad.id = id;
+    at::Generator gen = at::detail::createCPUGenerator(5);
+    for (const auto& [path, lin] : model->linear_modules()) {
+      if (path.find("mlp.up_proj") == std::string::npos) continue;
+      const std::string tail = path.substr(path.find("layers."));
+      ad.modules[prefix + tail] = nn::LoraAdapter{at::randn({2, lin->in_features()}, gen),
+                                                  at::randn({lin->out_features(), 2}, gen), 0.5, 0.0};
+    }
+    return ad;
+  };
+  const adapters::Adapter own = make("model.language_model.", "own"), text = make("model.", "text");
+  ASSERT_FALSE(text.modules.empty());
+  adapters::mount(*model, own);
+  adapters::mount(*model, text);
+  at::Tensor a, b, base = logits_of(*model, ids);
+  {
+    nn::ActiveAdapters scope({"own"});
+    a = logits_of(*model, ids);
+  }
+  {
+    nn::ActiveAdapters scope({"text"});
+    b = logits_of(*model, ids);
+  }
+  EXPECT_TRUE(a.equal(b));
+  EXPECT_GT(max_abs_diff(a, base), 1e-3);
+  adapters::Adapter both = make("model.", "both");
+  for (const auto& [path, m] : own.modules) both.modules[path] = m;  // each layer under two names
+  EXPECT_THROW(adapters::mount(*model, both), InvalidArgument);
 }
 
 TEST(Mount, PeftGoldenMatchesPeftLossAndMergedWeights) {
