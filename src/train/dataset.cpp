@@ -139,7 +139,12 @@ Example chat_example(const ojson& messages, const ojson& tools, const tokenizer:
     ex.loss_mask = generation_mask(token_ranges(tok, ex.tokens, r.text), r.generation_spans);
     return ex;
   }
-  ex.tokens = tok.encode(tmpl.render(chat_inputs(tok, messages, tools, false)), false);
+  // Turns after the last assistant message (a trailing user turn, a tool result) are not rendered:
+  // unmasked, they were trained on as if the assistant had written them, and they cannot change
+  // the loss of the turn before them (the model is causal).
+  ojson upto = ojson::array();
+  for (int64_t i = 0; i <= last; ++i) upto.push_back(messages[i]);
+  ex.tokens = tok.encode(tmpl.render(chat_inputs(tok, upto, tools, false)), false);
   if (last > 0) {
     ojson before = ojson::array();
     for (int64_t i = 0; i < last; ++i) before.push_back(messages[i]);

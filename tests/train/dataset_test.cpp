@@ -83,6 +83,14 @@ TEST(Dataset, ChatLossOnLastAssistantTurn) {
   const Example& e = ds.examples.at(0);
   EXPECT_EQ(decode_from(tok, e, 0), "<|bos|>user:\nhi\n<|bos|>assistant:\nyo\n<|bos|>user:\nmore\n<|bos|>assistant:\ndone\n");
   EXPECT_EQ(decode_from(tok, e, e.prompt_len), "done\n");
+  // Turns after the last assistant message are not part of the row (they were trained on).
+  Dataset trailing = load_jsonl(d.write("trailing.jsonl",
+                                        R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "zebra zebra"}, {"role": "tool", "content": "x"}]})"
+                                        "\n"),
+                                tok, {});
+  const Example& t = trailing.examples.at(0);
+  EXPECT_EQ(decode_from(tok, t, 0), "<|bos|>user:\nhi\n<|bos|>assistant:\nyo\n");
+  EXPECT_EQ(decode_from(tok, t, t.prompt_len), "yo\n");
 }
 
 TEST(Dataset, CompletionWithTemplateIsAUserAssistantChat) {
