@@ -282,21 +282,22 @@ std::vector<int64_t> example_lengths(const Dataset& data) {
 }
 }  // namespace
 
-Batcher::Batcher(const Dataset& data, int64_t batch_size, uint64_t seed, bool shuffle)
-    : Batcher(example_lengths(data), batch_size, seed, shuffle) {
+Batcher::Batcher(const Dataset& data, int64_t batch_size, uint64_t seed, bool shuffle, bool keep_tail)
+    : Batcher(example_lengths(data), batch_size, seed, shuffle, keep_tail) {
   data_ = &data;
 }
 
-Batcher::Batcher(const std::vector<int64_t>& lengths, int64_t batch_size, uint64_t seed, bool shuffle)
+Batcher::Batcher(const std::vector<int64_t>& lengths, int64_t batch_size, uint64_t seed, bool shuffle, bool keep_tail)
     : seed_(seed), shuffle_(shuffle) {
   const int64_t n = static_cast<int64_t>(lengths.size());
   HEARTH_CHECK(batch_size >= 1, "batch size must be >= 1, got ", batch_size);
-  HEARTH_CHECK(n >= batch_size, "dataset has ", n, " examples, fewer than the batch size ", batch_size);
+  HEARTH_CHECK(n >= (keep_tail ? 1 : batch_size), "dataset has ", n, " examples, fewer than the batch size ", batch_size);
   std::vector<int64_t> idx(n);
   std::iota(idx.begin(), idx.end(), 0);
   std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return lengths[a] < lengths[b]; });
   for (int64_t i = 0; i + batch_size <= n; i += batch_size)
     windows_.emplace_back(idx.begin() + i, idx.begin() + i + batch_size);
+  if (keep_tail && n % batch_size != 0) windows_.emplace_back(idx.begin() + n - n % batch_size, idx.end());
   reorder();
 }
 

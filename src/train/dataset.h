@@ -80,16 +80,18 @@ struct Batch {
 Batch make_batch(const std::vector<const Example*>& rows);
 
 /// mlx-lm's iterate_batches order: examples sorted by length (stable), cut into consecutive
-/// windows of batch_size (a short tail is dropped), window order shuffled per epoch by a
+/// windows of batch_size (a short tail is dropped unless keep_tail), window order shuffled per epoch by a
 /// Fisher-Yates shuffle driven by mt19937_64(seed + epoch). The position is (epoch, index),
 /// so a resumed run continues the same sequence without saving RNG state.
 class Batcher {
  public:
-  /// Throws hearth::Error when the dataset has fewer than batch_size examples.
-  Batcher(const Dataset& data, int64_t batch_size, uint64_t seed, bool shuffle = true);
+  /// Throws hearth::Error when the dataset has fewer than batch_size examples (keep_tail: none).
+  /// keep_tail: the last window holds the n % batch_size longest examples (evaluation over all).
+  Batcher(const Dataset& data, int64_t batch_size, uint64_t seed, bool shuffle = true, bool keep_tail = false);
   /// The same order over items of the given lengths (e.g. preference pairs, each by its longer
   /// sequence); only next_indices() may be used. Throws as above.
-  Batcher(const std::vector<int64_t>& lengths, int64_t batch_size, uint64_t seed, bool shuffle = true);
+  Batcher(const std::vector<int64_t>& lengths, int64_t batch_size, uint64_t seed, bool shuffle = true,
+          bool keep_tail = false);
   /// The next batch, looping over epochs (throws for a Batcher made from lengths).
   Batch next();
   /// The item indices of the next batch, looping over epochs.

@@ -55,7 +55,8 @@ namespace {
 double evaluate(models::Model& model, const Dataset& data, int64_t batch_size, int64_t max_batches, int64_t chunk,
                 DataParallel* dp) {
   c10::NoGradGuard no_grad;
-  Batcher b(data, batch_size, 0, /*shuffle=*/false);
+  // One process scores every row (a short last batch); data-parallel shares need whole batches.
+  Batcher b(data, batch_size, 0, /*shuffle=*/false, /*keep_tail=*/dp == nullptr);
   const int64_t n = max_batches < 0 ? b.num_batches() : std::min(max_batches, b.num_batches());
   double sum = 0;
   int64_t count = 0;
@@ -119,17 +120,19 @@ PreferenceOptions share_options(const PreferenceOptions& popt, const PreferenceB
 double evaluate_preference(models::Model& model, const PreferenceDataset& data, int64_t batch_size,
                            int64_t max_batches, const PreferenceOptions& popt, const std::vector<double>& ref_table,
                            DataParallel* dp) {
-  Batcher b(data.lengths(), batch_size, 0, /*shuffle=*/false);
+  Batcher b(data.lengths(), batch_size, 0, /*shuffle=*/false, /*keep_tail=*/dp == nullptr);
   const int64_t n = max_batches < 0 ? b.num_batches() : std::min(max_batches, b.num_batches());
-  double sum = 0;
+  double sum = 0, pairs = 0;  // each batch's pair mean weighed by its pairs (the short tail's fewer)
   for (int64_t i = 0; i < n; ++i) {
     const auto idx = dp ? dp->share(b.next_indices()) : b.next_indices();
     PreferenceBatch pb = make_preference_batch(data, idx);
     at::Tensor ref = popt.method == Method::kDpo ? batch_reference(model, pb, idx, ref_table, popt.loss_chunk) : at::Tensor();
-    sum += preference_eval(model, pb, ref, share_options(popt, pb, dp)).loss;
+    const double weight = static_cast<double>(idx.size());
+    sum += preference_eval(model, pb, ref, share_options(popt, pb, dp)).loss * weight;
+    pairs += weight;
   }
-  if (dp) sum = dp->sum(sum) / static_cast<double>(dp->world_size());
-  return n > 0 ? sum / static_cast<double>(n) : 0.0;
+  if (dp) sum = dp->sum(sum), pairs = dp->sum(pairs);
+  return pairs > 0 ? sum / pairs : 0.0;
 }
 
 // Writes the trained weights in the adapter folder: LoRA via the adapters module; full as
@@ -352,7 +355,11 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
     if (has_valid) {
       pvalid = load_preference_jsonl(cfg.data_dir / "valid.jsonl", tok, cfg.max_seq_length);
       note_dropped(*pvalid, "valid.jsonl");
-      if (pvalid->pairs.size() < static_cast<size_t>(cfg.batch_size)) pvalid.reset();
+      if (dp && pvalid->pairs.size() < static_cast<size_t>(cfg.batch_size)) {
+        note(cat("valid.jsonl: ", pvalid->pairs.size(), " pair(s), fewer than --batch-size ", cfg.batch_size,
+                 ": no validation (data-parallel ranks score whole batches)"));
+        pvalid.reset();
+      }
     }
   } else {
     train = load_jsonl(cfg.data_dir / "train.jsonl", tok, dopt);
@@ -361,7 +368,11 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
       valid = load_jsonl(cfg.data_dir / "valid.jsonl", tok, dopt);
       note_skipped(*valid, "valid.jsonl");
     }
-    if (valid && valid->examples.size() < static_cast<size_t>(cfg.batch_size)) valid.reset();
+    if (dp && valid && valid->examples.size() < static_cast<size_t>(cfg.batch_size)) {
+      note(cat("valid.jsonl: ", valid->examples.size(), " example(s), fewer than --batch-size ", cfg.batch_size,
+               ": no validation (data-parallel ranks score whole batches)"));
+      valid.reset();
+    }
   }
 
   std::unique_ptr<LoraRun> lora;

@@ -205,6 +205,34 @@ TEST(Trainer, StopInsideAStepDropsItAndTheResumedRunReplaysIt) {
   check_resume(base_config(d.path, d.path), d, /*stop_in_step=*/true);
 }
 
+// Validation scores every row whatever --batch-size is: a valid.jsonl smaller than a batch was
+// dropped without a word, and a short last batch was left out (the val loss moved with it).
+TEST(Trainer, ValidationScoresEveryRowWhateverTheBatchSize) {
+  TrainerTempDir d("valid_rows");
+  write_data(d.path);
+  hearth::io::write_file_atomic(d.path / "valid.jsonl",
+                                "{\"text\": \"the lazy dog sleeps\"}\n{\"text\": \"time saves nine\"}\n"
+                                "{\"text\": \"a much longer row about the quick brown fox and the lazy dog\"}\n");
+  auto tok = tiny_tok();
+  auto val_loss = [&](int64_t batch_size) {
+    TrainConfig c = base_config(d.path, d.path / ("out" + std::to_string(batch_size)));
+    c.fine_tune_type = "lora";  // rows stay rows (a full fine-tune packs text)
+    c.lora_rank = 4;
+    c.learning_rate = 0;
+    c.iters = 1;
+    c.grad_accumulation_steps = 1;
+    c.batch_size = batch_size;
+    auto m = tiny_model();
+    const TrainResult r = run_training(c, *m, tok);
+    EXPECT_TRUE(!r.reports.empty() && r.reports.front().val_loss.has_value()) << "batch size " << batch_size;
+    return r.reports.empty() ? -1.0 : r.reports.front().val_loss.value_or(-1.0);
+  };
+  const double one = val_loss(1);
+  EXPECT_GT(one, 0);
+  EXPECT_NEAR(val_loss(2), one, 1e-5);  // two batches, the second one row
+  EXPECT_NEAR(val_loss(4), one, 1e-5);  // one short batch of three
+}
+
 TEST(Trainer, ResumeGivesTheSameLossesLoraWithDropout) {
   TrainerTempDir d("resume_lora");
   write_data(d.path);
