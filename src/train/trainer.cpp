@@ -481,11 +481,16 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
     window_time += std::chrono::duration<double>(std::chrono::steady_clock::now() - tic).count();
   };
   const auto resume = [&] { tic = std::chrono::steady_clock::now(); };
-  // A loss or a weight that is no longer finite ends the run before anything is written: the
-  // adapter (or checkpoint) already in the folder stays what it was.
+  // A loss or a weight that is no longer finite ends the run before anything more is written:
+  // the folder keeps what it held (this run's last checkpoint, if it saved one, else the previous
+  // run's files), and the message says which.
+  int64_t saved_step = -1;
   const auto diverged = [&](const std::string& what) {
+    const std::string kept = saved_step >= 0 ? cat("the checkpoint of step ", saved_step, " (this run's last) is in ",
+                                                   cfg.adapter_path.string(), "; --resume continues from it")
+                                             : cat("nothing was saved to ", cfg.adapter_path.string());
     throw Error(cat("train: ", what, " by step ", res.steps_done, " (training diverged: lower --learning-rate, ",
-                    "--weight-decay or set --grad-clip); nothing was saved to ", cfg.adapter_path.string()));
+                    "--weight-decay or set --grad-clip); ", kept));
   };
   const auto check_weights = [&] {
     for (const TrainableParam& p : mw.masters())
@@ -646,6 +651,7 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
       check_weights();
       drop_previous_run();
       save_checkpoint(cfg, step, batcher, opt, mw.masters(), lora.get());
+      saved_step = step;
     }
     if (report || save) resume();
   }

@@ -205,4 +205,13 @@ TEST(TrainGuardsCli, ADivergedRunSavesNothing) {
   EXPECT_NE(bad.err.find("nothing was saved to " + out.string()), std::string::npos) << bad.err;
   EXPECT_TRUE(hearth::io::read_file(out / "adapters.safetensors") == adapter) << "a diverged run replaced the adapter";
   EXPECT_EQ(hearth::io::read_file(out / "checkpoint.json"), checkpoint);
+  // A run that saved before diverging says where its last checkpoint is ("nothing was saved" was
+  // false then: with --overwrite the previous run had been replaced by it).
+  const GuardRun saved = run_guard_cli("train --model " + guard_model() + " --data " + guard_q(data) +
+                                           " --adapter-path " + guard_q(out) + " --batch-size 2 --max-seq-length 64"
+                                           " --learning-rate 1e20 --device cpu --iters 20 --seed 1 --overwrite --save-every 1",
+                                       d);
+  expect_guard_error(saved, "(training diverged: lower --learning-rate");
+  EXPECT_EQ(saved.err.find("nothing was saved"), std::string::npos) << saved.err;
+  EXPECT_NE(saved.err.find("(this run's last) is in " + out.string()), std::string::npos) << saved.err;
 }
