@@ -58,10 +58,13 @@ void validate_against(const Adapter& adapter, models::Model& model) {
     const int64_t r = m.a.size(0);
     HEARTH_CHECK_T(InvalidArgument, r > 0 && m.b.size(1) == r, who, ": ", path, ": rank mismatch: A ",
                    nn::shape_str(m.a.sizes()), " vs B ", nn::shape_str(m.b.sizes()));
-    HEARTH_CHECK_T(InvalidArgument, m.a.size(1) == lin.in_features(), who, ": ", path, ": A is ",
-                   nn::shape_str(m.a.sizes()), ", expected [", r, ", ", lin.in_features(), "] (in_features)");
-    HEARTH_CHECK_T(InvalidArgument, m.b.size(0) == lin.out_features(), who, ": ", path, ": B is ",
-                   nn::shape_str(m.b.sizes()), ", expected [", lin.out_features(), ", ", r, "] (out_features)");
+    // In features, not a layout's shapes: mlx-lm stores A transposed ([in, r]), PEFT as [r, in].
+    HEARTH_CHECK_T(InvalidArgument, m.a.size(1) == lin.in_features(), who, ": ", path, ": LoRA A (rank ", r,
+                   ") takes ", m.a.size(1), " input features, the model's Linear ", lin.in_features(),
+                   " (an adapter of another model?)");
+    HEARTH_CHECK_T(InvalidArgument, m.b.size(0) == lin.out_features(), who, ": ", path, ": LoRA B (rank ", r,
+                   ") gives ", m.b.size(0), " output features, the model's Linear ", lin.out_features(),
+                   " (an adapter of another model?)");
     HEARTH_CHECK_T(InvalidArgument, std::isfinite(m.scale), who, ": ", path, ": scale is not finite");
     HEARTH_CHECK_T(InvalidArgument, !lin.find_adapter(adapter.id), who, ": already mounted (unmount it first)");
   }

@@ -183,7 +183,11 @@ ModelEngine::ModelEngine(ModelEngineOptions opts)
   for (const auto& [id, path] : opts_.adapters) {
     adapters::Adapter a = adapters::load_adapter(path);
     a.id = id;
-    adapters::mount(*model_, a);
+    try {
+      adapters::mount(*model_, a);
+    } catch (const Error& e) {  // name the folder: the id may be an internal one (generate's "cli")
+      throw InvalidArgument(cat(path.string(), ": ", e.what()));
+    }
     AdapterInfo info{id, fs::weakly_canonical(fs::absolute(path)).string(),
                      fs::exists(path / "adapter_model.safetensors") ? "peft" : "mlx", 0,
                      static_cast<int64_t>(a.modules.size()), a.config.scale};

@@ -231,12 +231,12 @@ TEST(Mount, RejectsBadAdaptersAndLeavesModelUnchanged) {
     auto ad = good;  // the last module (sorted) is broken: earlier ones must not stay mounted
     auto& m = ad.modules.rbegin()->second;
     m.a = at::zeros({4, 63});
-    expect_mount_error(*model, ad, ad.modules.rbegin()->first + ": A is [4, 63], expected [4, 64]");
+    expect_mount_error(*model, ad, ad.modules.rbegin()->first + ": LoRA A (rank 4) takes 63 input features, the model's Linear 64");
   }
   {
     auto ad = good;
     ad.modules["model.layers.1.self_attn.v_proj"].b = at::zeros({63, 4});
-    expect_mount_error(*model, ad, "model.layers.1.self_attn.v_proj: B is [63, 4], expected [64, 4]");
+    expect_mount_error(*model, ad, "model.layers.1.self_attn.v_proj: LoRA B (rank 4) gives 63 output features, the model's Linear 64");
   }
   {
     auto ad = good;
