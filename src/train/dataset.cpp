@@ -220,17 +220,23 @@ Dataset load_jsonl(const std::filesystem::path& path, const tokenizer::Tokenizer
         stream.insert(stream.end(), ex.tokens.begin(), ex.tokens.end());
         continue;
       }
+      // Targets are tokens[j] for max(prompt_len, 1) <= j < size (tokens[0] is never predicted),
+      // or with generation blocks the masked j >= 1: a row whose kept tokens have none (a prompt
+      // that fills them, blocks cut off) would teach nothing.
+      const auto has_target = [](const Example& e) {
+        return e.loss_mask.empty()
+                   ? std::max<int64_t>(e.prompt_len, 1) < static_cast<int64_t>(e.tokens.size())
+                   : std::find(e.loss_mask.begin() + 1, e.loss_mask.end(), uint8_t{1}) != e.loss_mask.end();
+      };
+      if (!has_target(ex))  // before any cut: the template itself gives the answer no token
+        throw Error(ex.loss_mask.empty()
+                        ? "the chat template renders nothing for the last assistant turn after the prompt (no token to train on)"
+                        : "the chat template's {% generation %} blocks hold no token of this row (no token to train on)");
       if (static_cast<int64_t>(ex.tokens.size()) > opts.max_seq_length) {
         ex.tokens.resize(opts.max_seq_length);
         if (!ex.loss_mask.empty()) ex.loss_mask.resize(opts.max_seq_length);
       }
-      // Targets are tokens[j] for max(prompt_len, 1) <= j < size (tokens[0] is never predicted),
-      // or with generation blocks the masked j >= 1: a row whose kept tokens have none (a prompt
-      // that fills them, blocks cut off) would teach nothing.
-      const bool has_target =
-          ex.loss_mask.empty() ? std::max<int64_t>(ex.prompt_len, 1) < static_cast<int64_t>(ex.tokens.size())
-                               : std::find(ex.loss_mask.begin() + 1, ex.loss_mask.end(), uint8_t{1}) != ex.loss_mask.end();
-      if (!has_target) {
+      if (!has_target(ex)) {
         ++ds.skipped_no_target;
         continue;
       }

@@ -190,6 +190,24 @@ TEST(Dataset, BatcherShufflesWindowsBySeedAndSeeks) {
   EXPECT_THROW(Batcher(ds, 11, 0), hearth::Error);
 }
 
+// A template that gives the answer no token is named as the cause (it blamed --max-seq-length).
+TEST(Dataset, ATemplateWithEmptyGenerationBlocksIsNamed) {
+  TempDir d("empty_generation");
+  fs::copy_file(kTiny / "tokenizer.json", d.path / "tokenizer.json", fs::copy_options::overwrite_existing);
+  d.write("tokenizer_config.json", R"({"bos_token": "<|bos|>", "eos_token": "<|endoftext|>", "chat_template":
+    "{% for m in messages %}<|bos|>{{ m.role }}: {{ m.content }}\n{% endfor %}{% generation %}{% endgeneration %}"})");
+  auto tok = hearth::tokenizer::Tokenizer::from_dir(d.path);
+  try {
+    load_jsonl(d.write("train.jsonl", R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "xyz"}]})"
+                                      "\n"),
+               tok, {});
+    ADD_FAILURE() << "loaded";
+  } catch (const hearth::Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "train.jsonl:1: the chat template's {% generation %} blocks hold no token of this row (no token to train on)");
+  }
+}
+
 TEST(Dataset, GenerationBlocksAreExactlyTheLossMask) {
   TempDir d("generation");
   fs::copy_file(kTiny / "tokenizer.json", d.path / "tokenizer.json", fs::copy_options::overwrite_existing);
