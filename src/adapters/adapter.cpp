@@ -418,7 +418,15 @@ Adapter load_adapter(const fs::path& dir_in, const LoadAdapterOptions& options) 
   const json cfg = io::read_json(cfg_path, io::FileKind::kConfig, options.roots);
   const std::string where = cfg_path.string();
   HEARTH_CHECK(cfg.is_object(), where, ": must be a JSON object");
-  Adapter ad = mlx ? load_mlx(dir, cfg, where, options) : load_peft(dir, cfg, where, options);
+  // The config says the layout (PEFT's has peft_type); with both weight files present (a stray one
+  // from another run) the config's is read, and a config of one layout beside only the other
+  // layout's weights is refused (it read mlx weights with a PEFT config's scale).
+  const bool peft_config = cfg.contains("peft_type");
+  HEARTH_CHECK(!peft_config || peft, where, ": a PEFT config (peft_type), but the folder has no ", kPeftWeights,
+               " (only mlx-lm's ", kMlxWeights, ")");
+  HEARTH_CHECK(peft_config || mlx, where, ": no peft_type, so an mlx-lm config, but the folder has no ", kMlxWeights,
+               " (only PEFT's ", kPeftWeights, "; a PEFT config has \"peft_type\": \"LORA\")");
+  Adapter ad = peft_config ? load_peft(dir, cfg, where, options) : load_mlx(dir, cfg, where, options);
   ad.id = dir.filename().string();
   HEARTH_CHECK(ad.config.rank > 0, where, ": rank must be positive, got ", ad.config.rank);
   HEARTH_CHECK(std::isfinite(ad.config.scale) && std::fabs(ad.config.scale) <= kMaxLoraScale, where,

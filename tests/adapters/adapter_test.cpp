@@ -216,6 +216,27 @@ TEST(AdapterFormat, BrokenFoldersGiveOneLineErrors) {
   expect_load_error(tmp / "mlx", "fine_tune_type 'dora'");
 }
 
+// The config names the layout: a stray weights file of the other layout is not read, and a config
+// beside only the other layout's weights is refused (mlx weights were read with a PEFT scale).
+TEST(AdapterFormat, TheConfigChoosesTheLayout) {
+  TempDir tmp;
+  auto ad = adapters::load_adapter(golden_lora("llama_mha"));
+  adapters::save_adapter(tmp / "mlx", ad, adapters::Format::Mlx);
+  fs::create_directories(tmp / "peft");
+  for (const char* f : {"adapter_config.json", "adapter_model.safetensors"})
+    fs::copy_file(golden_lora("llama_mha") / f, tmp / "peft" / f);
+  auto zeros = ad;
+  for (auto& [path, m] : zeros.modules) m.b = at::zeros_like(m.b);
+  adapters::save_adapter(tmp / "zeros", zeros, adapters::Format::Mlx);
+  fs::copy_file(tmp / "zeros" / "adapters.safetensors", tmp / "peft" / "adapters.safetensors");  // stray
+  expect_same_tensors(ad, adapters::load_adapter(tmp / "peft"));
+  fs::remove(tmp / "peft" / "adapter_model.safetensors");
+  expect_load_error(tmp / "peft", "a PEFT config (peft_type), but the folder has no adapter_model.safetensors");
+  fs::remove(tmp / "mlx" / "adapters.safetensors");
+  fs::copy_file(golden_lora("llama_mha") / "adapter_model.safetensors", tmp / "mlx" / "adapter_model.safetensors");
+  expect_load_error(tmp / "mlx", "no peft_type, so an mlx-lm config, but the folder has no adapters.safetensors");
+}
+
 // mlx-lm gives LoRA only to the `keys` modules of the last `num_layers` blocks and needs `scale`:
 // a file whose tensors reach outside them, or a config without a scale, is refused.
 TEST(AdapterFormat, MlxConfigMustCoverItsTensors) {
