@@ -155,12 +155,26 @@ void NamedAdamW::load_state_tensors(const std::map<std::string, at::Tensor>& sta
     HEARTH_CHECK(m->sizes() == t.sizes() && v->sizes() == t.sizes(), origin, ": optimizer state of ", name,
                  " has shape ", m->sizes(), ", the parameter ", t.sizes());
     HEARTH_CHECK(n->numel() == 1, origin, ": optimizer state ", name, ".step must hold one number, got ", n->sizes());
+    // A damaged file is named here, not one step later as a diverged run.
+    HEARTH_CHECK(at::isfinite(*m).all().item<bool>(), origin, ": optimizer state ", name,
+                 ".exp_avg is not finite (a damaged file)");
+    HEARTH_CHECK(at::isfinite(*v).all().item<bool>() && v->ge(0).all().item<bool>(), origin, ": optimizer state ",
+                 name, ".exp_avg_sq must be finite and non-negative (a damaged file)");
     State s;
     s.step = n->item<int64_t>();
+    HEARTH_CHECK(s.step >= 1 && s.step <= steps, origin, ": optimizer state ", name, ".step is ", s.step,
+                 ", expected 1 to the checkpoint's ", steps, " steps (a damaged file)");
     s.exp_avg = m->to(t.device(), t.scalar_type()).clone();
     s.exp_avg_sq = v->to(t.device(), t.scalar_type()).clone();
     state_[i] = std::move(s);
   }
+  // Every entry must belong to a parameter of this run (a state for a module that does not exist
+  // is a file of another run or a damaged one).
+  std::set<std::string> known;
+  for (const auto& [name, t] : params_)
+    for (const char* key : {".exp_avg", ".exp_avg_sq", ".step"}) known.insert(name + key);
+  for (const auto& [key, t] : state)
+    HEARTH_CHECK(known.count(key), origin, ": optimizer state ", key, " belongs to no trained parameter of this run");
   steps_ = steps;
 }
 

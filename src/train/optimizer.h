@@ -74,8 +74,10 @@ class NamedAdamW {
 
   /// State as tensors: "<name>.exp_avg", "<name>.exp_avg_sq" (CPU copies) and "<name>.step".
   std::map<std::string, at::Tensor> state_tensors() const;
-  /// Restores state written by state_tensors(); throws hearth::Error naming the missing tensor
-  /// or a shape mismatch. `origin` names the file in errors.
+  /// Restores state written by state_tensors() after `steps` optimizer steps; throws
+  /// hearth::Error naming the tensor when one is missing, misshapen, not finite, a negative
+  /// exp_avg_sq, a step outside [1, steps], or an entry of no parameter of this run. `origin`
+  /// names the file in errors.
   void load_state_tensors(const std::map<std::string, at::Tensor>& state, int64_t steps, const std::string& origin);
 
   const std::vector<std::pair<std::string, at::Tensor>>& params() const { return params_; }

@@ -207,7 +207,10 @@ int64_t load_checkpoint(const TrainConfig& cfg, Batcher& batcher, NamedAdamW& op
       HEARTH_CHECK(name.rfind("param.", 0) != 0 || mine.count(name), f->path().string(), ": holds parameter ",
                    name.substr(6), ", which this run does not train", hint);
   }
-  opt.load_state_tensors(st, step, f->path().string());
+  std::map<std::string, at::Tensor> opt_state;  // the file's AdamW entries (not its "param." values)
+  for (const auto& [name, t] : st)
+    if (name.rfind("param.", 0) != 0) opt_state.emplace(name, t);
+  opt.load_state_tensors(opt_state, step, f->path().string());
   batcher.seek(ck.epoch, ck.batch_index);
   return step;
 }

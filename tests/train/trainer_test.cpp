@@ -107,6 +107,35 @@ TEST(ClipGradNorm, ScalesToMaxNorm) {
   EXPECT_NEAR(b.grad()[0].item<float>(), 0.8f, 1e-6);
 }
 
+// A damaged state is named when it is read (it resumed, then was reported as a diverged run).
+TEST(NamedAdamW, DamagedStateIsRefusedNamingTheTensor) {
+  at::Tensor w = at::zeros({2}).requires_grad_(true);
+  NamedAdamW opt({{"w", w}}, AdamWConfig{});
+  w.mutable_grad() = at::ones({2});
+  opt.step();
+  const auto good = opt.state_tensors();
+  auto refused = [&](const std::string& key, const at::Tensor& value) {
+    auto st = good;
+    st[key] = value;
+    NamedAdamW fresh({{"w", w}}, AdamWConfig{});
+    try {
+      fresh.load_state_tensors(st, 1, "opt.safetensors");
+    } catch (const hearth::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("loaded");
+  };
+  EXPECT_NE(refused("w.exp_avg", at::full({2}, NAN)).find("opt.safetensors: optimizer state w.exp_avg is not finite"),
+            std::string::npos);
+  EXPECT_NE(refused("w.exp_avg_sq", at::full({2}, -1.0)).find("w.exp_avg_sq must be finite and non-negative"),
+            std::string::npos);
+  EXPECT_NE(refused("w.step", at::full({1}, -3, at::kLong)).find("w.step is -3, expected 1 to the checkpoint's 1"),
+            std::string::npos);
+  EXPECT_NE(refused("v.exp_avg", at::zeros({2})).find("optimizer state v.exp_avg belongs to no trained parameter"),
+            std::string::npos);
+  EXPECT_EQ(refused("w.step", at::full({1}, 1, at::kLong)), "loaded");
+}
+
 TEST(NamedAdamW, StateRoundTripContinuesIdentically) {
   auto run = [](int split) {
     at::Tensor w = at::arange(6, at::kFloat).reshape({2, 3}).requires_grad_(true);
