@@ -17,6 +17,7 @@
 #include "cli/verb.h"
 #include "core/error.h"
 #include "core/torch_compat.h"
+#include "io/read_file.h"
 #include "models/registry.h"
 #include "nn/param_source.h"
 #include "tokenizer/tokenizer.h"
@@ -280,8 +281,21 @@ std::function<int()> setup_train(CLI::App& app) {
       return 0;
     }
     std::error_code ec;
-    HEARTH_CHECK(std::filesystem::is_regular_file(c.data_dir / "train.jsonl", ec), "train: --data ", a->data,
-                 ": no train.jsonl in it (the training rows, one JSON object per line)");
+    const auto data_st = std::filesystem::status(c.data_dir, ec);
+    HEARTH_CHECK(std::filesystem::is_directory(data_st), "train: --data ", a->data,
+                 std::filesystem::exists(data_st) ? ": not a folder (--data names a folder holding train.jsonl)"
+                                                  : ": no such folder");
+    for (const char* file : {"train.jsonl", "valid.jsonl"}) {
+      const std::filesystem::path p = c.data_dir / file;
+      const bool train = std::string(file) == "train.jsonl";
+      if (!train && !hearth::io::entry_exists(p)) continue;  // no validation set
+      const auto st = std::filesystem::status(p, ec);
+      HEARTH_CHECK(std::filesystem::is_regular_file(st), "train: --data ", a->data, ": ",
+                   !std::filesystem::exists(st) ? (hearth::io::entry_exists(p) ? hearth::cat(file, " is a dangling symlink")
+                                                                               : hearth::cat("no ", file, " in it"))
+                                                : hearth::cat(file, " is not a regular file"),
+                   train ? " (the training rows, one JSON object per line)" : "");
+    }
     if (!env && a->dist.nproc_per_node > 1) return hearth::cli::launch_workers(a->dist);
     const bool dp = env && env->world_size > 1;
     return hearth::cli::with_rank_prefix(dp ? env->rank : -1, [&] { return run(*a, dp ? &*env : nullptr); });

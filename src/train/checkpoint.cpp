@@ -77,10 +77,11 @@ bool is_optimizer_file(const std::string& name) {
 }
 
 std::string checkpoint_json(const TrainConfig& cfg, int64_t step, int64_t epoch, int64_t batch_index,
-                            const std::string& optimizer) {
+                            int64_t batches, const std::string& optimizer) {
   nlohmann::json ck = {{"step", step},
                        {"epoch", epoch},
                        {"batch_index", batch_index},
+                       {"batches", batches},
                        {"seed", cfg.seed},
                        {"fine_tune_type", cfg.fine_tune_type},
                        {"method", cfg.method},
@@ -120,6 +121,7 @@ CheckpointRecord read_checkpoint(const std::filesystem::path& dir) {
     r.num_layers = it->get<int64_t>();
   }
   if (ck.contains("lora_rank")) r.lora_rank = ckpt_index(ck, "lora_rank", origin);
+  if (ck.contains("batches")) r.batches = ckpt_index(ck, "batches", origin);
   if (auto it = ck.find("lora_scale"); it != ck.end()) {
     HEARTH_CHECK(it->is_number() && std::isfinite(it->get<double>()), origin,
                  ": \"lora_scale\" must be a number, got ", ckpt_describe(*it));

@@ -25,12 +25,14 @@ struct CheckpointRecord {
   std::optional<int64_t> lora_rank;                     // LoRA only
   std::optional<double> lora_scale;                     // LoRA only
   std::optional<std::vector<std::string>> lora_keys;    // LoRA only: the keys in effect (defaults spelled out)
+  std::optional<int64_t> batches;                       // batches per epoch of the data it trained on
 };
 
 /// The text of checkpoint.json for `cfg` at optimizer step `step`, data position (`epoch`,
-/// `batch_index`) and optimizer file `optimizer`: every field of CheckpointRecord.
+/// `batch_index`) in `batches` batches per epoch, and optimizer file `optimizer`: every field of
+/// CheckpointRecord.
 std::string checkpoint_json(const TrainConfig& cfg, int64_t step, int64_t epoch, int64_t batch_index,
-                            const std::string& optimizer);
+                            int64_t batches, const std::string& optimizer);
 
 /// Reads <dir>/checkpoint.json. Throws hearth::Error (one line naming the file and the field) when
 /// it is missing, not a JSON object, a field is missing or of the wrong type / range, or

@@ -166,7 +166,7 @@ void save_checkpoint(const TrainConfig& cfg, int64_t step, const Batcher& batche
   io::save_safetensors(cfg.adapter_path / opt_name, st, {{"step", std::to_string(step)}});
   hook("optimizer");
   io::write_file_atomic(cfg.adapter_path / "checkpoint.json",
-                        checkpoint_json(cfg, step, batcher.epoch(), batcher.index(), opt_name));
+                        checkpoint_json(cfg, step, batcher.epoch(), batcher.index(), batcher.num_batches(), opt_name));
   hook("manifest");
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(cfg.adapter_path, ec)) {
@@ -211,6 +211,13 @@ int64_t load_checkpoint(const TrainConfig& cfg, Batcher& batcher, NamedAdamW& op
   for (const auto& [name, t] : st)
     if (name.rfind("param.", 0) != 0) opt_state.emplace(name, t);
   opt.load_state_tensors(opt_state, step, f->path().string());
+  // The data order continues only over the same batches (older checkpoints have no count).
+  const std::string data_changed = cat((dir / "checkpoint.json").string(), ": the training data in ",
+                                       cfg.data_dir.string(), " changed since this checkpoint: ");
+  HEARTH_CHECK(!ck.batches || *ck.batches == batcher.num_batches(), data_changed, *ck.batches,
+               " batches per epoch then, ", batcher.num_batches(), " now (resume with the data it trained on)");
+  HEARTH_CHECK(ck.batch_index <= batcher.num_batches(), data_changed, "its position (epoch ", ck.epoch, ", batch ",
+               ck.batch_index, ") is past the ", batcher.num_batches(), " batches per epoch now");
   batcher.seek(ck.epoch, ck.batch_index);
   return step;
 }

@@ -158,7 +158,13 @@ TEST(TrainGuardsCli, BadNumericFlagsFailBeforeTheModelLoads) {
   }
   // Good flags, no train.jsonl: named before the model loads too.
   expect_guard_error(run_guard_cli(guard_train(d / "nodata", d / "out", guard_q(d / "no_model")), d),
-                     "train: --data " + (d / "nodata").string() + ": no train.jsonl in it");
+                     "train: --data " + (d / "nodata").string() + ": no such folder");
+  fs::create_directories(d / "nodata" / "train.jsonl");  // a folder where the file should be
+  expect_guard_error(run_guard_cli(guard_train(d / "nodata", d / "out", guard_q(d / "no_model")), d),
+                     "train: --data " + (d / "nodata").string() + ": train.jsonl is not a regular file");
+  hearth::io::write_file_atomic(d / "rows.jsonl", "{\"text\": \"x\"}\n");  // --data naming the file itself
+  expect_guard_error(run_guard_cli(guard_train(d / "rows.jsonl", d / "out", guard_q(d / "no_model")), d),
+                     "train: --data " + (d / "rows.jsonl").string() + ": not a folder");
   EXPECT_FALSE(fs::exists(d / "out"));
 }
 

@@ -143,3 +143,29 @@ TEST(TrainCheckpoint, AnOldCheckpointWithoutTheSettingsIsGuardedByItsParameters)
   // The same settings still resume.
   EXPECT_EQ(resume_error([](TrainConfig&) {}), "");
 }
+
+// A resume over other training data is named (a shrunk file failed with "data position (0, 7) is
+// outside the dataset's 2 batches"; a grown one resumed silently into another data order).
+TEST(TrainCheckpoint, ResumeOverChangedDataIsRefused) {
+  CkptTestDir d("data_changed");
+  TrainConfig c = ckpt_lora_config(d.path);
+  {
+    auto m = ckpt_model();
+    hearth::train::run_training(c, *m, ckpt_tok());
+  }
+  EXPECT_EQ(hearth::io::read_json(c.adapter_path / "checkpoint.json")["batches"], 2);  // 4 rows, batches of 2
+  std::string rows;
+  for (int i = 0; i < 8; ++i) rows += R"({"text": "a grown data set row"})" "\n";
+  hearth::io::write_file_atomic(d.path / "data" / "train.jsonl", rows);
+  c.resume = c.adapter_path;
+  c.iters = 4;
+  auto m = ckpt_model();
+  try {
+    hearth::train::run_training(c, *m, ckpt_tok());
+    ADD_FAILURE() << "resumed over other data";
+  } catch (const hearth::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("changed since this checkpoint: 2 batches per epoch then, 4 now"),
+              std::string::npos)
+        << e.what();
+  }
+}
