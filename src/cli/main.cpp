@@ -6,6 +6,7 @@
 #include <iostream>
 #include <map>
 
+#include "cli/number_option.h"
 #include "cli/starter.h"
 #include "cli/threads_option.h"
 #include "cli/verb.h"
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.add_subcommand(verb.name, verb.help);
     subs[verb.name] = sub;
     actions[verb.name] = verb.setup(*sub);
+    cli::guard_integer_options(*sub);  // no silent clamp past 64 bits, no octal "010"
   }
   try {
     app.parse(argc, argv);

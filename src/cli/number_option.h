@@ -3,6 +3,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <limits>
@@ -16,8 +17,8 @@ namespace hearth::cli {
 /// parse as T (CLI11's own words), else "Value V not in range lo to hi" (CLI::Range's words) when V
 /// is outside [lo, hi]; empty (accepted) otherwise. Plain CLI::Range reports a word as out of
 /// range, since it runs before the conversion. An integer is read in base 10 with its overflow
-/// checked (CLI11 2.1 reads it with strtoll/strtoull in base 0, which clamps 2^64 to INT64_MAX,
-/// wraps -1 into an unsigned option and reads "010" as 8) and handed on in canonical decimal.
+/// checked (CLI11 2.1 reads it with strtoll/strtoull in base 0, which clamps 2^64 to INT64_MAX
+/// and wraps -1 into an unsigned option); guard_integer_options hands it on in decimal.
 template <typename T>
 CLI::Validator number_in(T lo, T hi) {
   const CLI::Range range(lo, hi);
@@ -32,7 +33,6 @@ CLI::Validator number_in(T lo, T hi) {
           if (ec == std::errc::result_out_of_range && stop == end) return "Value " + v + range_text;
           if (ec != std::errc() || stop != end || begin == end) return "Failed parsing " + v + " as a INT";
           if (x < lo || x > hi) return "Value " + v + range_text;
-          v = std::to_string(x);
           return std::string();
         } else {
           std::string e = CLI::TypeValidator<T>()(v);
@@ -47,6 +47,43 @@ CLI::Validator number_in(T lo, T hi) {
 /// of wrapping silently.
 inline CLI::Validator seed_number() {
   return number_in<int64_t>(std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
+}
+
+/// Adds to every integer option of `app` (CLI11 type INT or UINT) a check that refuses a number
+/// past 64 bits ("Value V not in range ...": CLI11 2.1 clamps it to the limit silently) and hands
+/// a decimal on without leading zeros (CLI11 reads "010" as octal 8). A UINT option also takes a
+/// negative int64 (as --seed does: its two's-complement bits). Call after the options are added.
+inline void guard_integer_options(CLI::App& app) {
+  for (CLI::Option* opt : app.get_options()) {
+    const std::string type = opt->get_type_name();  // "INT", or "INT:<a check's description>"
+    const auto named = [&](const std::string& t) { return type == t || type.rfind(t + ":", 0) == 0; };
+    const bool is_int = named("INT"), is_uint = named("UINT");
+    if (!is_int && !is_uint) continue;
+    opt->transform(CLI::Validator(  // a transform: a check() runs on a copy of the value
+        [is_uint](std::string& v) -> std::string {
+          const char* begin = v.data() + (!v.empty() && v[0] == '+' ? 1 : 0);
+          const char* end = v.data() + v.size();
+          int64_t s = 0;
+          uint64_t u = 0;
+          const auto [sp, se] = std::from_chars(begin, end, s);
+          if (se == std::errc() && sp == end) {
+            v = std::to_string(s);
+            return std::string();
+          }
+          if (is_uint) {
+            const auto [up, ue] = std::from_chars(begin, end, u);
+            if (ue == std::errc() && up == end) {
+              v = std::to_string(u);
+              return std::string();
+            }
+          }
+          const bool digits = begin != end && std::all_of(begin + (*begin == '-' ? 1 : 0), end,
+                                                          [](char c) { return c >= '0' && c <= '9'; });
+          if (!digits) return std::string();  // not a decimal: CLI11's own conversion reports it
+          return "Value " + v + " not in range of a 64-bit " + (is_uint ? "unsigned " : "") + "integer";
+        },
+        ""));
+  }
 }
 
 }  // namespace hearth::cli

@@ -314,4 +314,19 @@ TEST(InputChecksCli, SeedPastInt64IsRefusedOnEveryVerb) {
   EXPECT_EQ(hearth_run("generate --prompt hi --max-tokens 2 --temp 1" + model + " --seed -1", d).rc, 0);
 }
 
+// Every integer option reads decimal with its overflow checked: CLI11 2.1 clamped a number past 64
+// bits to the limit and read a leading zero as octal ("--max-tokens 010" generated 8 tokens).
+TEST(InputChecksCli, IntegerOptionsAreDecimalAndNeverClamped) {
+  TempDir d;
+  const std::string gen = "generate --model " + shell_quote(golden_model("llama_mha").string()) +
+                          " --device cpu --prompt hi --temp 0 --max-tokens ";
+  const CliRun ten = hearth_run(gen + "010", d);
+  ASSERT_EQ(ten.rc, 0) << ten.err;
+  EXPECT_NE((ten.out + ten.err).find("Generation: 10 tokens"), std::string::npos) << ten.out << ten.err;
+  const CliRun huge = hearth_run("train --model m --data d --adapter-path a --iters 99999999999999999999", d);
+  EXPECT_NE(huge.rc, 0);
+  EXPECT_NE(huge.err.find("--iters: Value 99999999999999999999 not in range of a 64-bit integer"), std::string::npos)
+      << huge.err;
+}
+
 }  // namespace
