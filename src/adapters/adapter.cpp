@@ -427,6 +427,7 @@ Adapter load_adapter(const fs::path& dir_in, const LoadAdapterOptions& options) 
   HEARTH_CHECK(peft_config || mlx, where, ": no peft_type, so an mlx-lm config, but the folder has no ", kMlxWeights,
                " (only PEFT's ", kPeftWeights, "; a PEFT config has \"peft_type\": \"LORA\")");
   Adapter ad = peft_config ? load_peft(dir, cfg, where, options) : load_mlx(dir, cfg, where, options);
+  ad.format = peft_config ? Format::Peft : Format::Mlx;
   ad.id = dir.filename().string();
   HEARTH_CHECK(ad.config.rank > 0, where, ": rank must be positive, got ", ad.config.rank);
   HEARTH_CHECK(std::isfinite(ad.config.scale) && std::fabs(ad.config.scale) <= kMaxLoraScale, where,

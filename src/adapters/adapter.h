@@ -36,15 +36,16 @@ struct LoraConfig {
 /// A loaded or trained adapter: module path ("model.layers.0.self_attn.q_proj") → A [r, in],
 /// B [out, r], effective scale, dropout. Tensors keep the file's dtype on CPU after load_adapter;
 /// mount() places them on the model's device and dtype.
+enum class Format { Mlx, Peft };
+
 struct Adapter {
   std::string id;
+  Format format = Format::Mlx;  // the layout it was read from (load_adapter) or will be written in
   std::string fine_tune_type = "lora";
   LoraConfig config;
   std::string base_model;  // base_model_name_or_path when recorded; informational
   std::map<std::string, nn::LoraAdapter> modules;
 };
-
-enum class Format { Mlx, Peft };
 
 /// The default LoRA targets when LoraConfig::keys is empty.
 const std::vector<std::string>& default_keys();

@@ -29,13 +29,14 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 
-// SIGINT/SIGTERM: stop after the current optimizer step and save a checkpoint. One-shot
+// SIGINT/SIGTERM: stop at the next micro-batch (a step under way is dropped, replayed by --resume)
+// and save a checkpoint of the steps done. One-shot
 // (SA_RESETHAND): a second signal ends the process at once, as the default action does.
 extern "C" void on_signal(int) {
   g_stop.store(true);
   static const char kNote[] =
-      "\nhearth: stopping after this optimizer step to save a checkpoint (a second Ctrl-C quits at once, "
-      "saving nothing more)\n";
+      "\nhearth: stopping at the next micro-batch to save a checkpoint of the steps done (a second Ctrl-C "
+      "quits at once, saving nothing more)\n";
   [[maybe_unused]] const ssize_t n = ::write(2, kNote, sizeof kNote - 1);  // async-signal-safe
 }
 

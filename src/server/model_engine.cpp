@@ -189,7 +189,7 @@ ModelEngine::ModelEngine(ModelEngineOptions opts)
       throw InvalidArgument(cat(path.string(), ": ", e.what()));
     }
     AdapterInfo info{id, fs::weakly_canonical(fs::absolute(path)).string(),
-                     fs::exists(path / "adapter_model.safetensors") ? "peft" : "mlx", 0,
+                     a.format == adapters::Format::Peft ? "peft" : "mlx", 0,
                      static_cast<int64_t>(a.modules.size()), a.config.scale};
     for (const auto& [_, m] : a.modules) info.rank = std::max(info.rank, m.a.size(0));
     adapters_.push_back(std::move(info));
@@ -615,7 +615,7 @@ AdapterInfo ModelEngine::mount_adapter(const std::string& id, const std::string&
   } catch (const Error& e) {
     throw ApiError(400, e.what(), "path");
   }
-  AdapterInfo info{id, p.string(), fs::exists(p / "adapter_model.safetensors") ? "peft" : "mlx", 0,
+  AdapterInfo info{id, p.string(), a.format == adapters::Format::Peft ? "peft" : "mlx", 0,
                    static_cast<int64_t>(a.modules.size()), a.config.scale};
   for (const auto& [_, m] : a.modules) info.rank = std::max(info.rank, m.a.size(0));
   std::lock_guard<std::mutex> lock(adapters_mu_);

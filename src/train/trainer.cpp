@@ -50,18 +50,31 @@ uint64_t rng_seed(uint64_t seed, int64_t step, int64_t micro, size_t segment) {
 
 namespace {
 
+// The rows of batch `idx` this process scores in an evaluation: all of them in one process; a
+// data-parallel rank's share of a whole batch, and the short last batch on rank 0 only.
+std::vector<int64_t> scored_rows(const std::vector<int64_t>& idx, int64_t batch_size, const DataParallel* dp) {
+  if (!dp) return idx;
+  if (static_cast<int64_t>(idx.size()) < batch_size) return dp->rank() == 0 ? idx : std::vector<int64_t>{};
+  return dp->share(idx);
+}
+
 // Token-mean CE over up to `max_batches` batches of `data` (no graph, no shuffling).
 // Data-parallel: each rank scores its share of every batch; the sums are reduced over the ranks.
 double evaluate(models::Model& model, const Dataset& data, int64_t batch_size, int64_t max_batches, int64_t chunk,
                 DataParallel* dp) {
   c10::NoGradGuard no_grad;
-  // One process scores every row (a short last batch); data-parallel shares need whole batches.
-  Batcher b(data, batch_size, 0, /*shuffle=*/false, /*keep_tail=*/dp == nullptr);
+  // Every row is scored (a short last batch), so the loss depends on neither --batch-size nor the
+  // number of processes: data-parallel ranks score their shares of whole batches, rank 0 the tail.
+  Batcher b(data, batch_size, 0, /*shuffle=*/false, /*keep_tail=*/true);
   const int64_t n = max_batches < 0 ? b.num_batches() : std::min(max_batches, b.num_batches());
   double sum = 0;
   int64_t count = 0;
   for (int64_t i = 0; i < n; ++i) {
-    Batch batch = dp ? dp->next_share(b, data) : b.next();
+    const std::vector<int64_t> idx = scored_rows(b.next_indices(), batch_size, dp);
+    if (idx.empty()) continue;
+    std::vector<const Example*> rows;
+    for (int64_t k : idx) rows.push_back(&data.examples[k]);
+    Batch batch = make_batch(rows);
     const models::Positions start = models::Positions::uniform(0, batch.input_ids.size(0));
     at::Tensor h = model.forward_layers(model.embed(batch.input_ids), 0, model.num_layers(), start, nullptr).hidden;
     HeadVjp r = chunked_cross_entropy(h, shift_labels(batch.labels), [&](const at::Tensor& x) { return model.head(x); },
@@ -120,15 +133,19 @@ PreferenceOptions share_options(const PreferenceOptions& popt, const PreferenceB
 double evaluate_preference(models::Model& model, const PreferenceDataset& data, int64_t batch_size,
                            int64_t max_batches, const PreferenceOptions& popt, const std::vector<double>& ref_table,
                            DataParallel* dp) {
-  Batcher b(data.lengths(), batch_size, 0, /*shuffle=*/false, /*keep_tail=*/dp == nullptr);
+  Batcher b(data.lengths(), batch_size, 0, /*shuffle=*/false, /*keep_tail=*/true);
   const int64_t n = max_batches < 0 ? b.num_batches() : std::min(max_batches, b.num_batches());
   double sum = 0, pairs = 0;  // each batch's pair mean weighed by its pairs (the short tail's fewer)
   for (int64_t i = 0; i < n; ++i) {
-    const auto idx = dp ? dp->share(b.next_indices()) : b.next_indices();
+    const std::vector<int64_t> all = b.next_indices();
+    const bool tail = static_cast<int64_t>(all.size()) < batch_size;
+    const auto idx = scored_rows(all, batch_size, dp);
+    if (idx.empty()) continue;
     PreferenceBatch pb = make_preference_batch(data, idx);
     at::Tensor ref = popt.method == Method::kDpo ? batch_reference(model, pb, idx, ref_table, popt.loss_chunk) : at::Tensor();
     const double weight = static_cast<double>(idx.size());
-    sum += preference_eval(model, pb, ref, share_options(popt, pb, dp)).loss * weight;
+    // The tail is rank 0's alone: its options need no collective (the other ranks make none).
+    sum += preference_eval(model, pb, ref, share_options(popt, pb, tail ? nullptr : dp)).loss * weight;
     pairs += weight;
   }
   if (dp) sum = dp->sum(sum), pairs = dp->sum(pairs);
@@ -365,11 +382,6 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
     if (has_valid) {
       pvalid = load_preference_jsonl(cfg.data_dir / "valid.jsonl", tok, cfg.max_seq_length);
       note_dropped(*pvalid, "valid.jsonl");
-      if (dp && pvalid->pairs.size() < static_cast<size_t>(cfg.batch_size)) {
-        note(cat("valid.jsonl: ", pvalid->pairs.size(), " pair(s), fewer than --batch-size ", cfg.batch_size,
-                 ": no validation (data-parallel ranks score whole batches)"));
-        pvalid.reset();
-      }
     }
   } else {
     train = load_jsonl(cfg.data_dir / "train.jsonl", tok, dopt);
@@ -377,11 +389,6 @@ TrainResult run_training(const TrainConfig& cfg, models::Model& model, const tok
     if (has_valid) {
       valid = load_jsonl(cfg.data_dir / "valid.jsonl", tok, dopt);
       note_skipped(*valid, "valid.jsonl");
-    }
-    if (dp && valid && valid->examples.size() < static_cast<size_t>(cfg.batch_size)) {
-      note(cat("valid.jsonl: ", valid->examples.size(), " example(s), fewer than --batch-size ", cfg.batch_size,
-               ": no validation (data-parallel ranks score whole batches)"));
-      valid.reset();
     }
   }
 

@@ -229,7 +229,10 @@ TEST(AdapterFormat, TheConfigChoosesTheLayout) {
   for (auto& [path, m] : zeros.modules) m.b = at::zeros_like(m.b);
   adapters::save_adapter(tmp / "zeros", zeros, adapters::Format::Mlx);
   fs::copy_file(tmp / "zeros" / "adapters.safetensors", tmp / "peft" / "adapters.safetensors");  // stray
-  expect_same_tensors(ad, adapters::load_adapter(tmp / "peft"));
+  const adapters::Adapter read = adapters::load_adapter(tmp / "peft");
+  expect_same_tensors(ad, read);
+  EXPECT_EQ(read.format, adapters::Format::Peft);  // what the server lists as the adapter's format
+  EXPECT_EQ(adapters::load_adapter(tmp / "zeros").format, adapters::Format::Mlx);
   fs::remove(tmp / "peft" / "adapter_model.safetensors");
   expect_load_error(tmp / "peft", "a PEFT config (peft_type), but the folder has no adapter_model.safetensors");
   fs::remove(tmp / "mlx" / "adapters.safetensors");

@@ -597,21 +597,23 @@ TEST(TrainCli, SigintWritesALoadableCheckpointAndExitsZero) {
   EXPECT_EQ(r.step_losses.size(), 1u);
 }
 
-// The stop handler is one-shot: the first signal asks for a checkpoint after the optimizer step,
-// a second ends the process at once — here a step of 10^8 micro-batches that would not end. A
-// first signal that lands before the step starts (a slow start-up) ends the run gracefully at
-// once; then it is tried again with a longer wait.
+// The stop handler is one-shot: the first signal asks for a checkpoint at the next micro-batch, a
+// second ends the process at once — here during a validation of 10^5 batches (validation does not
+// look at the flag). A first signal that lands before it starts (a slow start-up) ends the run
+// gracefully; then it is tried again with a longer wait.
 TEST(TrainCli, ASecondSigintQuitsAtOnce) {
   TrainerTempDir d("sigint2");
   write_data(d.path);
+  std::string valid;
+  for (int i = 0; i < 200000; ++i) valid += "{\"text\": \"the lazy dog sleeps " + std::to_string(i) + "\"}\n";
+  hearth::io::write_file_atomic(d.path / "valid.jsonl", valid);
   int status = 0;
-  for (int wait_ms : {1000, 3000, 8000}) {
+  for (int wait_ms : {1500, 4000, 8000}) {
     hearth::io::remove_tree(d.path / "out");
     int fd = -1;
     pid_t pid = spawn({HEARTH_BINARY, "train", "--model", golden("models/llama_mha").string(), "--data", d.path.string(),
-                       "--adapter-path", (d.path / "out").string(), "--fine-tune-type", "full", "--iters", "1",
-                       "--batch-size", "2", "--max-seq-length", "12", "--grad-accumulation-steps", "100000000",
-                       "--device", "cpu"},
+                       "--adapter-path", (d.path / "out").string(), "--iters", "1", "--batch-size", "2",
+                       "--max-seq-length", "12", "--steps-per-eval", "1", "--val-batches", "-1", "--device", "cpu"},
                       &fd);
     ASSERT_GT(pid, 0);
     FILE* f = fdopen(fd, "r");
@@ -619,7 +621,7 @@ TEST(TrainCli, ASecondSigintQuitsAtOnce) {
     bool started = false;
     while (!started && fgets(line, sizeof line, f)) started = std::string(line).rfind("training ", 0) == 0;
     ASSERT_TRUE(started) << "the child printed no start line";
-    std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));  // inside the endless step
+    std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));  // inside the long validation
     kill(pid, SIGINT);
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     kill(pid, SIGINT);
