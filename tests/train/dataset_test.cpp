@@ -1,6 +1,7 @@
 // jsonl data: each format's tokens and prompt masks on the tiny tokenizer, malformed rows with
 // file:line errors, text packing, padding and labels, and the batcher's seeded order.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
@@ -35,11 +36,14 @@ struct TempDir {
 
 hearth::tokenizer::Tokenizer tiny() { return hearth::tokenizer::Tokenizer::from_dir(kTiny); }
 
-// The tiny tokenizer with a minimal chat template (the golden tiny model has none).
-hearth::tokenizer::Tokenizer tiny_chat(const TempDir& d) {
+// The tiny tokenizer with a chat template (the golden tiny model has none): by default a minimal one.
+hearth::tokenizer::Tokenizer tiny_chat(const TempDir& d,
+                                       const std::string& chat_template =
+                                           "{% for m in messages %}<|bos|>{{ m.role }}:\n{{ m.content }}\n{% endfor %}"
+                                           "{% if add_generation_prompt %}<|bos|>assistant:\n{% endif %}") {
   fs::copy_file(kTiny / "tokenizer.json", d.path / "tokenizer.json", fs::copy_options::overwrite_existing);
-  d.write("tokenizer_config.json", R"({"bos_token": "<|bos|>", "eos_token": "<|endoftext|>", "chat_template":
-    "{% for m in messages %}<|bos|>{{ m.role }}:\n{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<|bos|>assistant:\n{% endif %}"})");
+  d.write("tokenizer_config.json",
+          nlohmann::json{{"bos_token", "<|bos|>"}, {"eos_token", "<|endoftext|>"}, {"chat_template", chat_template}}.dump());
   return hearth::tokenizer::Tokenizer::from_dir(d.path);
 }
 
@@ -193,10 +197,7 @@ TEST(Dataset, BatcherShufflesWindowsBySeedAndSeeks) {
 // A template that gives the answer no token is named as the cause (it blamed --max-seq-length).
 TEST(Dataset, ATemplateWithEmptyGenerationBlocksIsNamed) {
   TempDir d("empty_generation");
-  fs::copy_file(kTiny / "tokenizer.json", d.path / "tokenizer.json", fs::copy_options::overwrite_existing);
-  d.write("tokenizer_config.json", R"({"bos_token": "<|bos|>", "eos_token": "<|endoftext|>", "chat_template":
-    "{% for m in messages %}<|bos|>{{ m.role }}: {{ m.content }}\n{% endfor %}{% generation %}{% endgeneration %}"})");
-  auto tok = hearth::tokenizer::Tokenizer::from_dir(d.path);
+  auto tok = tiny_chat(d, "{% for m in messages %}<|bos|>{{ m.role }}: {{ m.content }}\n{% endfor %}{% generation %}{% endgeneration %}");
   try {
     load_jsonl(d.write("train.jsonl", R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "xyz"}]})"
                                       "\n"),
@@ -210,10 +211,8 @@ TEST(Dataset, ATemplateWithEmptyGenerationBlocksIsNamed) {
 
 TEST(Dataset, GenerationBlocksAreExactlyTheLossMask) {
   TempDir d("generation");
-  fs::copy_file(kTiny / "tokenizer.json", d.path / "tokenizer.json", fs::copy_options::overwrite_existing);
-  d.write("tokenizer_config.json", R"({"bos_token": "<|bos|>", "eos_token": "<|endoftext|>", "chat_template":
-    "{% for m in messages %}<|bos|>{{ m.role }}:\n{% if m.role == 'assistant' %}{% generation %}{{ m.content }}<|endoftext|>{% endgeneration %}{% else %}{{ m.content }}{% endif %}\n{% endfor %}"})");
-  auto tok = hearth::tokenizer::Tokenizer::from_dir(d.path);
+  auto tok = tiny_chat(d, "{% for m in messages %}<|bos|>{{ m.role }}:\n{% if m.role == 'assistant' %}{% generation %}"
+                          "{{ m.content }}<|endoftext|>{% endgeneration %}{% else %}{{ m.content }}{% endif %}\n{% endfor %}");
   Dataset ds = load_jsonl(d.write("train.jsonl",
                                   R"({"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "the cat"}, {"role": "user", "content": "one"}, {"role": "assistant", "content": "two"}]})"
                                   "\n"),
