@@ -3,6 +3,7 @@
 // Not runtime mounting (mount.cpp).
 #include "adapters/fuse.h"
 
+#include <algorithm>
 #include <set>
 
 #include "io/atomic_dir.h"
@@ -128,6 +129,7 @@ void fuse_model(const fs::path& model_dir, const Adapter& adapter, const fs::pat
   std::vector<std::string> stored_modules;  // "<module>.weight" names without the suffix
   for (const auto& n : stored)
     if (n.size() > 7 && n.compare(n.size() - 7, 7, ".weight") == 0) stored_modules.push_back(n.substr(0, n.size() - 7));
+  std::sort(stored_modules.begin(), stored_modules.end());  // resolve_module_path searches a sorted list
   std::set<std::string> fused;
   for (const auto& [adapter_module, m] : adapter.modules) {
     if (opts.between_tensors) opts.between_tensors();
