@@ -11,6 +11,7 @@
 #include "io/weights.h"
 #include "models/registry.h"
 #include "nn/quant.h"
+#include "nn/quant_config.h"
 
 namespace hearth::adapters {
 namespace fs = std::filesystem;
@@ -49,7 +50,7 @@ std::map<std::string, at::Tensor> load_full_finetune(const fs::path& dir) {
   return out;
 }
 
-WeightEdits full_finetune_edits(const io::WeightStore& base, const std::optional<io::QuantizationConfig>& quant,
+WeightEdits full_finetune_edits(const io::WeightStore& base, const std::optional<nn::QuantizationConfig>& quant,
                                 const std::map<std::string, at::Tensor>& trained, bool dequantize,
                                 const std::string& who) {
   WeightEdits e;
@@ -113,7 +114,7 @@ std::unique_ptr<models::Model> load_model_with_full_finetune(const fs::path& mod
                                                              const nn::LoadOptions& opts) {
   const fs::path config_path = model_dir / "config.json";
   const nlohmann::json config = io::read_json(config_path);
-  const auto quant = io::QuantizationConfig::from_config(config, config_path.string());
+  const auto quant = nn::QuantizationConfig::from_config(config, config_path.string());
   const io::WeightStore store = io::WeightStore::open(model_dir);
   const WeightEdits edits = full_finetune_edits(store, quant, load_full_finetune(finetune_dir), /*dequantize=*/false,
                                                 "full fine-tune " + finetune_dir.string());

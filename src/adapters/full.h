@@ -15,6 +15,7 @@
 #include "io/hf_config.h"
 #include "models/model.h"
 #include "nn/param_source.h"
+#include "nn/quant_config.h"
 
 namespace hearth::io {
 class WeightStore;
@@ -46,7 +47,7 @@ struct WeightEdits {
 /// fuse requantizes, mlx-lm LoRALinear.fuse); with `dequantize`, written dense in the scales' dtype
 /// and the module's .scales/.biases dropped instead. Throws hearth::Error naming `who` and the
 /// tensor for an unknown name or a shape mismatch.
-WeightEdits full_finetune_edits(const io::WeightStore& base, const std::optional<io::QuantizationConfig>& quant,
+WeightEdits full_finetune_edits(const io::WeightStore& base, const std::optional<nn::QuantizationConfig>& quant,
                                 const std::map<std::string, at::Tensor>& trained, bool dequantize,
                                 const std::string& who);
 

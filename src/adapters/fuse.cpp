@@ -15,6 +15,7 @@
 #include "io/weights.h"
 #include "nn/param_source.h"
 #include "nn/quant.h"
+#include "nn/quant_config.h"
 
 namespace hearth::adapters {
 namespace fs = std::filesystem;
@@ -31,7 +32,7 @@ struct QuantTriple {
 };
 
 QuantTriple read_quantized(const io::WeightStore& store, const std::string& module,
-                           const std::optional<io::QuantizationConfig>& quant, const std::string& where) {
+                           const std::optional<nn::QuantizationConfig>& quant, const std::string& where) {
   std::optional<nn::QuantSpec> spec = quant ? quant->spec_for(module) : std::nullopt;
   HEARTH_CHECK(spec.has_value(), where, ": ", module, " has .scales but config.json's quantization block does not quantize it");
   QuantTriple t;
@@ -50,7 +51,7 @@ QuantTriple read_quantized(const io::WeightStore& store, const std::string& modu
 
 // --dequantize: every quantized module not already replaced becomes a dense weight in its scales'
 // dtype, and config.json loses its quantization block.
-void dequantize_rest(const io::WeightStore& store, const std::optional<io::QuantizationConfig>& quant,
+void dequantize_rest(const io::WeightStore& store, const std::optional<nn::QuantizationConfig>& quant,
                      const std::string& where, json& config, std::map<std::string, at::Tensor>& replaced,
                      std::set<std::string>& dropped) {
   for (const std::string& name : store.names()) {
@@ -117,7 +118,7 @@ void fuse_model(const fs::path& model_dir, const Adapter& adapter, const fs::pat
   HEARTH_CHECK(!adapter.modules.empty(), "adapter '", adapter.id, "': has no modules");
   const fs::path cfg_path = model_dir / "config.json";
   json config = io::read_json(cfg_path);
-  const std::optional<io::QuantizationConfig> quant = io::QuantizationConfig::from_config(config, cfg_path.string());
+  const std::optional<nn::QuantizationConfig> quant = nn::QuantizationConfig::from_config(config, cfg_path.string());
   const io::WeightStore store = io::WeightStore::open(model_dir);
   const std::string where = model_dir.string();
 
@@ -182,7 +183,7 @@ void fuse_full_model(const fs::path& model_dir, const fs::path& finetune_dir, co
   HEARTH_CHECK(!fs::exists(out_dir), out_dir.string(), ": already exists (fuse writes a new folder)");
   const fs::path cfg_path = model_dir / "config.json";
   json config = io::read_json(cfg_path);
-  const std::optional<io::QuantizationConfig> quant = io::QuantizationConfig::from_config(config, cfg_path.string());
+  const std::optional<nn::QuantizationConfig> quant = nn::QuantizationConfig::from_config(config, cfg_path.string());
   const io::WeightStore store = io::WeightStore::open(model_dir);
   WeightEdits e = full_finetune_edits(store, quant, load_full_finetune(finetune_dir), opts.dequantize,
                                       "full fine-tune " + finetune_dir.string());

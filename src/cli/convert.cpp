@@ -22,6 +22,7 @@
 #include "models/registry.h"
 #include "nn/param_source.h"
 #include "nn/quant.h"
+#include "nn/quant_config.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -60,7 +61,7 @@ class ShapeCheckSource : public nn::ParamSource {
 };
 
 void check_against_config(const json& config, const fs::path& cfg_path, const io::WeightStore& ws,
-                          const std::optional<io::QuantizationConfig>& quant) {
+                          const std::optional<nn::QuantizationConfig>& quant) {
   auto type = config.find("model_type");
   if (type == config.end() || !type->is_string()) return;
   const auto known = models::supported_model_types();
@@ -116,7 +117,7 @@ void convert_into(const ConvertOptions& o, const fs::path& in, const fs::path& t
   const fs::path cfg_path = in / "config.json";
   json config = io::read_json(cfg_path);
   HEARTH_CHECK(config.is_object(), cfg_path.string(), ": not a JSON object");
-  const auto existing = io::QuantizationConfig::from_config(config, cfg_path.string());
+  const auto existing = nn::QuantizationConfig::from_config(config, cfg_path.string());
   HEARTH_CHECK(!(o.quantize && existing), cfg_path.string(),
                ": model is already quantized (has a quantization block); -q needs a float model");
   HEARTH_CHECK(!o.dequantize || existing, cfg_path.string(),

@@ -9,6 +9,7 @@
 #include "io/hf_config.h"
 #include "io/weights.h"
 #include "models/registry.h"
+#include "nn/quant_config.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -55,7 +56,7 @@ int run_info(const fs::path& dir) {
   const json config = io::read_json(cfg_path);
   HEARTH_CHECK(config.is_object(), cfg_path.string(), ": not a JSON object");
   models::check_config(config, cfg_path.string());  // what generate would refuse, info refuses too
-  const auto quant = io::QuantizationConfig::from_config(config, cfg_path.string());
+  const auto quant = nn::QuantizationConfig::from_config(config, cfg_path.string());
   const io::WeightStore ws = io::WeightStore::open(dir);
 
   std::string arch = "?";

@@ -1,5 +1,5 @@
 // Hugging Face folder-level JSON that is not model-family specific: reading JSON files with
-// clear errors, generation_config.json, and the MLX `quantization` block of config.json.
+// clear errors and generation_config.json. (The MLX `quantization` block: nn/quant_config.h.)
 // Family configs (hidden sizes, RoPE, ...) live with their family under models/.
 #pragma once
 #include <nlohmann/json.hpp>
@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "io/read_file.h"
-#include "nn/quant.h"
 
 namespace hearth::io {
 
@@ -35,24 +34,6 @@ struct GenerationConfig {
   std::optional<int64_t> top_k;
   std::optional<bool> do_sample;
   static GenerationConfig load(const std::filesystem::path& dir);
-};
-
-/// MLX quantization block: config.json "quantization" (or "quantization_config" with the same
-/// shape): {"group_size": 64, "bits": 4, "<module path>": {"group_size":..,"bits":..} | false}.
-struct QuantizationConfig {
-  nn::QuantSpec default_spec;
-  /// Per-module overrides by module path ("model.layers.0.mlp.down_proj"); nullopt = not quantized.
-  std::map<std::string, std::optional<nn::QuantSpec>> overrides;
-  /// The spec for module `path`: its override, else the default. An override keyed with another
-  /// prefix than the model's module path (mlx-vlm's "language_model.model.layers.0.mlp.gate_proj"
-  /// for "model.layers.0.mlp.gate_proj", or the reverse) applies when it is the only key that
-  /// equals `path` after dropping whole leading components from one of the two; two such keys with
-  /// different specs throw hearth::Error naming both (mlx-lm's class_predicate looks keys up by the
-  /// module's own path; this extends it to wrapped and unwrapped checkpoints).
-  std::optional<nn::QuantSpec> spec_for(const std::string& path) const;
-  /// nullopt when config.json has no quantization block. Throws on bad bits/group sizes.
-  static std::optional<QuantizationConfig> from_config(const nlohmann::json& config, const std::string& origin);
-  nlohmann::json to_json() const;
 };
 
 }  // namespace hearth::io

@@ -10,6 +10,7 @@
 #include "models/gemma4/gemma4.h"
 #include "models/llama/llama.h"
 #include "models/qwen3_5/qwen3_5.h"
+#include "nn/quant_config.h"
 
 namespace hearth::models {
 
@@ -61,7 +62,7 @@ std::vector<std::string> supported_model_types() {
 std::unique_ptr<Model> build_model(const BuildArgs& args) { return family_of(args.config, args.origin).create(args); }
 
 void check_config(const nlohmann::json& config, const std::string& origin) {
-  io::QuantizationConfig::from_config(config, origin);  // load_model's order: quantization, then family
+  nn::QuantizationConfig::from_config(config, origin);  // load_model's order: quantization, then family
   family_of(config, origin).check(config, origin);
 }
 
@@ -71,7 +72,7 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& dir, const nn::Lo
   io::WeightStore store = io::WeightStore::open(dir);
   nn::WeightStoreSource source(store);
   return build_model({config, config_path.string(), source,
-                      io::QuantizationConfig::from_config(config, config_path.string()), opts});
+                      nn::QuantizationConfig::from_config(config, config_path.string()), opts});
 }
 
 }  // namespace hearth::models

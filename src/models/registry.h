@@ -12,6 +12,7 @@
 
 #include "io/hf_config.h"
 #include "models/model.h"
+#include "nn/quant_config.h"
 
 namespace hearth::models {
 
@@ -21,7 +22,7 @@ struct BuildArgs {
   const nlohmann::json& config;
   std::string origin;
   const nn::ParamSource& weights;
-  std::optional<io::QuantizationConfig> quantization;
+  std::optional<nn::QuantizationConfig> quantization;
   nn::LoadOptions placement;
 };
 

@@ -18,6 +18,7 @@
 #include "models/registry.h"
 #include "nn/param_source.h"
 #include "test_paths.h"
+#include "nn/quant_config.h"
 
 namespace {
 
@@ -117,7 +118,7 @@ TEST(InputChecksCli, ConvertDtypeOfAQuantizedModelKeepsPackedCodesAndStillMatche
   const J cfg = hearth::io::read_json(src / "config.json");
   hearth::nn::TensorMapSource rsrc(rounded, "rounded");
   auto fr = hearth::models::build_model({cfg, "config.json", rsrc,
-                                         hearth::io::QuantizationConfig::from_config(cfg, "config.json"), {at::kCPU, at::kFloat}});
+                                         hearth::nn::QuantizationConfig::from_config(cfg, "config.json"), {at::kCPU, at::kFloat}});
   auto fb = hearth::models::load_model(out, {at::kCPU, at::kFloat});
   EXPECT_TRUE(at::equal(fr->forward(ids, 0, nullptr), fb->forward(ids, 0, nullptr)));
 }

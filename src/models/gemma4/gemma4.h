@@ -17,6 +17,7 @@
 #include "nn/attention.h"
 #include "nn/embedding.h"
 #include "nn/linear.h"
+#include "nn/quant_config.h"
 
 namespace hearth::models::gemma4 {
 
@@ -117,7 +118,7 @@ class Gemma4Model : public Model {
   /// (gemma4, transformers) or "language_model.model." (gemma4, MLX), whichever holds
   /// embed_tokens; vision/audio tensors are not read. Throws hearth::Error naming the tensor when
   /// one is missing or has the wrong shape (a per-layer-input tensor, a non-sharer's k_proj, ...).
-  Gemma4Model(Gemma4Config config, const nn::ParamSource& weights, const std::optional<io::QuantizationConfig>& quant,
+  Gemma4Model(Gemma4Config config, const nn::ParamSource& weights, const std::optional<nn::QuantizationConfig>& quant,
               const nn::LoadOptions& placement);
 
   /// hidden = embed_tokens(ids) · √hidden_size (the scale cast to the weight dtype first, as

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "models/gemma4/gemma4.h"
 #include "models/dense_params.h"
+#include "nn/quant_config.h"
 
 namespace hearth::models::gemma4 {
 
@@ -29,7 +30,7 @@ at::Tensor rope_inv_freq(const Gemma4Rope& rope, int64_t D, at::Device device) {
 
 }  // namespace
 
-Gemma4Model::Gemma4Model(Gemma4Config config, const nn::ParamSource& w, const std::optional<io::QuantizationConfig>& quant,
+Gemma4Model::Gemma4Model(Gemma4Config config, const nn::ParamSource& w, const std::optional<nn::QuantizationConfig>& quant,
                          const nn::LoadOptions& placement)
     : config_(std::move(config)), placement_(placement) {
   const Gemma4Config& c = config_;

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "models/dense_params.h"
 #include "nn/fused_ops.h"
+#include "nn/quant_config.h"
 
 namespace hearth::models::llama {
 
@@ -131,7 +132,7 @@ namespace {
 at::Tensor add_pending(const at::Tensor& h, const at::Tensor& pending) { return pending.defined() ? h + pending : h; }
 }  // namespace
 
-LlamaModel::LlamaModel(LlamaConfig config, const nn::ParamSource& w, const std::optional<io::QuantizationConfig>& quant,
+LlamaModel::LlamaModel(LlamaConfig config, const nn::ParamSource& w, const std::optional<nn::QuantizationConfig>& quant,
                        const nn::LoadOptions& placement)
     : config_(std::move(config)), placement_(placement) {
   const LlamaConfig& c = config_;

@@ -19,6 +19,7 @@
 #include "nn/mlp.h"
 #include "nn/rms_norm.h"
 #include "nn/rope.h"
+#include "nn/quant_config.h"
 
 namespace hearth::models::llama {
 
@@ -77,7 +78,7 @@ class LlamaModel : public Model {
  public:
   /// Builds from `weights` (HF names: model.embed_tokens, model.layers.N.*, model.norm, lm_head);
   /// `quant_spec(path)` gives the MLX quantization spec of a module (nullopt = dense).
-  LlamaModel(LlamaConfig config, const nn::ParamSource& weights, const std::optional<io::QuantizationConfig>& quant,
+  LlamaModel(LlamaConfig config, const nn::ParamSource& weights, const std::optional<nn::QuantizationConfig>& quant,
              const nn::LoadOptions& placement);
 
   Boundary embed(const at::Tensor& input_ids) override;

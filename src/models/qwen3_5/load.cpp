@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "models/qwen3_5/qwen3_5.h"
 #include "models/dense_params.h"
+#include "nn/quant_config.h"
 
 #include <cmath>
 
@@ -47,7 +48,7 @@ WeightLayout detect_layout(const Qwen3_5Config& c, const nn::ParamSource& w, boo
 }
 
 Qwen3_5Model::Qwen3_5Model(Qwen3_5Config config, const nn::ParamSource& w,
-                           const std::optional<io::QuantizationConfig>& quant, const nn::LoadOptions& placement,
+                           const std::optional<nn::QuantizationConfig>& quant, const nn::LoadOptions& placement,
                            const std::string& origin)
     : config_(std::move(config)), placement_(placement) {
   const Qwen3_5Config& c = config_;

@@ -20,6 +20,7 @@
 #include "nn/linear.h"
 #include "nn/mlp.h"
 #include "nn/rope.h"
+#include "nn/quant_config.h"
 
 namespace hearth::models::qwen3_5 {
 
@@ -111,7 +112,7 @@ class Qwen3_5Model : public Model {
   /// ignored). Throws hearth::Error naming `origin` (config.json) and the field when the weights
   /// disagree with the config (layer count, conv1d shape).
   Qwen3_5Model(Qwen3_5Config config, const nn::ParamSource& weights,
-               const std::optional<io::QuantizationConfig>& quant, const nn::LoadOptions& placement,
+               const std::optional<nn::QuantizationConfig>& quant, const nn::LoadOptions& placement,
                const std::string& origin);
 
   Boundary embed(const at::Tensor& input_ids) override;
