@@ -383,11 +383,12 @@ std::optional<std::string> resolve_module_path(const std::string& path, const st
   if (std::binary_search(names.begin(), names.end(), path)) return path;
   static const std::regex block(R"(^(.*\.)?(layers\.\d+\..+)$)");
   std::smatch m;
-  const std::string tail = "." + (std::regex_match(path, m, block) ? m[2].str()
-                                  : path.rfind("model.", 0) == 0 ? path.substr(6) : path);
+  const std::string bare = std::regex_match(path, m, block) ? m[2].str()
+                           : path.rfind("model.", 0) == 0 ? path.substr(6) : path;
+  const std::string tail = "." + bare;
   std::optional<std::string> found;
   for (const auto& n : names)
-    if (n == tail.substr(1) || (n.size() > tail.size() && ends_with(n, tail))) {
+    if (n == bare || ends_with(n, tail)) {
       if (found) return std::nullopt;  // two candidates: not this rule's to choose
       found = n;
     }

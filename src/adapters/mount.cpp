@@ -25,10 +25,10 @@ std::map<std::string, nn::Linear*> module_map(models::Model& model) {
 // The model's Linear that adapter module `path` names (resolve_module_path: another wrapping of
 // the same checkpoint is accepted), or null.
 nn::Linear* find_module(const std::map<std::string, nn::Linear*>& modules, const std::string& path) {
-  std::vector<std::string> names;
-  if (modules.find(path) == modules.end())
-    for (const auto& [n, lin] : modules) names.push_back(n);
-  const auto name = modules.count(path) ? std::optional<std::string>(path) : resolve_module_path(path, names);
+  if (auto it = modules.find(path); it != modules.end()) return it->second;
+  std::vector<std::string> names;  // sorted, as the map is
+  for (const auto& [n, lin] : modules) names.push_back(n);
+  const auto name = resolve_module_path(path, names);
   return name ? modules.at(*name) : nullptr;
 }
 

@@ -3,7 +3,6 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
-#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <limits>
@@ -12,6 +11,16 @@
 #include <type_traits>
 
 namespace hearth::cli {
+
+/// Reads the whole of `v` as a base-10 T (a leading '+' allowed): std::errc() when it is one,
+/// result_out_of_range when it is a decimal past T's range, invalid_argument otherwise.
+template <typename T>
+std::errc parse_decimal(const std::string& v, T& out) {
+  const char* begin = v.data() + (!v.empty() && v[0] == '+' ? 1 : 0);
+  const char* end = v.data() + v.size();
+  const auto [stop, ec] = std::from_chars(begin, end, out);
+  return begin == end || stop != end ? std::errc::invalid_argument : ec;
+}
 
 /// A CLI11 check for an option holding a T: "Failed parsing V as a INT" (or FLOAT) when V does not
 /// parse as T (CLI11's own words), else "Value V not in range lo to hi" (CLI::Range's words) when V
@@ -25,13 +34,11 @@ CLI::Validator number_in(T lo, T hi) {
   return CLI::Validator(
       [range, lo, hi](std::string& v) -> std::string {
         if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-          const char* begin = v.data() + (!v.empty() && v[0] == '+' ? 1 : 0);
-          const char* end = v.data() + v.size();
           T x{};
-          const auto [stop, ec] = std::from_chars(begin, end, x);
+          const std::errc ec = parse_decimal(v, x);
           const std::string range_text = " not in range " + std::to_string(lo) + " to " + std::to_string(hi);
-          if (ec == std::errc::result_out_of_range && stop == end) return "Value " + v + range_text;
-          if (ec != std::errc() || stop != end || begin == end) return "Failed parsing " + v + " as a INT";
+          if (ec == std::errc::result_out_of_range) return "Value " + v + range_text;
+          if (ec != std::errc()) return "Failed parsing " + v + " as a INT";
           if (x < lo || x > hi) return "Value " + v + range_text;
           return std::string();
         } else {
@@ -61,25 +68,18 @@ inline void guard_integer_options(CLI::App& app) {
     if (!is_int && !is_uint) continue;
     opt->transform(CLI::Validator(  // a transform: a check() runs on a copy of the value
         [is_uint](std::string& v) -> std::string {
-          const char* begin = v.data() + (!v.empty() && v[0] == '+' ? 1 : 0);
-          const char* end = v.data() + v.size();
           int64_t s = 0;
           uint64_t u = 0;
-          const auto [sp, se] = std::from_chars(begin, end, s);
-          if (se == std::errc() && sp == end) {
+          const std::errc ec = parse_decimal(v, s);
+          if (ec == std::errc()) {
             v = std::to_string(s);
             return std::string();
           }
-          if (is_uint) {
-            const auto [up, ue] = std::from_chars(begin, end, u);
-            if (ue == std::errc() && up == end) {
-              v = std::to_string(u);
-              return std::string();
-            }
+          if (is_uint && parse_decimal(v, u) == std::errc()) {
+            v = std::to_string(u);
+            return std::string();
           }
-          const bool digits = begin != end && std::all_of(begin + (*begin == '-' ? 1 : 0), end,
-                                                          [](char c) { return c >= '0' && c <= '9'; });
-          if (!digits) return std::string();  // not a decimal: CLI11's own conversion reports it
+          if (ec != std::errc::result_out_of_range) return std::string();  // not a decimal: CLI11 reports it
           return "Value " + v + " not in range of a 64-bit " + (is_uint ? "unsigned " : "") + "integer";
         },
         ""));
