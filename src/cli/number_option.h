@@ -58,7 +58,8 @@ inline CLI::Validator seed_number() {
 
 /// Adds to every integer option of `app` (CLI11 type INT or UINT) a check that refuses a number
 /// past 64 bits ("Value V not in range ...": CLI11 2.1 clamps it to the limit silently) and hands
-/// a decimal on without leading zeros (CLI11 reads "010" as octal 8). A UINT option also takes a
+/// a decimal on without leading zeros (CLI11 reads "010" as octal 8); anything that is not a base-10
+/// integer ("0x10", "1e3") is refused, as the number_in checks refuse it. A UINT option also takes a
 /// negative int64 (as --seed does: its two's-complement bits). Call after the options are added.
 inline void guard_integer_options(CLI::App& app) {
   for (CLI::Option* opt : app.get_options()) {
@@ -79,7 +80,8 @@ inline void guard_integer_options(CLI::App& app) {
             v = std::to_string(u);
             return std::string();
           }
-          if (ec != std::errc::result_out_of_range) return std::string();  // not a decimal: CLI11 reports it
+          if (ec != std::errc::result_out_of_range)  // "0x10", "1e3", "ten": the number_in checks' words
+            return "Failed parsing " + v + " as a " + (is_uint ? "UINT" : "INT");
           return "Value " + v + " not in range of a 64-bit " + (is_uint ? "unsigned " : "") + "integer";
         },
         ""));

@@ -328,6 +328,11 @@ TEST(InputChecksCli, IntegerOptionsAreDecimalAndNeverClamped) {
   EXPECT_NE(huge.rc, 0);
   EXPECT_NE(huge.err.find("--iters: Value 99999999999999999999 not in range of a 64-bit integer"), std::string::npos)
       << huge.err;
+  // Not a base-10 integer: refused by every option alike (CLI11 read "0x10" as 16 where no range
+  // check stood, while number_in refused it).
+  const CliRun hex = hearth_run(gen + "0x10", d);
+  EXPECT_NE(hex.rc, 0);
+  EXPECT_NE(hex.err.find("--max-tokens: Failed parsing 0x10 as a INT"), std::string::npos) << hex.err;
 }
 
 }  // namespace
