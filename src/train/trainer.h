@@ -70,11 +70,13 @@ struct TrainConfig {
   /// tensors, so the masters do not start from their bf16 rounding); names absent here, and every
   /// tensor when empty, start from the model's bf16 values upcast. A resumed run's come from its checkpoint.
   std::map<std::string, at::Tensor> master_init;
-  /// Checked before each micro-batch: when set, the step under way is dropped (its accumulated
-  /// gradients unused, the data order rewound to its start, so a resumed run replays it), a last
-  /// checkpoint of the steps done is written and run() returns. Data-parallel ranks agree on it.
+  /// Checked before each micro-batch and each validation batch: when set, the step under way is
+  /// dropped (its accumulated gradients unused, the data order rewound to its start, so a resumed
+  /// run replays it), a last checkpoint of the steps done is written and run() returns.
+  /// Data-parallel ranks agree on it.
   const std::atomic<bool>* stop = nullptr;
-  /// Test hook: called before each micro-batch with (step, micro-batch index from 0). May be empty.
+  /// Test hook: called before each micro-batch with (step, micro-batch index from 0), and before
+  /// batch i of the validation that precedes a step with (step, -1 - i). May be empty.
   std::function<void(int64_t, int64_t)> on_micro_batch;
   /// One-line notes for the person running (e.g. data rows skipped); the CLI prints them. May be empty.
   std::function<void(const std::string&)> on_note;

@@ -12,7 +12,9 @@
 #include <stdexcept>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <thread>
+#include <utility>
 
 #include "core/error.h"
 #include "io/atomic_file.h"
@@ -161,9 +163,11 @@ TEST(NamedAdamW, StateRoundTripContinuesIdentically) {
   EXPECT_GT((straight - at::arange(6, at::kFloat).reshape({2, 3})).abs().max().item<float>(), 0.1f);
 }
 
-// stop_in_step: the stop flag is set between step 4's two micro-batches (not after step 3's
-// report): step 4 is dropped and the resumed run replays it.
-void check_resume(TrainConfig c, const TrainerTempDir& d, bool stop_in_step = false) {
+// stop_at (step, m): the stop flag is set by the test hook there instead of after step 3's report —
+// (4, 1) between step 4's two micro-batches (step 4 is dropped and the resumed run replays it), (4, -1)
+// before the first batch of the validation that precedes step 4.
+void check_resume(TrainConfig c, const TrainerTempDir& d, std::optional<std::pair<int64_t, int64_t>> stop_at = {}) {
+  const bool stop_in_step = stop_at.has_value();
   c.adapter_path = d.path / "straight";
   auto tok = tiny_tok();
   TrainResult straight;
@@ -176,10 +180,12 @@ void check_resume(TrainConfig c, const TrainerTempDir& d, bool stop_in_step = fa
   std::atomic<bool> stop{false};
   c.adapter_path = d.path / "split";
   c.stop = &stop;
+  int64_t val_hook_calls = 0;
   if (stop_in_step) {
     ASSERT_EQ(c.grad_accumulation_steps, 2);
     c.on_micro_batch = [&](int64_t step, int64_t m) {
-      if (step == 4 && m == 1) stop = true;
+      val_hook_calls += m < 0;
+      if (std::make_pair(step, m) == *stop_at) stop = true;
     };
   }
   TrainResult first;
@@ -190,6 +196,7 @@ void check_resume(TrainConfig c, const TrainerTempDir& d, bool stop_in_step = fa
     });
   }
   c.on_micro_batch = nullptr;
+  if (stop_in_step) EXPECT_EQ(val_hook_calls, 3);  // the validations before steps 1 and 2, then 4's first batch
   EXPECT_TRUE(first.interrupted);
   EXPECT_EQ(first.steps_done, 3);
   EXPECT_EQ(checkpoint_step(c.adapter_path), 3);
@@ -231,7 +238,15 @@ TEST(Trainer, ResumeGivesTheSameLossesFull) {
 TEST(Trainer, StopInsideAStepDropsItAndTheResumedRunReplaysIt) {
   TrainerTempDir d("resume_mid_step");
   write_data(d.path);
-  check_resume(base_config(d.path, d.path), d, /*stop_in_step=*/true);
+  check_resume(base_config(d.path, d.path), d, std::make_pair(int64_t{4}, int64_t{1}));
+}
+
+// A long validation hears the stop flag before each of its batches (it ran to its end: a Ctrl-C
+// waited for the whole validation set).
+TEST(Trainer, StopDuringValidationEndsTheRunBeforeItsStep) {
+  TrainerTempDir d("resume_in_validation");
+  write_data(d.path);
+  check_resume(base_config(d.path, d.path), d, std::make_pair(int64_t{4}, int64_t{-1}));
 }
 
 // Validation scores every row whatever --batch-size is: a valid.jsonl smaller than a batch was
@@ -598,22 +613,22 @@ TEST(TrainCli, SigintWritesALoadableCheckpointAndExitsZero) {
 }
 
 // The stop handler is one-shot: the first signal asks for a checkpoint at the next micro-batch, a
-// second ends the process at once — here during a validation of 10^5 batches (validation does not
-// look at the flag). A first signal that lands before it starts (a slow start-up) ends the run
-// gracefully; then it is tried again with a longer wait.
+// second ends the process at once — here while the data is read (the flag is not looked at there:
+// one 27 MB validation row takes seconds to tokenize). A first signal that lands after the read (a
+// fast machine) ends the run gracefully; then it is tried again sooner.
 TEST(TrainCli, ASecondSigintQuitsAtOnce) {
   TrainerTempDir d("sigint2");
   write_data(d.path);
-  std::string valid;
-  for (int i = 0; i < 200000; ++i) valid += "{\"text\": \"the lazy dog sleeps " + std::to_string(i) + "\"}\n";
-  hearth::io::write_file_atomic(d.path / "valid.jsonl", valid);
+  std::string row;
+  for (int i = 0; i < 1000000; ++i) row += "the lazy dog sleeps " + std::to_string(i) + " ";
+  hearth::io::write_file_atomic(d.path / "valid.jsonl", "{\"text\": \"" + row + "\"}\n");
   int status = 0;
-  for (int wait_ms : {1500, 4000, 8000}) {
+  for (int wait_ms : {300, 50}) {
     hearth::io::remove_tree(d.path / "out");
     int fd = -1;
     pid_t pid = spawn({HEARTH_BINARY, "train", "--model", golden("models/llama_mha").string(), "--data", d.path.string(),
                        "--adapter-path", (d.path / "out").string(), "--iters", "1", "--batch-size", "2",
-                       "--max-seq-length", "12", "--steps-per-eval", "1", "--val-batches", "-1", "--device", "cpu"},
+                       "--max-seq-length", "12", "--device", "cpu"},
                       &fd);
     ASSERT_GT(pid, 0);
     FILE* f = fdopen(fd, "r");
@@ -621,7 +636,7 @@ TEST(TrainCli, ASecondSigintQuitsAtOnce) {
     bool started = false;
     while (!started && fgets(line, sizeof line, f)) started = std::string(line).rfind("training ", 0) == 0;
     ASSERT_TRUE(started) << "the child printed no start line";
-    std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));  // inside the long validation
+    std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));  // inside the data read
     kill(pid, SIGINT);
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     kill(pid, SIGINT);
@@ -631,6 +646,36 @@ TEST(TrainCli, ASecondSigintQuitsAtOnce) {
   }
   ASSERT_TRUE(WIFSIGNALED(status)) << "exited with " << WEXITSTATUS(status);
   EXPECT_EQ(WTERMSIG(status), SIGINT);
+}
+
+// A first SIGINT during a long validation (10^5 batches) stops the run at the validation's next
+// batch with a last checkpoint: it waited for the whole validation.
+TEST(TrainCli, ASigintDuringValidationStopsAtItsNextBatch) {
+  TrainerTempDir d("sigint_val");
+  write_data(d.path);
+  std::string valid;
+  for (int i = 0; i < 200000; ++i) valid += "{\"text\": \"the lazy dog sleeps " + std::to_string(i) + "\"}\n";
+  hearth::io::write_file_atomic(d.path / "valid.jsonl", valid);
+  int fd = -1;
+  pid_t pid = spawn({HEARTH_BINARY, "train", "--model", golden("models/llama_mha").string(), "--data", d.path.string(),
+                     "--adapter-path", (d.path / "out").string(), "--iters", "1", "--batch-size", "2",
+                     "--max-seq-length", "12", "--steps-per-eval", "1", "--val-batches", "-1", "--device", "cpu"},
+                    &fd);
+  ASSERT_GT(pid, 0);
+  FILE* f = fdopen(fd, "r");
+  std::string out;
+  char line[512];
+  while (out.find("training ") == std::string::npos && fgets(line, sizeof line, f)) out += line;
+  std::this_thread::sleep_for(std::chrono::milliseconds(3000));  // past the read, inside the validation
+  kill(pid, SIGINT);
+  while (fgets(line, sizeof line, f)) out += line;
+  int status = 0;
+  waitpid(pid, &status, 0);
+  fclose(f);
+  ASSERT_TRUE(WIFEXITED(status)) << out;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << out;
+  EXPECT_NE(out.find("interrupted: checkpoint at step 0"), std::string::npos) << out;
+  EXPECT_EQ(out.find("val loss"), std::string::npos) << out;  // the validation did not finish
 }
 
 // Items 23 and 26 through the CLI: no --num-layers on a 2-layer model trains (the default used to
