@@ -45,7 +45,8 @@ struct OutputSignalScope {
 };
 
 // Removes "<out>.tmp.<pid>" folders beside `out` that a run killed outright (SIGKILL, a crash)
-// left behind: only that name, and only for processes that no longer run.
+// left behind: only that name, only holding write_dir_atomic's partial marker, and only for
+// processes that no longer run.
 void remove_stale_output_temps(const std::string& verb, const fs::path& out) {
   const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
   const std::string prefix = out.filename().string() + ".tmp.";
@@ -59,7 +60,9 @@ void remove_stale_output_temps(const std::string& verb, const fs::path& out) {
       continue;
     const pid_t pid = static_cast<pid_t>(std::stol(digits));
     if (pid <= 0 || pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;  // running (or not ours)
-    if (e.is_directory(ec) && !e.is_symlink(ec)) stale.push_back(e.path());
+    // Only a folder that write_dir_atomic marked: not a person's "model.tmp.20240101" backup.
+    if (e.is_directory(ec) && !e.is_symlink(ec) && fs::is_regular_file(fs::symlink_status(e.path() / io::kPartialMarker, ec)))
+      stale.push_back(e.path());
   }
   for (const auto& p : stale)
     if (io::remove_tree(p) >= 0)

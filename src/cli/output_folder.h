@@ -34,8 +34,8 @@ void check_output_signal();
 /// Writes the new folder `out` with `write` (which calls io::write_dir_atomic on `out`, and
 /// check_output_signal() between steps) while SIGINT/SIGTERM only set a flag (one-shot: a second
 /// signal gets the default action). First removes "<out>.tmp.<pid>" folders beside `out` left by
-/// runs of any verb that were killed outright (only that name, only for processes that no longer
-/// run; each named on stdout). Returns 0, or 128 + the signal when interrupted, after removing
+/// runs of any verb that were killed outright (only that name, only holding io::kPartialMarker,
+/// only for processes that no longer run; each named on stdout). Returns 0, or 128 + the signal when interrupted, after removing
 /// the temp folder and saying so on stderr ("hearth: VERB interrupted (SIGINT): removed the
 /// partial TMP; nothing was written to OUT"). Other exceptions propagate (write_dir_atomic has
 /// removed the temp folder).

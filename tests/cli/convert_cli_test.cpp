@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "cli_run_util.h"
+#include "io/atomic_dir.h"
 #include "io/atomic_file.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
@@ -88,7 +89,8 @@ void conv_expect_sigint_cleans_up(const std::string& verb, const std::string& ar
 }
 
 // A run killed outright leaves its folder: the next run writing d/small (`run`) removes it, only
-// that name and only for processes that no longer run, and says so.
+// that name, only with write_dir_atomic's marker (not a person's dated "small.tmp.20240101"
+// backup, which was removed) and only for processes that no longer run, and says so.
 void conv_expect_stale_temp_removed(const std::string& verb,
                                     const std::function<hearth::testing::CliRunResult(const fs::path&)>& run,
                                     const TempDir& d) {
@@ -98,9 +100,11 @@ void conv_expect_stale_temp_removed(const std::string& verb,
   const fs::path stale = d / ("small.tmp." + std::to_string(dead));
   const fs::path live = d / ("small.tmp." + std::to_string(::getpid()));
   const fs::path other = d / ("other.tmp." + std::to_string(dead));
-  for (const fs::path& p : {stale, live, other}) {
+  const fs::path backup = d / "small.tmp.20240101";
+  for (const fs::path& p : {stale, live, other, backup}) {
     fs::create_directories(p);
     hearth::io::write_file_atomic(p / "model.safetensors", "x");
+    if (p != backup) hearth::io::write_file_atomic(p / hearth::io::kPartialMarker, "");
   }
   const auto r = run(d / "small");
   ASSERT_EQ(r.rc, 0) << r.err;
@@ -110,7 +114,9 @@ void conv_expect_stale_temp_removed(const std::string& verb,
   EXPECT_FALSE(fs::exists(stale));
   EXPECT_TRUE(fs::exists(live));
   EXPECT_TRUE(fs::exists(other));
+  EXPECT_TRUE(fs::exists(backup / "model.safetensors"));
   EXPECT_TRUE(fs::exists(d / "small" / "model.safetensors"));
+  EXPECT_FALSE(fs::exists(d / "small" / hearth::io::kPartialMarker));
 }
 
 }  // namespace
