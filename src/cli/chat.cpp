@@ -11,9 +11,20 @@
 #include "cli/threads_option.h"
 #include "cli/verb.h"
 #include "core/error.h"
+#include "server/api_error.h"
 #include "server/model_engine.h"
 
 namespace {
+
+// A request error in the terminal's words: the engine's messages speak of the HTTP request's
+// fields ("Invalid 'messages': ..."), which a chat session has none of.
+std::string terminal_words(const hearth::server::ApiError& e) {
+  std::string m = e.what();
+  const std::string field = "Invalid 'messages': ", them = "could not render them: ";
+  if (m.rfind(field, 0) == 0) m = m.substr(field.size());
+  if (const size_t at = m.find(them); at != std::string::npos) m.replace(at, them.size(), "could not render the conversation: ");
+  return m;
+}
 
 struct ChatArgs {
   std::string model, adapter_path, system, device, dtype;
@@ -41,6 +52,16 @@ int run_chat(const ChatArgs& a) {
     if (!a.system.empty()) history.push_back(server::ChatMessage{"system", a.system, "", "", {}});
   };
   reset();
+  if (!a.system.empty()) {  // a template that refuses a system turn (Gemma 2's) would fail every turn
+    server::CompletionRequest probe;
+    probe.messages = history;
+    probe.messages.push_back(server::ChatMessage{"user", "hi", "", "", {}});
+    try {
+      engine.prepare(probe);
+    } catch (const server::ApiError& e) {
+      throw InvalidArgument(cat("--system: ", terminal_words(e)));
+    }
+  }
   if (tty) std::cout << "[hearth chat: " << engine.model_id() << "; /reset clears the history, /exit or Ctrl-D quits]\n";
   std::string line;
   for (;;) {
@@ -65,7 +86,8 @@ int run_chat(const ChatArgs& a) {
       server::Prompt prompt = engine.prepare(req);
       HEARTH_CHECK_T(InvalidArgument, static_cast<int64_t>(prompt.ids.size()) < engine.context_length(),
                      "the conversation (", prompt.ids.size(), " tokens) no longer fits the context length ",
-                     engine.context_length(), "; /reset to start over");
+                     engine.context_length(),
+                     history.size() > 1u + !a.system.empty() ? "; /reset to start over" : "; write a shorter message");
       engine.generate(prompt, req, [&](const server::TokenEvent& ev) {
         reply += ev.text;
         std::cout << ev.text << std::flush;
@@ -76,6 +98,9 @@ int run_chat(const ChatArgs& a) {
     } catch (const Error& e) {
       history.pop_back();
       std::cerr << "hearth chat: " << e.what() << std::endl;
+    } catch (const server::ApiError& e) {  // the template refused this turn: the session goes on
+      history.pop_back();
+      std::cerr << "hearth chat: " << terminal_words(e) << std::endl;
     }
   }
   return 0;
