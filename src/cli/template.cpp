@@ -89,6 +89,11 @@ std::function<int()> setup_template(CLI::App& app) {
       in.extra_kwargs = ordered_json::parse(o->kwargs, nullptr, false);
       HEARTH_CHECK_T(hearth::InvalidArgument, !in.extra_kwargs.is_discarded() && in.extra_kwargs.is_object(),
                      "--kwargs: must be a JSON object, got ", o->kwargs);
+      // What the other options give (transformers' apply_chat_template raises on these too);
+      // bos_token / eos_token may be overridden, as there.
+      for (const char* given : {"messages", "tools", "documents", "add_generation_prompt"})
+        HEARTH_CHECK_T(hearth::InvalidArgument, !in.extra_kwargs.contains(given), "--kwargs: '", given,
+                       "' is given by --messages, --tools or --add-generation-prompt, not by --kwargs");
     }
     in.add_generation_prompt = o->add_generation_prompt;
     std::string out = hearth::chat::ChatTemplate(source).render(in);

@@ -81,5 +81,14 @@ TEST(TemplateCli, DeepInputsAndSelfContainingValuesAreOneLineErrors) {
   EXPECT_EQ(run(base + (tmp / "m.json").string() + "' --kwargs '{\"x\": " + deep + "}' 2>&1", out), 1);
   EXPECT_NE(out.find("--kwargs: x[0][0][0][0][0][0][0]…: JSON nested deeper than 128 levels"), std::string::npos) << out;
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  // What the other options give is not overridden by --kwargs (it was, silently: the messages file
+  // ignored); bos_token may be, as transformers allows.
+  for (const std::string key : {"messages", "add_generation_prompt", "tools", "documents"}) {
+    EXPECT_EQ(run(base + (tmp / "m.json").string() + "' --kwargs '{\"" + key + "\": []}' 2>&1", out), 1) << key;
+    EXPECT_NE(out.find("--kwargs: '" + key + "' is given by --messages, --tools or --add-generation-prompt"),
+              std::string::npos)
+        << out;
+  }
+  EXPECT_EQ(run(base + (tmp / "m.json").string() + "' --kwargs '{\"bos_token\": \"<b>\"}'", out), 0) << out;
   hearth::io::remove_tree(tmp);
 }
