@@ -110,14 +110,23 @@ function addBubble(role) {
   div.append(label, thinking, body, tools, note);
   $('messages').append(div);
   const scroll = () => div.scrollIntoView({ block: 'end' });
+  let pendingText = null; // an assistant text waiting for the next frame's render
   scroll();
   return {
     div,
     body,
+    // An assistant reply is rendered at most once per frame, from its latest text: rendering
+    // on every streamed token re-parsed the whole reply each time (quadratic in its length).
     setContent(text) {
-      if (role === 'assistant') body.replaceChildren(HearthMarkdown.render(text));
-      else body.textContent = text;
-      scroll();
+      if (role !== 'assistant') { body.textContent = text; scroll(); return; }
+      const scheduled = pendingText !== null;
+      pendingText = text;
+      if (scheduled) return;
+      requestAnimationFrame(() => {
+        body.replaceChildren(HearthMarkdown.render(pendingText));
+        pendingText = null;
+        scroll();
+      });
     },
     setReasoning(text, streaming) {
       thinking.hidden = !text;

@@ -36,7 +36,8 @@ const HearthMarkdown = (() => {
   // Inline spans, earliest match first: code, link, bold, italic, strikethrough, bare URL.
   const INLINE = new RegExp([
     '(?<tick>`+)(?<code>[^`]|[^`][\\s\\S]*?[^`])\\k<tick>(?!`)',
-    '\\[(?<ltext>[^\\]\\n]+)\\]\\(\\s*<?(?<lurl>[^\\s()<>]+)>?\\s*\\)',
+    // link text bounded: unbounded, every "[" scanned to the line's end (quadratic on "[[[[...")
+    '\\[(?<ltext>[^\\]\\n]{1,500})\\]\\(\\s*<?(?<lurl>[^\\s()<>]{1,2000})>?\\s*\\)',
     '\\*\\*(?=\\S)(?<b1>[^\\n]*?\\S)\\*\\*',
     '(?<![\\w])__(?=\\S)(?<b2>[^\\n]*?\\S)__(?![\\w])',
     '\\*(?=[^\\s*])(?<e1>[^*\\n]*?[^\\s*])\\*',

@@ -421,6 +421,13 @@ struct Server::Impl {
       if (a.path == path) {
         res.set_content(std::string(a.body), std::string(a.content_type));
         res.set_header("Cache-Control", "no-cache");
+        // The page loads only its own files and talks only to this server; no other site may
+        // frame it (clickjacking its buttons) or have its files sniffed as another type.
+        res.set_header("Content-Security-Policy",
+                       "default-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'");
+        res.set_header("X-Frame-Options", "DENY");
+        res.set_header("X-Content-Type-Options", "nosniff");
+        res.set_header("Referrer-Policy", "no-referrer");
         return;
       }
     }

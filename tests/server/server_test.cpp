@@ -579,6 +579,13 @@ TEST_F(ServerTest, WebUiIsServed) {
   EXPECT_EQ(js->get_header_value("Content-Type"), "text/javascript; charset=utf-8");
   EXPECT_NE(js->body.find("textContent"), std::string::npos);
   EXPECT_EQ(client().Get("/style.css")->status, 200);
+  // Defence in depth: no framing by another site, no script but the page's own files, no sniffing.
+  for (const httplib::Response* res : {&*r, &*js}) {
+    EXPECT_EQ(res->get_header_value("Content-Security-Policy"),
+              "default-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'");
+    EXPECT_EQ(res->get_header_value("X-Frame-Options"), "DENY");
+    EXPECT_EQ(res->get_header_value("X-Content-Type-Options"), "nosniff");
+  }
 }
 
 }  // namespace
