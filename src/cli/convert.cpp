@@ -30,10 +30,10 @@ using namespace hearth;
 using nlohmann::json;
 
 struct ConvertOptions {
-  std::string model, out, dtype;
+  std::string model, out, dtype, q_mode = "affine";
   bool quantize = false, dequantize = false;
   int bits = 4, group_size = 64;
-  bool bits_given = false, group_size_given = false;  // --q-bits / --q-group-size on the command line
+  bool bits_given = false, group_size_given = false, q_mode_given = false;  // --q-bits / --q-group-size / --q-mode given
 };
 
 // The loader's own checks of config.json against the tensors (shapes, dtypes, layer count), run
@@ -289,7 +289,8 @@ int run_convert(const ConvertOptions& o) {
   HEARTH_CHECK(!o.out.empty(), "convert: --out is empty (name the new folder to write)");
   HEARTH_CHECK(!o.model.empty(), "convert: --model is empty (name the model folder to read)");
   // -d reads bits and group size from config.json; without -q they would do nothing.
-  for (const auto& [given, flag] : {std::pair{o.bits_given, "--q-bits"}, std::pair{o.group_size_given, "--q-group-size"}})
+  for (const auto& [given, flag] : {std::pair{o.bits_given, "--q-bits"}, std::pair{o.group_size_given, "--q-group-size"},
+                                    std::pair{o.q_mode_given, "--q-mode"}})
     HEARTH_CHECK(!given || o.quantize, "convert: ", flag, " applies to -q/--quantize",
                  o.dequantize ? "; -d/--dequantize reads each module's bits and group size from config.json's "
                                 "quantization block"
@@ -312,16 +313,21 @@ int run_convert(const ConvertOptions& o) {
 
 std::function<int()> setup_convert(CLI::App& app) {
   auto o = std::make_shared<ConvertOptions>();
-  app.add_option("--model,-m", o->model, "Input model folder (Hugging Face layout)")->required();
-  app.add_option("--out,-o", o->out, "Output folder (must not exist; written as OUT.tmp.PID, then renamed)")->required();
+  // mlx_lm.convert's names too: --hf-path, --mlx-path, --q-mode (of its modes, affine only).
+  app.add_option("--model,-m,--hf-path", o->model, "Input model folder (Hugging Face layout)")->required();
+  app.add_option("--out,-o,--mlx-path", o->out, "Output folder (must not exist; written as OUT.tmp.PID, then renamed)")
+      ->required();
   app.add_flag("-q,--quantize", o->quantize, "MLX-affine quantize linear and embedding weights");
   app.add_flag("-d,--dequantize", o->dequantize,
                "Dequantize an MLX-quantized model to float weights (in --dtype, default the scales' dtype)");
   auto* bits = app.add_option("--q-bits", o->bits, "With -q: bits per weight: 2,3,4,5,6,8")->capture_default_str();
   auto* group = app.add_option("--q-group-size", o->group_size, "With -q: quantization group size: 32,64,128")
                     ->capture_default_str();
+  auto* mode = app.add_option("--q-mode", o->q_mode, "With -q: quantization mode: affine (MLX's; the only one here)")
+                   ->check(CLI::IsMember({"affine"}));
   app.add_option("--dtype", o->dtype, "Cast float weights first: bf16, f16 or f32 (default: config's torch_dtype)");
-  return [o, bits, group] {
+  return [o, bits, group, mode] {
+    o->q_mode_given = mode->count() > 0;
     o->bits_given = bits->count() > 0;
     o->group_size_given = group->count() > 0;
     return run_convert(*o);

@@ -214,10 +214,18 @@ TEST(ConvertCli, BadOutAndFlagCombinationsAreRefusedBeforeAnyWork) {
                                                  " is (or lies inside) the --model folder " + (d / "m").string());
   EXPECT_EQ(conv_entries(d / "m"), model_files);
   hearth::io::remove_tree(d / "m");
-  // With -q they are the spec, as before.
-  const auto r = conv_run("-q --q-bits 8 --q-group-size 32 --model " + m + " -o " + conv_q(d / "q8"), d);
+  // With -q they are the spec, as before; mlx_lm.convert's names are taken too (of its
+  // --q-mode values, affine: MX/NV float formats are not MLX-affine weights).
+  const auto r = conv_run("-q --q-bits 8 --q-group-size 32 --q-mode affine --hf-path " + m + " --mlx-path " +
+                              conv_q(d / "q8"), d);
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(hearth::io::read_json(d / "q8" / "config.json")["quantization"]["bits"], 8);
+  const auto mx = conv_run("-q --q-mode mxfp4 --model " + m + " -o " + conv_q(d / "mx"), d);
+  EXPECT_NE(mx.rc, 0);
+  EXPECT_NE(mx.err.find("--q-mode: mxfp4 not in {affine}"), std::string::npos) << mx.err;
+  hearth::testing::expect_one_line_cli_error(conv_run("--q-mode affine --model " + m + " -o " + conv_q(d / "x"), d),
+                                             "convert: --q-mode applies to -q/--quantize (pass -q to quantize)");
+  EXPECT_FALSE(fs::exists(d / "mx"));
 }
 
 TEST(ConvertCli, TrailingSlashesNameTheFolders) {
