@@ -135,7 +135,7 @@ void init_into(const InitOptions& o, const fs::path& tmp) {
                         static_cast<double>(parsed.num_hidden_layers) * (2 * C * HD + 2 * C * KD + 3 * C * I);
   const double need = n_params * 4, have = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
   HEARTH_CHECK_T(InvalidArgument, have <= 0 || need < have, cfg_path.string(), ": the model has ", n_params / 1e9,
-                 "e9 parameters, ", need / 1e9, " GB in float32 while initializing; this machine has ", have / 1e9,
+                 " billion parameters, ", need / 1e9, " GB in float32 while initializing; this machine has ", have / 1e9,
                  " GB of memory");
 
   // Weights.

@@ -65,7 +65,7 @@ std::function<int()> setup_tokenize(CLI::App& app) {
                "Encode: add the post-processor's special tokens (e.g. BOS), like add_special_tokens=True. "
                "Decode: keep special tokens in the text (skip_special_tokens=False); without it they are dropped");
   app.add_flag("--decode", args->decode, "Decode: TEXT is a JSON array of ids (or ids separated by spaces)");
-  app.add_option("text", args->input, "Text to encode, or ids to decode")->required();
+  app.add_option("text", args->input, "Text to encode, or ids to decode (after `--` when it starts with '-')")->required();
   return [args] {
     auto tok = hearth::tokenizer::Tokenizer::from_dir(args->model);
     if (args->decode) {

@@ -55,6 +55,9 @@ ChunkScore score_chunk_output(std::string_view output, const std::vector<std::st
 }
 
 std::vector<ChunkExample> load_chunk_examples(const std::filesystem::path& path, int64_t max_examples) {
+  std::error_code ec;
+  HEARTH_CHECK_T(InvalidArgument, !std::filesystem::is_directory(path, ec), path.string(),
+                 ": is a folder; --data names a .jsonl file");
   std::ifstream in(path);
   HEARTH_CHECK_T(NotFound, in, path.string(), ": cannot open");
   const std::string name = path.filename().string();

@@ -151,4 +151,8 @@ TEST_F(EvalChunkCli, OutCannotBeTheDataFile) {
   EXPECT_EQ(r.out.find("[1/"), std::string::npos) << r.out;
   r = run_eval("eval chunk --model " + m + " --data " + data.string() + " --out " + (dir_ / "no" / "such.jsonl").string());
   EXPECT_NE(r.out.find("does not exist"), std::string::npos) << r.out;
+  // --data naming a folder said "no rows".
+  r = run_eval("eval chunk --model " + m + " --data " + dir_.string());
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.out.find(dir_.string() + ": is a folder; --data names a .jsonl file"), std::string::npos) << r.out;
 }
