@@ -141,7 +141,8 @@ const HearthMarkdown = (() => {
   }
 
   // A list starting at lines[start]; returns the index after it. Items of the same kind (ordered or
-  // not) at the first item's indentation; deeper lines belong to the item above (nested blocks).
+  // not) indented less than the item above's content (CommonMark: " 2." after "1. a" is a sibling);
+  // lines indented as far as the content belong to the item above (nested blocks).
   function list(parent, lines, start, depth) {
     const first = ITEM.exec(lines[start]);
     const baseIndent = first[1].length;
@@ -152,10 +153,12 @@ const HearthMarkdown = (() => {
       if (n !== 1) listEl.start = n;
     }
     let i = start;
+    let limit = baseIndent + first[2].length + 1; // a sibling's marker is indented less than this
     while (i < lines.length) {
       const m = ITEM.exec(lines[i]);
-      if (!m || m[1].length !== baseIndent || /\d/.test(m[2]) !== ordered) break;
-      const contentIndent = baseIndent + m[2].length + 1;
+      if (!m || m[1].length >= limit || /\d/.test(m[2]) !== ordered) break;
+      const contentIndent = m[1].length + m[2].length + 1;
+      limit = contentIndent;
       const body = [m[3] || ''];
       i++;
       while (i < lines.length) {
@@ -168,7 +171,7 @@ const HearthMarkdown = (() => {
           break;
         }
         const im = ITEM.exec(l);
-        if (im && im[1].length <= baseIndent) break;
+        if (im && im[1].length < contentIndent) break;
         if (!im && indentOf(l) <= baseIndent && startsBlock(l)) break;
         body.push(l.slice(Math.min(indentOf(l), contentIndent)));
         i++;
@@ -185,7 +188,7 @@ const HearthMarkdown = (() => {
       let j = i;
       while (j < lines.length && !lines[j].trim()) j++;
       const next = j < lines.length ? ITEM.exec(lines[j]) : null;
-      if (next && next[1].length === baseIndent && /\d/.test(next[2]) === ordered) i = j;
+      if (next && next[1].length < limit && /\d/.test(next[2]) === ordered) i = j;
     }
     parent.append(listEl);
     return i;

@@ -162,7 +162,8 @@ test('an empty answer says so, with the finish reason', async () => {
 
 test('Markdown renders: paragraphs, emphasis, lists, inline and fenced code, safe links', async () => {
   const page = await freshPage();
-  const md = ['Intro with **bold**, *em* and `x < y`.', '', '- one', '- two', '', '1. first', '2. second', '',
+  // " 2." under "1. first" is its sibling (CommonMark: indented less than the item's content).
+  const md = ['Intro with **bold**, *em* and `x < y`.', '', '- one', '- two', '', '1. first', ' 2. second', '',
     '```cpp', 'int main() { return a<b>c; }', '```', '',
     'See [the docs](https://example.com/docs) and [bad](javascript:alert(1)).'].join('\n');
   const reply = await sendAndWait(page, 'emit:' + md);
@@ -172,6 +173,7 @@ test('Markdown renders: paragraphs, emphasis, lists, inline and fenced code, saf
   assert.equal(await body.locator('p code').first().textContent(), 'x < y');
   assert.deepEqual(await body.locator('ul > li').allTextContents(), ['one', 'two']);
   assert.deepEqual(await body.locator('ol > li').allTextContents(), ['first', 'second']);
+  assert.equal(await body.locator('ol ol').count(), 0);
   assert.equal(await body.locator('pre > code.language-cpp').textContent(), 'int main() { return a<b>c; }');
   assert.equal(await body.locator('b').count(), 0);
   const links = body.locator('a');
