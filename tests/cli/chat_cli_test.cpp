@@ -14,21 +14,11 @@ namespace fs = std::filesystem;
 using hearth::testing::shell_quote;
 using hearth::testing::TempDir;
 
-// Runs `printf INPUT | hearth chat ARGS`: exit code, stdout, stderr.
+// Runs `hearth chat ARGS` with INPUT on stdin: exit code, stdout, stderr.
 hearth::testing::CliRunResult chat(const std::string& input, const std::string& args, const TempDir& d) {
-  const fs::path in = d / "chat_in.txt", err = d / "chat_err.txt";
+  const fs::path in = d / "chat_in.txt";
   hearth::io::write_file_atomic(in, input);
-  const std::string cmd = std::string(HEARTH_BINARY) + " chat " + args + " <" + shell_quote(in.string()) + " 2>" +
-                          shell_quote(err.string());
-  hearth::testing::CliRunResult r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.err = hearth::io::read_file(err);
-  return r;
+  return hearth::testing::run_hearth_cli("chat " + args, d, in.string());
 }
 
 // The tiny golden llama with a template that refuses system turns (as Gemma 2's does) and any

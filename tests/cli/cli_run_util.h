@@ -23,11 +23,14 @@ struct CliRunResult {
   std::string out, err;
 };
 
-/// Runs `HEARTH_BINARY args` through the shell with stdin from /dev/null, stderr captured in
-/// `scratch`/cli_stderr.txt; `args` is shell text (quote paths with shell_quote).
-inline CliRunResult run_hearth_cli(const std::string& args, const TempDir& scratch) {
+/// Runs `HEARTH_BINARY args` through the shell with stdin from `stdin_file` (/dev/null by
+/// default), stderr captured in `scratch`/cli_stderr.txt; `args` is shell text (quote paths with
+/// shell_quote).
+inline CliRunResult run_hearth_cli(const std::string& args, const TempDir& scratch,
+                                   const std::string& stdin_file = "/dev/null") {
   const std::filesystem::path err = scratch / "cli_stderr.txt";
-  const std::string cmd = std::string(HEARTH_BINARY) + " " + args + " 2>" + shell_quote(err.string()) + " </dev/null";
+  const std::string cmd =
+      std::string(HEARTH_BINARY) + " " + args + " 2>" + shell_quote(err.string()) + " <" + shell_quote(stdin_file);
   CliRunResult r;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return r;
