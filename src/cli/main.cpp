@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
   tune_host_malloc();  // before the first activation is allocated (core/host_malloc.h)
   CLI::App app{"Hearth: run, serve and fine-tune language models locally"};
   app.require_subcommand(0, 1);
-  app.set_version_flag("--version", std::string("hearth 0.1.0"));
+  app.set_version_flag("--version", std::string("hearth ") + cli::kVersion);
   app.footer(
       "With no verb, hearth serves the bundled starter model (models/starter next to the build folder, or\n"
       "$HEARTH_STARTER) with its adapters on http://127.0.0.1:8080 ($HEARTH_PORT); `hearth serve --model DIR`\n"

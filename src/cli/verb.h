@@ -9,6 +9,9 @@
 
 namespace hearth::cli {
 
+/// Hearth's version, as `--version` and `env` print it.
+inline constexpr const char* kVersion = "0.1.0";
+
 /// One verb: `setup` adds options to its subcommand and returns the action run when the verb is
 /// chosen (the action returns the process exit code).
 struct Verb {
