@@ -103,7 +103,7 @@ void launch_forced(const Shape& s, const Weights& w, const bf16* x, int wkl, cud
       a, segs, [&](const GemvSegment& g) { return wkl >= 0 ? wkl : affine_wk_log2(s.in / 32, g.out); },
       [](int l) { return int64_t{kAffineRows} * (kWarps >> l); });
   const NormDev nd{};
-  check(launch_kernel(gemv_affine_kernel<bf16, bf16, 4, 1>, dim3(static_cast<unsigned>(end)), dim3(kThreads), 0, st, x, segs, 1,
+  check(launch_kernel(gemv_affine_kernel<bf16, bf16, 4, 1, false>, dim3(static_cast<unsigned>(end)), dim3(kThreads), 0, st, x, segs, 1,
                       static_cast<int>(s.in), 6, nd),
         "gemv_affine_kernel");
 }

@@ -1,7 +1,8 @@
 // Decode GEMV for dense and MLX affine 4/8-bit weights (kernels/gemv.h): y = x · Wᵀ for M ≤ 8 rows
 // of x, up to three weights sharing x in one launch. No ATen: it compiles standalone (`nvcc -c`).
-// Affine launches without a LoRA term go to kernels/gemv_affine.cuh (its own layout and numbers);
-// what follows is the kernel of dense launches and of LoRA ones, affine included.
+// Affine launches go to kernels/gemv_affine.cuh (its own layout and numbers); what follows is the
+// kernel of dense launches (its affine branches are no longer instantiated: to be removed once the
+// affine kernel's LoRA term has run on a GPU).
 //
 // Shape of the work (decode reads every weight byte once, so the aim is bytes in flight and enough
 // warps to cover the memory latency): each row belongs to `tpr` lanes (4..256: a row of more than 32
@@ -500,7 +501,7 @@ int64_t fill_segs(const GemvArgs& a, Segs& segs, Log2Of log2_of, RowsPerBlock ro
 }  // namespace
 }  // namespace hearth::kernels
 
-#include "gemv_affine.cuh"  // affine launches without a LoRA term (uses Segs, NormDev, stage_normed_x, log2_exact)
+#include "gemv_affine.cuh"  // affine launches (uses Segs, NormDev, stage_normed_x, log2_exact, fill_segs)
 
 namespace hearth::kernels {
 namespace {
@@ -588,11 +589,9 @@ int lanes_log2(int64_t in, int64_t rows) {
 // a row allows, and no registers held for chunks a lane does not have), launches.
 template <typename TX, typename TS, int Kind>
 const char* launch(const GemvArgs& a) {
+  if constexpr (Kind != 0) return launch_affine<TX, TS, Kind>(a);  // gemv_affine.cuh, LoRA terms included
   bool lora = false;
   for (int s = 0; s < a.n_seg; ++s) lora = lora || a.seg[s].lora_rank > 0;
-  if constexpr (Kind != 0) {
-    if (!lora) return launch_affine<TX, TS, Kind>(a);  // gemv_affine.cuh
-  }
   Segs segs{};
   const int64_t chunks = a.in / codes_per_chunk<TX, Kind>();
   const int64_t end = fill_segs(
@@ -614,8 +613,8 @@ const char* launch(const GemvArgs& a) {
   const unsigned blocks = static_cast<unsigned>(end);
   const int tile = per_lane <= 2 ? 2 : per_lane <= 4 ? 4 : kUnroll;
   const int M = static_cast<int>(a.M);
-  if (lora) return launch_m<TX, TS, Kind, 1, true>(a, segs, blocks, tile);  // M = 1 (gemv_supported)
-  if constexpr (Kind == 0) {  // affine launches without LoRA returned above
+  if constexpr (Kind == 0) {  // affine launches returned above
+    if (lora) return launch_m<TX, TS, Kind, 1, true>(a, segs, blocks, tile);  // M = 1 (gemv_supported)
     if (M <= 1) return launch_m<TX, TS, Kind, 1, false>(a, segs, blocks, tile);
     if (M <= 2) return launch_m<TX, TS, Kind, 2, false>(a, segs, blocks, tile);
     if (M <= 4) return launch_m<TX, TS, Kind, 4, false>(a, segs, blocks, tile);

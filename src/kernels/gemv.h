@@ -80,9 +80,9 @@ bool gemv_supported(const GemvArgs& a);
 /// weights decode as W[o, k] = scale[o, k/gs] · q[o, k] + bias[o, k/gs] (mlx's affine dequantize).
 /// A row's result depends only on that row and its matrix's shape (not on M, the other segments or
 /// the launch shape; a row over several warps adds their sums in warp order), so grouped and
-/// separate calls and any batch size give the same bits. Affine launches without a LoRA term run
-/// kernels/gemv_affine.cuh's kernel (4 rows a warp, codes entering the FMA as fp32 subnormals; x
-/// must stay below 2^63 in magnitude), dense and LoRA launches gemv.cu's. Asynchronous on `stream`.
+/// separate calls and any batch size give the same bits. Affine launches run kernels/gemv_affine.cuh's
+/// kernel (4 rows a warp, codes entering the FMA as fp32 subnormals; x must stay below 2^63 in
+/// magnitude), dense launches gemv.cu's. Asynchronous on `stream`.
 /// Returns nullptr on success, else a one-line reason (unsupported case, misaligned pointer, or the
 /// CUDA launch error string).
 const char* gemv(const GemvArgs& a);

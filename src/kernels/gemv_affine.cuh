@@ -1,6 +1,7 @@
-// The decode GEMV for MLX affine 4/8-bit weights without a LoRA term (kernels/gemv.cu's gemv(),
+// The decode GEMV for MLX affine 4/8-bit weights, LoRA terms included (kernels/gemv.cu's gemv(),
 // its only includer besides bench/gemv_affine_bench.cu through it; device code in gemv.cu's anonymous
-// namespace, after Segs, NormDev and stage_normed_x). gemv.cu's own kernel keeps the LoRA launches.
+// namespace, after Segs, NormDev and stage_normed_x). A LoRA term (M = 1) is added by the row
+// group's first warp after the base sum is complete, as gemv.cu's kernel adds it.
 //
 // Shape of the work: a warp owns kAffineRows (4) rows of W, and 2^wk_log2 warps of the block split
 // those rows' chunks (a row group); lane t of the group's warp k walks chunks k·32 + t + i·32·2^wk_log2
@@ -81,7 +82,7 @@ constexpr float kSubnormalUnscale = 38685626227668133590597632.0f;
 // The affine kernel. segs.tpr_log2[s] holds segment s's wk_log2 (warps per row group, log2 0..3);
 // its blocks hold (8 >> wk_log2) row groups of kAffineRows rows. With nd.on the block first stages
 // the normed x (stage_normed_x) as fp32 in its padded chunk slots of dynamic shared memory.
-template <typename TX, typename TS, int Bits, int MaxM>
+template <typename TX, typename TS, int Bits, int MaxM, bool Lora>
 __global__ void __launch_bounds__(kThreads)
     gemv_affine_kernel(const TX* __restrict__ x, const Segs segs, int M, int in, int group_shift, const NormDev nd) {
   constexpr int kCodes = 128 / Bits;
@@ -124,6 +125,15 @@ __global__ void __launch_bounds__(kThreads)
   };
   const int cs = kw * 32 + lane;
   if (cs < chunks) load_tile(cs);  // weights only: before pdl_wait
+  // The LoRA term's B (GemvSegment::lora_*; the Lora instance, M = 1): the group's first warp adds
+  // Σ_j B[row, j]·h[j] for its rows, lane t taking j = t, t + 32, …; the first share of B (a weight)
+  // is loaded here, before pdl_wait, h (an earlier kernel's output) after it.
+  const int lrank = Lora ? pick(si, segs.lora_rank[0], segs.lora_rank[1], segs.lora_rank[2]) : 0;  // block-uniform
+  const TX* __restrict__ lbv = Lora ? static_cast<const TX*>(pick(si, segs.lora_b[0], segs.lora_b[1], segs.lora_b[2])) : nullptr;
+  float lb[kR];
+#pragma unroll
+  for (int r = 0; r < kR; ++r)
+    lb[r] = Lora && kw == 0 && lane < lrank && row0 + r < out ? to_f32(lbv[(row0 + r) * lrank + lane]) : 0.f;
   pdl_wait();
   if (nd.on) {
     stage_normed_x<TX, Bits>(x, nd, M, in, gemv_smem);
@@ -194,6 +204,22 @@ __global__ void __launch_bounds__(kThreads)
         }
     }
   }
+  if (Lora && lrank > 0 && kw == 0) {  // warp-uniform: the whole warp shuffles
+    // Σ_j B[row, j]·h[j] (fixed order for a rank), scaled onto the complete base sum: one rounding
+    // for both, as addmm's.
+    const TX* __restrict__ hv = static_cast<const TX*>(pick(si, segs.lora_h[0], segs.lora_h[1], segs.lora_h[2]));
+    const float ls = pick(si, segs.lora_scale[0], segs.lora_scale[1], segs.lora_scale[2]);
+    const float h0 = lane < lrank ? to_f32(hv[lane]) : 0.f;
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      float lp = lb[r] * h0;
+      if (row0 + r < out)
+        for (int j = lane + 32; j < lrank; j += 32) lp = fmaf(to_f32(lbv[(row0 + r) * lrank + j]), to_f32(hv[j]), lp);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) lp += __shfl_xor_sync(0xffffffffu, lp, o);
+      acc[r][0] = fmaf(ls, lp, acc[r][0]);
+    }
+  }
   if (kw == 0 && lane == 0) {
     TX* __restrict__ y = static_cast<TX*>(pick(si, segs.y[0], segs.y[1], segs.y[2]));
 #pragma unroll
@@ -249,11 +275,14 @@ const char* launch_affine(const GemvArgs& a) {
   const auto st = static_cast<cudaStream_t>(a.stream);
   const auto* x = static_cast<const TX*>(a.x);
   const int M = static_cast<int>(a.M), in = static_cast<int>(a.in);
+  bool lora = false;
+  for (int s = 0; s < a.n_seg; ++s) lora = lora || a.seg[s].lora_rank > 0;
   cudaError_t e;
-  if (M <= 1) e = launch_kernel(gemv_affine_kernel<TX, TS, Bits, 1>, grid, block, smem, st, x, segs, M, in, group_shift, nd);
-  else if (M <= 2) e = launch_kernel(gemv_affine_kernel<TX, TS, Bits, 2>, grid, block, smem, st, x, segs, M, in, group_shift, nd);
-  else if (M <= 4) e = launch_kernel(gemv_affine_kernel<TX, TS, Bits, 4>, grid, block, smem, st, x, segs, M, in, group_shift, nd);
-  else e = launch_kernel(gemv_affine_kernel<TX, TS, Bits, 8>, grid, block, smem, st, x, segs, M, in, group_shift, nd);
+  if (lora) e = launch_kernel(gemv_affine_kernel<TX, TS, Bits, 1, true>, grid, block, smem, st, x, segs, M, in, group_shift, nd);
+  else if (M <= 1) e = launch_kernel(gemv_affine_kernel<TX, TS, Bits, 1, false>, grid, block, smem, st, x, segs, M, in, group_shift, nd);
+  else if (M <= 2) e = launch_kernel(gemv_affine_kernel<TX, TS, Bits, 2, false>, grid, block, smem, st, x, segs, M, in, group_shift, nd);
+  else if (M <= 4) e = launch_kernel(gemv_affine_kernel<TX, TS, Bits, 4, false>, grid, block, smem, st, x, segs, M, in, group_shift, nd);
+  else e = launch_kernel(gemv_affine_kernel<TX, TS, Bits, 8, false>, grid, block, smem, st, x, segs, M, in, group_shift, nd);
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
 

@@ -69,16 +69,31 @@ TEST(DecodeGemvLora, EpilogueMatchesFp64ForEveryLaneLayoutAndRank) {
                   0.05 * exact.abs().max().item<double>())
             << where;
       }
-  // MLX affine 4-bit base, group 64, with the term.
+  // MLX affine 4/8-bit bases, group 64, with the term (kernels/gemv_affine.cuh: the row group's
+  // first warp adds it; ranks below, at and past its 32 lanes; rows not a multiple of 4; rows of 2,
+  // 32 and 256 chunks, i.e. 1 to 4 warps per row group).
   const auto bf = at::TensorOptions().dtype(at::kBFloat16).device(cuda);
+  for (int bits : {4, 8})
+    for (auto [out, in] : {std::pair<int64_t, int64_t>{256, 1024}, {301, 8192}, {98, 64}})
+      for (int64_t r : {1, 16, 40}) {
+        hearth::nn::QuantizedWeight q = hearth::nn::quantize((at::randn({out, in}) * 0.05).to(bf), hearth::nn::QuantSpec{bits, 64});
+        q = hearth::nn::QuantizedWeight{q.wq.to(cuda), q.scales.to(cuda), q.biases.to(cuda), q.spec};
+        const at::Tensor x = at::randn({1, in}).to(bf);
+        const hearth::nn::LoraAdapter ad = lg_adapter(out, in, r, 2.0, bf);
+        const at::Tensor h = hearth::nn::decode_gemv(x, {GemvOperand{ad.a, nullptr}})[0];
+        const std::vector<at::Tensor> y = hearth::nn::decode_gemv(x, {GemvOperand{{}, &q, ad.b, h, ad.scale}});
+        ASSERT_EQ(y.size(), 1u);
+        const std::string where = std::to_string(bits) + "-bit [" + std::to_string(out) + ", " + std::to_string(in) +
+                                  "] r " + std::to_string(r);
+        const at::Tensor wd = hearth::nn::dequantize(q, at::kFloat);
+        const at::Tensor exact = at::matmul(x.to(at::kDouble), wd.to(at::kDouble).t()) +
+                                 ad.scale * at::matmul(h.to(at::kDouble), ad.b.to(at::kDouble).t());
+        EXPECT_LE(hearth::testing::max_rel_err(y[0], exact), hearth::testing::one_rounding_tol(at::kBFloat16)) << where;
+        EXPECT_LE(hearth::testing::max_rel_err(y[0], lg_want(x, wd, ad)), 2e-2) << where;
+      }
   hearth::nn::QuantizedWeight q = hearth::nn::quantize((at::randn({256, 1024}) * 0.05).to(bf), hearth::nn::QuantSpec{4, 64});
   q = hearth::nn::QuantizedWeight{q.wq.to(cuda), q.scales.to(cuda), q.biases.to(cuda), q.spec};
-  const at::Tensor x = at::randn({1, 1024}).to(bf);
   const hearth::nn::LoraAdapter ad = lg_adapter(256, 1024, 16, 2.0, bf);
-  const at::Tensor h = hearth::nn::decode_gemv(x, {GemvOperand{ad.a, nullptr}})[0];
-  const std::vector<at::Tensor> y = hearth::nn::decode_gemv(x, {GemvOperand{{}, &q, ad.b, h, ad.scale}});
-  ASSERT_EQ(y.size(), 1u);
-  EXPECT_LE(hearth::testing::max_rel_err(y[0], lg_want(x, hearth::nn::dequantize(q), ad)), 2e-2);
   // Two rows of x: the epilogue declines (one row only), so the caller keeps the addmm path.
   const at::Tensor x2 = at::randn({2, 1024}).to(bf);
   const at::Tensor h2 = at::matmul(x2, ad.a.t());
