@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(256) gemv_v2(const __nv_bfloat16* __restrict__
     const int c = (u * 256 + t) % chunks;
     float xf[8];
     hearth::kernels::load_x<__nv_bfloat16, 8>(x + c * 8, xf);
-    part[u] = hearth::kernels::chunk_dot<__nv_bfloat16, 0>(w[u], xf);
+    part[u] = hearth::kernels::chunk_dot<__nv_bfloat16>(w[u], xf);
   }
   __shared__ float red[U][8];
   const int per_row = chunks / 256;  // u's per row
@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(256) cand_splitk(const bf16* __restrict__ x, c
   for (int u = 0; u < U; ++u) {
     float xf[8];
     cand_load_x(x + (c0 + 32 * u) * 8, xf);
-    acc += hearth::kernels::chunk_dot<bf16, 0>(w[u], xf);
+    acc += hearth::kernels::chunk_dot<bf16>(w[u], xf);
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
@@ -286,7 +286,7 @@ __global__ void __launch_bounds__(256) cand_deep(const bf16* __restrict__ x, con
       const int j = k * U + u;
       float xf[8];
       cand_load_x(x + (lane + 32 * j) * 8, xf);
-      acc += hearth::kernels::chunk_dot<bf16, 0>(w[j], xf);
+      acc += hearth::kernels::chunk_dot<bf16>(w[j], xf);
     }
     if (k + D + 1 < T) load_tile(k + D + 1);
   }
@@ -369,7 +369,7 @@ __global__ void __launch_bounds__(256) cand_bulk(const bf16* __restrict__ x, con
   for (int r = 0; r < R; ++r) {
     float v = 0.f;
 #pragma unroll
-    for (int k = 0; k < PerRow; ++k) v += hearth::kernels::chunk_dot<bf16, 0>(wsm[r * kChunks + k * 256 + t], xf[k]);
+    for (int k = 0; k < PerRow; ++k) v += hearth::kernels::chunk_dot<bf16>(wsm[r * kChunks + k * 256 + t], xf[k]);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     if (lane == 0) red[r][warp] = v;
@@ -445,7 +445,7 @@ __global__ void __launch_bounds__(256) cand_rows(const bf16* __restrict__ x, con
       float xf[8];
       cand_load_x(x + static_cast<int64_t>(c) * 8, xf);
 #pragma unroll
-      for (int r = 0; r < R; ++r) acc[r] += hearth::kernels::chunk_dot<bf16, 0>(w[u][r], xf);
+      for (int r = 0; r < R; ++r) acc[r] += hearth::kernels::chunk_dot<bf16>(w[u][r], xf);
     }
   }
 #pragma unroll

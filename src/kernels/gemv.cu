@@ -1,14 +1,14 @@
 // Decode GEMV for dense and MLX affine 4/8-bit weights (kernels/gemv.h): y = x · Wᵀ for M ≤ 8 rows
 // of x, up to three weights sharing x in one launch. No ATen: it compiles standalone (`nvcc -c`).
-// Affine launches go to kernels/gemv_affine.cuh (its own layout and numbers); what follows is the
-// kernel of dense launches (its affine branches are no longer instantiated: to be removed once the
-// affine kernel's LoRA term has run on a GPU).
+// Affine launches go to kernels/gemv_affine.cuh (its own layout and numbers, LoRA terms included);
+// what follows is the kernel of dense launches. (The affine weights' first kernel was this one with
+// the codes' scales and biases beside each tile and x staged in shared memory; its measurements are
+// in docs/benchmarks.md.)
 //
 // Shape of the work (decode reads every weight byte once, so the aim is bytes in flight and enough
 // warps to cover the memory latency): each row belongs to `tpr` lanes (4..256: a row of more than 32
 // lanes spans 2, 4 or 8 whole warps of the 256-thread block). Lane t of a row takes the row's 16-byte
-// chunks t, t + tpr, t + 2·tpr, … in tiles of U chunks (U = 2, 4 or 8 for dense launches, 8 for
-// affine ones), issues a tile's loads before using any, then dots them with every row of x. The
+// chunks t, t + tpr, t + 2·tpr, … in tiles of U chunks (U = 2, 4 or 8), issues a tile's loads before using any, then dots them with every row of x. The
 // first tile goes out before pdl_wait (weights only; x and y after it).
 //
 // The loads are inline PTX (ld16_ordered below) because ptxas sinks __ldg (ld.global.nc) loads down
@@ -31,22 +31,19 @@
 // of its shape; qkv ran best in one warp (4.08; S=2 U=4 4.34). This rule (one warp for 2048-wide
 // rows, 256 lanes of 4 for 8192) is built from those step measurements; the step with it (H200,
 // 2026-12-04): 1,138.2 µs against 1,274.6 (gate/up 20.0–25.6 µs, down 10.5–11.6, o 3.5–5.7, lm_head
-// ~120), 806 tok/s against 742. Affine rows keep ~kUnroll chunks a lane (up to a warp) and widen,
-// now past one warp, until their matrix has kAffineMinWarps warps. For affine weights x is staged
-// once per block in shared memory as fp32 (padded per chunk so a warp's 16-byte reads hit distinct banks) when it
-// fits; dense rows, and affine ones past the limit, re-read it per chunk from L1/L2.
+// ~120), 806 tok/s against 742. x is read per chunk from L1/L2, except in a launch that normalises
+// it (GemvNorm): each block then stages the normed x once in shared memory as fp32 (padded per chunk
+// so a warp's 16-byte reads hit distinct banks).
 //
 // A row's partial sums meet by xor shuffles inside each warp, then (rows over several warps) through
 // shared memory, added in warp order: an order fixed by `in`, the format and the segment's row count
 // (not by U, which only moves loads), so a row's result does not depend on M, on the other segments
-// of a grouped launch or on the grid.
+// of a grouped launch or on the grid. (The affine kernel keeps the same property with its own order.)
 // LoRA term (GemvSegment::lora_*, one row of x): after a row's sum is complete, its first lanes add
 // Σ_j B[row, j]·h[j] (h = x·Aᵀ from an earlier, small launch) times the scale before the one
 // rounding — nn::Linear's inference path for an active adapter: one extra launch per group of
 // Linears sharing x instead of two cuBLAS calls per adapter (H200, 1B bf16, rank 8, 2026-12-04:
 // 413 → 705–731 tok/s against 843–862 without an adapter). A separate instance (Lora = true).
-// Affine layout (mlx/backend/cpu/quantized.cpp, nn/quant.h): code k of a row occupies bits
-// [k*bits, (k+1)*bits) of the row's little-endian uint32 stream; w = scale·q + bias per group.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -65,16 +62,11 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kUnroll = 8;  // an affine lane's tile, and the deepest dense one: chunks loaded before any use
+constexpr int kUnroll = 8;  // the deepest tile: chunks loaded before any use
 constexpr int kMaxLanesLog2 = 8;  // a row over at most the block's 8 warps
 // Dense rows longer than one warp's tile spread over warps until a lane has at most this many
 // chunks (8192-wide bf16: 256 lanes of 4). The numbers at the top of the file.
 constexpr int kDenseChunksPerLane = 4;
-// Affine segments widen their rows' lane groups until the segment has this many warps (or a lane
-// would be left without a chunk): measured on the H200 (Qwen3.5-0.8B MLX 4-bit), a 1024-row matrix
-// ran at 9.0 µs with 256 warps and 5.3 µs with 1,024, while 7,168 rows ran best at 896 warps
-// (7.4 µs; 9.5 µs with 7,168 warps of one chunk per lane).
-constexpr int64_t kAffineMinWarps = 768;
 
 // The segments of one launch, selected per block by comparing blockIdx.x with block_end (unused
 // segments end at UINT32_MAX so nothing selects them).
@@ -122,30 +114,11 @@ __device__ __forceinline__ SegView<TS> segment_of(const Segs& segs, unsigned bid
           pick(si, segs.tpr_log2[0], segs.tpr_log2[1], segs.tpr_log2[2])};
 }
 
-// Σ of the kCodes values of x in one chunk, in index order: the affine term's Σx.
-template <typename TX, int kCodes>
-__device__ __forceinline__ float chunk_sum(const TX* __restrict__ p) {
-  float xf[kCodes];
-  load_x<TX, kCodes>(p, xf);
-  float xs = 0.f;
-#pragma unroll
-  for (int j = 0; j < kCodes; ++j) xs += xf[j];
-  return xs;
-}
-
 // Floats one chunk of x takes in shared memory: its kCodes values and 4 of padding, so lanes that read
 // consecutive chunks with 16-byte loads start 4 banks apart.
 template <typename TX, int Kind>
 __host__ __device__ constexpr int smem_chunk_stride() {
   return codes_per_chunk<TX, Kind>() + 4;
-}
-
-// x staged in shared memory: affine weights when it fits (a 16-byte chunk of 4-bit codes needs 32
-// values of x, converted to fp32 per chunk and lane otherwise); dense rows keep reading x per chunk,
-// with no block barrier, unless the launch normalises x (GemvNorm): then x is the staged norm.
-template <typename TX, int Kind>
-__host__ __device__ constexpr bool x_smem_capable() {
-  return true;
 }
 
 // GemvNorm as the kernel takes it (typed pointers resolved at launch; inv_c = 1/in as rms_norm's).
@@ -201,29 +174,24 @@ __device__ void stage_normed_x(const TX* __restrict__ x, const NormDev& n, int M
   }
 }
 
-// For affine weights with `sums_in_smem`, the block first writes every chunk's Σx (M·chunks floats,
-// dynamic shared memory) once, instead of each row's lanes adding the same kCodes values again; the
-// same sums in the same order either way, so the bits do not change. U: chunks per tile (kUnroll for
-// affine weights); it decides when loads are issued, not the order of the sums.
-template <typename TX, typename TS, int Kind, int MaxM, int U, bool Lora>
+// The dense kernel. U: chunks per tile (2, 4 or 8); it decides when loads are issued, not the order
+// of the sums. With nd.on the block first stages the normed x (stage_normed_x) as fp32 in its padded
+// chunk slots of dynamic shared memory; otherwise x is read per chunk from L1/L2.
+template <typename TX, int MaxM, int U, bool Lora>
 __global__ void __launch_bounds__(kThreads)
-    gemv_kernel(const TX* __restrict__ x, const Segs segs, int M, int in, int group_shift, int sums_in_smem,
-                int x_in_smem, const NormDev nd) {
-  constexpr int kCodes = codes_per_chunk<TX, Kind>();
-  constexpr int kStride = smem_chunk_stride<TX, Kind>();
-  // Dynamic shared memory: [M, chunks] chunk sums when sums_in_smem, then x as fp32 [M, chunks,
-  // kStride] when x_in_smem. Static: the warps' partial sums of rows over several warps.
+    gemv_kernel(const TX* __restrict__ x, const Segs segs, int M, int in, const NormDev nd) {
+  constexpr int kCodes = codes_per_chunk<TX, 0>();
+  constexpr int kStride = smem_chunk_stride<TX, 0>();
+  // Dynamic shared memory: x as fp32 [M, chunks, kStride] with the norm. Static: the warps' partial
+  // sums of rows over several warps.
   extern __shared__ float gemv_smem[];
   __shared__ float gemv_part[MaxM][kWarps];
-  float* const gemv_chunk_sums = gemv_smem;
   pdl_launch_dependents();  // the next kernel may launch and start its own weight loads
   const unsigned bid = blockIdx.x;
-  const SegView<TS> sg = segment_of<TS>(segs, bid);
+  const SegView<TX> sg = segment_of<TX>(segs, bid);
   const int si = sg.si;
   const unsigned first = sg.first;
   const uint4* __restrict__ wv = sg.w;
-  const TS* __restrict__ sv = sg.s;
-  const TS* __restrict__ bv = sg.b;
   const int64_t out = sg.out;
 
   // Lanes per row: 4..256, the same for every block of a segment (so block-uniform). A row of
@@ -233,31 +201,22 @@ __global__ void __launch_bounds__(kThreads)
   const int t = static_cast<int>(threadIdx.x) & (tpr - 1);
   const int64_t row = static_cast<int64_t>(bid - first) * (kThreads >> tpr_log2) + (static_cast<int>(threadIdx.x) >> tpr_log2);
   const bool live = row < out;
-  const int chunks = in / kCodes;  // 16-byte chunks per row, dense or affine
+  const int chunks = in / kCodes;  // 16-byte chunks per row
   const uint4* __restrict__ wrow = wv + (live ? row : 0) * chunks;
-  const int64_t srow = (live ? row : 0) * (in >> group_shift);
 
   // A lane's tile: U chunks of its row from chunk c0 on, c0 + u·tpr (zeros past the row, not
-  // read), with their scales and biases for affine weights. The chunk loads are ordered; the scales
-  // and biases load as before.
+  // read). The chunk loads are ordered.
   uint4 w[U];
-  float sc[U], bi[U];
   auto load_tile = [&](int c0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int c = c0 + u * tpr;
-      const bool ok = live && c < chunks;
-      w[u] = ld16_ordered(wrow + c, ok);
-      if constexpr (Kind != 0) {
-        const int64_t gidx = srow + ((c * kCodes) >> group_shift);
-        sc[u] = ok ? to_f32(sv[gidx]) : 0.f;
-        bi[u] = ok ? to_f32(bv[gidx]) : 0.f;
-      }
+      w[u] = ld16_ordered(wrow + c, live && c < chunks);
     }
   };
-  // The first tile's loads go out before pdl_wait and before the chunk sums are staged, so neither
-  // the previous kernel's tail nor the barrier delays the weight stream (most layer matrices need
-  // one tile per lane).
+  // The first tile's loads go out before pdl_wait and before x is staged, so neither the previous
+  // kernel's tail nor the barrier delays the weight stream (most layer matrices need one tile per
+  // lane).
   if (t < chunks) load_tile(t);
   // The LoRA term's operands (GemvSegment::lora_*): lanes t < lg of a row take j = t, t + lg, … of
   // its rank; the first share is loaded here (B, a weight, before pdl_wait; h, an earlier kernel's
@@ -281,44 +240,11 @@ __global__ void __launch_bounds__(kThreads)
     for (int m = 0; m < MaxM; ++m)
       if (m < M) lh[m] = to_f32(hv[m * lrank + t]);
   }
-  float* const xs_smem = gemv_smem + (sums_in_smem ? (M * chunks + 3) / 4 * 4 : 0);  // 16-byte aligned
-  if (nd.on) {  // x_in_smem is set with it (launch_m)
-    stage_normed_x<TX, Kind>(x, nd, M, in, xs_smem);
-    if constexpr (Kind != 0) {
-      if (sums_in_smem) {
-        __syncthreads();  // the staged rows are complete before their chunk sums are taken
-        for (int j = static_cast<int>(threadIdx.x); j < M * chunks; j += kThreads) {
-          const int m = j / chunks, c = j - m * chunks;
-          const float* v = xs_smem + (m * chunks + c) * kStride;
-          float xs = 0.f;  // chunk_sum's order over the same values
-#pragma unroll
-          for (int k = 0; k < kCodes; ++k) xs += v[k];
-          gemv_chunk_sums[j] = xs;
-        }
-      }
-    }
-  } else {
-    if (x_in_smem) {  // 16 bytes of x per step: kPer values into their chunk's padded slot
-      constexpr int kPer = 16 / static_cast<int>(sizeof(TX));
-      for (int j = static_cast<int>(threadIdx.x); j < M * in / kPer; j += kThreads) {
-        const int e = j * kPer, m = e / in, k = e - m * in, c = k / kCodes, off = k - c * kCodes;
-        float xf[kPer];
-        load_x<TX, kPer>(x + e, xf);
-        float* d = xs_smem + (m * chunks + c) * kStride + off;
-#pragma unroll
-        for (int q = 0; q < kPer; q += 4) *reinterpret_cast<float4*>(d + q) = make_float4(xf[q], xf[q + 1], xf[q + 2], xf[q + 3]);
-      }
-    }
+  float* const xs_smem = gemv_smem;
+  if (nd.on) {
+    stage_normed_x<TX, 0>(x, nd, M, in, xs_smem);
+    __syncthreads();
   }
-  if constexpr (Kind != 0) {
-    if (sums_in_smem && !nd.on) {
-      for (int j = static_cast<int>(threadIdx.x); j < M * chunks; j += kThreads) {
-        const int m = j / chunks, c = j - m * chunks;
-        gemv_chunk_sums[j] = chunk_sum<TX, kCodes>(x + static_cast<int64_t>(m) * in + static_cast<int64_t>(c) * kCodes);
-      }
-    }
-  }
-  if (sums_in_smem || x_in_smem) __syncthreads();
 
   float acc[MaxM];
 #pragma unroll
@@ -326,78 +252,42 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int c0 = t; c0 < chunks; c0 += tpr * U) {
     if (c0 != t) load_tile(c0);
-    if constexpr (Kind == 0) {
-      if (x_in_smem) {  // the normed x of the prologue (GemvNorm), as fp32 in its padded chunk slots
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int c = c0 + u * tpr;
-#pragma unroll
-          for (int m = 0; m < MaxM; ++m) {
-            const bool ok = c < chunks && m < M;
-            const float4* p = reinterpret_cast<const float4*>(xs_smem + ((ok ? m : 0) * chunks + (ok ? c : 0)) * kStride);
-            float xf[kCodes];
-#pragma unroll
-            for (int q = 0; q < kCodes / 4; ++q) {
-              const float4 v = p[q];
-              xf[4 * q] = v.x, xf[4 * q + 1] = v.y, xf[4 * q + 2] = v.z, xf[4 * q + 3] = v.w;
-            }
-            const float d = chunk_dot<TX, 0>(w[u], xf);
-            acc[m] = ok ? acc[m] + d : acc[m];
-          }
-        }
-        continue;
-      }
-      // Dense: no branch inside a tile, so its x loads can go out back to back. A chunk past the
-      // row or a row of x past M loads nothing and adds nothing (a select, not a + 0: the sums
-      // are those of the branchy form, whatever U is).
+    if (nd.on) {  // the normed x of the prologue (GemvNorm), as fp32 in its padded chunk slots
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int c = c0 + u * tpr;
 #pragma unroll
         for (int m = 0; m < MaxM; ++m) {
           const bool ok = c < chunks && m < M;
-          const uint4 xv = ld16_ordered(x + static_cast<int64_t>(m) * in + static_cast<int64_t>(c) * kCodes, ok);
-          const TX* e = reinterpret_cast<const TX*>(&xv);
+          const float4* p = reinterpret_cast<const float4*>(xs_smem + ((ok ? m : 0) * chunks + (ok ? c : 0)) * kStride);
           float xf[kCodes];
 #pragma unroll
-          for (int k = 0; k < kCodes; ++k) xf[k] = to_f32(e[k]);
-          const float d = chunk_dot<TX, 0>(w[u], xf);
+          for (int q = 0; q < kCodes / 4; ++q) {
+            const float4 v = p[q];
+            xf[4 * q] = v.x, xf[4 * q + 1] = v.y, xf[4 * q + 2] = v.z, xf[4 * q + 3] = v.w;
+          }
+          const float d = chunk_dot<TX>(w[u], xf);
           acc[m] = ok ? acc[m] + d : acc[m];
         }
       }
-    } else {
+      continue;
+    }
+    // x from global memory: no branch inside a tile, so its x loads can go out back to back. A chunk past the
+    // row or a row of x past M loads nothing and adds nothing (a select, not a + 0: the sums
+    // are those of the branchy form, whatever U is).
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int c = c0 + u * tpr;
-        if (c >= chunks) break;
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + u * tpr;
 #pragma unroll
-        for (int m = 0; m < MaxM; ++m) {
-          if (m < M) {
-            float xf[kCodes];
-            bool staged = false;
-            if constexpr (x_smem_capable<TX, Kind>()) {
-              if (x_in_smem) {
-                const float4* p = reinterpret_cast<const float4*>(xs_smem + (m * chunks + c) * kStride);
+      for (int m = 0; m < MaxM; ++m) {
+        const bool ok = c < chunks && m < M;
+        const uint4 xv = ld16_ordered(x + static_cast<int64_t>(m) * in + static_cast<int64_t>(c) * kCodes, ok);
+        const TX* e = reinterpret_cast<const TX*>(&xv);
+        float xf[kCodes];
 #pragma unroll
-                for (int q = 0; q < kCodes / 4; ++q) {
-                  const float4 v = p[q];
-                  xf[4 * q] = v.x, xf[4 * q + 1] = v.y, xf[4 * q + 2] = v.z, xf[4 * q + 3] = v.w;
-                }
-                staged = true;
-              }
-            }
-            if (!staged) load_x_ordered<TX, kCodes>(x + static_cast<int64_t>(m) * in + static_cast<int64_t>(c) * kCodes, xf);
-            float xs;
-            if (sums_in_smem) {
-              xs = gemv_chunk_sums[m * chunks + c];
-            } else {
-              xs = 0.f;
-#pragma unroll
-              for (int j = 0; j < kCodes; ++j) xs += xf[j];
-            }
-            acc[m] += sc[u] * chunk_dot<TX, Kind>(w[u], xf) + bi[u] * xs;
-          }
-        }
+        for (int k = 0; k < kCodes; ++k) xf[k] = to_f32(e[k]);
+        const float d = chunk_dot<TX>(w[u], xf);
+        acc[m] = ok ? acc[m] + d : acc[m];
       }
     }
   }
@@ -452,8 +342,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int m = 0; m < MaxM; ++m) acc[m] = fmaf(ls, lp[m], acc[m]);
   }
   if (t == 0 && live) {
-    // y is picked here, not with the other pointers: live across the loop it cost the affine
-    // 8-bit M = 1 kernel a 12-byte spill (ptxas -v).
+    // y is picked here, not with the other pointers (live across the loop it cost a 12-byte spill
+    // in an earlier, affine form of this kernel: ptxas -v).
     TX* __restrict__ y = static_cast<TX*>(pick(si, segs.y[0], segs.y[1], segs.y[2]));
 #pragma unroll
     for (int m = 0; m < MaxM; ++m)
@@ -514,93 +404,71 @@ int chunk_codes(const GemvArgs& a) {
 // Lanes per row (log2) of a launch with the norm in its prologue (GemvNorm): at most one warp.
 constexpr int kNormedMaxLanesLog2 = 5;
 
-// Dynamic shared memory a launch may use: the default 48 KB less room for the kernel's static
-// arrays (the multi-warp rows' partial sums, up to MaxM·8 floats, and the norm prologue's 8).
+// Dynamic shared memory a launch may use: the default 48 KB less the kernel's static arrays (the
+// dense kernel's partial sums of multi-warp rows, up to MaxM·8 floats, the affine kernel's of its
+// row groups, and stage_normed_x's 8 floats).
 constexpr int64_t kSmemBudget = 48 * 1024 - 512;
+constexpr int64_t kAffineSmemBudget = 48 * 1024 - kAffineStaticSmem;
 
-// What a launch keeps in dynamic shared memory: the affine chunk sums (M·in/16 floats at most)
-// first, then x as padded fp32 (affine weights, or any weights when the launch normalises x) if it
-// fits beside them. Host side; the same for gemv_supported and the launch.
-struct SmemPlan {
-  bool sums = false, xs = false;
-  int64_t bytes = 0;
-};
-
-SmemPlan smem_plan(const GemvArgs& a) {
-  SmemPlan p;
-  const bool affine = a.format != WeightFormat::kDense;
+// Bytes of dynamic shared memory a launch with the norm in its prologue stages x in (fp32 in padded
+// chunk slots, smem_chunk_stride), or -1 where that exceeds its kernel's budget. Host side; the same
+// for gemv_supported and the launches.
+int64_t normed_x_bytes(const GemvArgs& a) {
   const int64_t codes = chunk_codes(a), chunks = a.in / codes;
-  const int64_t sum_bytes = affine ? a.M * chunks * int64_t{4} : 0;
-  p.sums = sum_bytes > 0 && sum_bytes <= kSmemBudget;
-  const int64_t used = p.sums ? (sum_bytes + 15) / 16 * 16 : 0;  // x starts 16-byte aligned
-  const int64_t x_bytes = a.M * chunks * (codes + 4) * int64_t{4};  // smem_chunk_stride per chunk
-  p.xs = (affine || a.norm.on) && used + x_bytes <= kSmemBudget;
-  p.bytes = used + (p.xs ? x_bytes : 0);
-  return p;
+  const int64_t bytes = a.M * chunks * (codes + 4) * int64_t{4};
+  const int64_t budget = a.format == WeightFormat::kDense ? kSmemBudget : kAffineSmemBudget;
+  return bytes <= budget ? bytes : -1;
 }
 
-// tile: chunks per tile of a dense launch (2, 4 or 8; affine launches use kUnroll).
-template <typename TX, typename TS, int Kind, int MaxM, bool Lora>
+// tile: chunks per tile (2, 4 or 8).
+template <typename TX, int MaxM, bool Lora>
 const char* launch_m(const GemvArgs& a, const Segs& segs, unsigned blocks, int tile) {
-  static_assert(smem_chunk_stride<TX, Kind>() == codes_per_chunk<TX, Kind>() + 4, "smem_plan's chunk stride");
+  static_assert(smem_chunk_stride<TX, 0>() == codes_per_chunk<TX, 0>() + 4, "normed_x_bytes's chunk stride");
   static_assert(int64_t{MaxM} * kWarps * 4 + kThreads / 32 * 4 <= 48 * 1024 - kSmemBudget, "static shared memory");
-  const int group_shift = Kind == 0 ? 0 : log2_exact(a.group_size);
-  const SmemPlan sp = smem_plan(a);
   const GemvNorm& g = a.norm;
   const NormDev nd{g.residual, g.sum, g.normed, g.weight, g.mode, g.offset, g.eps,
                    1.f / static_cast<float>(a.in), g.on ? 1 : 0};
-  auto kernel = gemv_kernel<TX, TS, Kind, MaxM, kUnroll, Lora>;
-  if constexpr (Kind == 0) {
-    if (tile <= 2) kernel = gemv_kernel<TX, TS, Kind, MaxM, 2, Lora>;
-    else if (tile <= 4) kernel = gemv_kernel<TX, TS, Kind, MaxM, 4, Lora>;
-  }
-  const cudaError_t e = launch_kernel(kernel, dim3(blocks), dim3(kThreads), static_cast<size_t>(sp.bytes),
-                                      static_cast<cudaStream_t>(a.stream), static_cast<const TX*>(a.x), segs,
-                                      static_cast<int>(a.M), static_cast<int>(a.in), group_shift, sp.sums ? 1 : 0,
-                                      sp.xs ? 1 : 0, nd);
+  auto kernel = gemv_kernel<TX, MaxM, kUnroll, Lora>;
+  if (tile <= 2) kernel = gemv_kernel<TX, MaxM, 2, Lora>;
+  else if (tile <= 4) kernel = gemv_kernel<TX, MaxM, 4, Lora>;
+  const size_t smem = g.on ? static_cast<size_t>(normed_x_bytes(a)) : 0;
+  const cudaError_t e = launch_kernel(kernel, dim3(blocks), dim3(kThreads), smem, static_cast<cudaStream_t>(a.stream),
+                                      static_cast<const TX*>(a.x), segs, static_cast<int>(a.M), static_cast<int>(a.in), nd);
   return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
 }
 
 // Lanes per row (log2, 2..8) of one segment: first the power of two in 4..32 that gives a lane
-// about kUnroll chunks (one tile). Then a dense row longer than 32 lanes' tiles widens, up to 256
-// lanes (8 warps), until a lane has at most kDenseChunksPerLane chunks; an affine row widens (up to
-// a lane per chunk, and past one warp) until the segment has kAffineMinWarps warps. A function of
-// `in`, the format and the segment's own rows only, so a grouped launch gives each segment the bits
-// of its separate launch.
-// Dense bf16 (fp32 rows have twice the chunks): in 2048 → 32 lanes (8 chunks each: 1B q/k/v, o,
-// gate/up, lm_head), 4096 → 128 (4: the 8B's), 8192 → 256 (4: 1B down), 14336 → 256 (7: 8B down).
-template <typename TX, int Kind>
-int lanes_log2(int64_t in, int64_t rows) {
-  const int64_t chunks = in / codes_per_chunk<TX, Kind>();
+// about kUnroll chunks (one tile); then a row longer than 32 lanes' tiles widens, up to 256 lanes
+// (8 warps), until a lane has at most kDenseChunksPerLane chunks. A function of `in` alone, so a
+// grouped launch gives each segment the bits of its separate launch.
+// bf16 (fp32 rows have twice the chunks): in 2048 → 32 lanes (8 chunks each: 1B q/k/v, o, gate/up,
+// lm_head), 4096 → 128 (4: the 8B's), 8192 → 256 (4: 1B down), 14336 → 256 (7: 8B down).
+template <typename TX>
+int lanes_log2(int64_t in) {
+  const int64_t chunks = in / codes_per_chunk<TX, 0>();
   int l = 2;
   while (l < 5 && (int64_t{2} << l) * kUnroll <= chunks) ++l;  // ~kUnroll chunks a lane, up to a warp
-  if constexpr (Kind == 0) {
-    (void)rows;
-    if (chunks > (int64_t{1} << l) * kUnroll)  // more than one warp's tile: spread over warps
-      while (l < kMaxLanesLog2 && (int64_t{1} << l) * kDenseChunksPerLane < chunks) ++l;
-  } else {
-    while (l < kMaxLanesLog2 && (int64_t{2} << l) <= chunks && rows * (int64_t{1} << l) / 32 < kAffineMinWarps) ++l;
-  }
+  if (chunks > (int64_t{1} << l) * kUnroll)  // more than one warp's tile: spread over warps
+    while (l < kMaxLanesLog2 && (int64_t{1} << l) * kDenseChunksPerLane < chunks) ++l;
   return l;
 }
 
 // Fills the segment table (each segment's lanes per row, its rows in whole blocks), picks the tile
 // (the fewest of 2, 4, 8 chunks that covers a lane's share of a row: one round trip per lane where
 // a row allows, and no registers held for chunks a lane does not have), launches.
-template <typename TX, typename TS, int Kind>
-const char* launch(const GemvArgs& a) {
-  if constexpr (Kind != 0) return launch_affine<TX, TS, Kind>(a);  // gemv_affine.cuh, LoRA terms included
+template <typename TX>
+const char* launch_dense(const GemvArgs& a) {
   bool lora = false;
   for (int s = 0; s < a.n_seg; ++s) lora = lora || a.seg[s].lora_rank > 0;
   Segs segs{};
-  const int64_t chunks = a.in / codes_per_chunk<TX, Kind>();
+  const int64_t chunks = a.in / codes_per_chunk<TX, 0>();
   const int64_t end = fill_segs(
       a, segs,
-      [&](const GemvSegment& g) {
+      [&](const GemvSegment&) {
         // A normed launch computes the norm once per block: one warp per row (8 rows a block) keeps
         // that to out/8 blocks (H200, 1B bf16: gate/up with 2 rows a block, 8,192 blocks, took 69 µs
         // with the norm against ~17 without).
-        const int l = lanes_log2<TX, Kind>(a.in, g.out);
+        const int l = lanes_log2<TX>(a.in);
         return a.norm.on && l > kNormedMaxLanesLog2 ? kNormedMaxLanesLog2 : l;
       },
       [](int l) { return int64_t{kThreads >> l}; });
@@ -613,24 +481,21 @@ const char* launch(const GemvArgs& a) {
   const unsigned blocks = static_cast<unsigned>(end);
   const int tile = per_lane <= 2 ? 2 : per_lane <= 4 ? 4 : kUnroll;
   const int M = static_cast<int>(a.M);
-  if constexpr (Kind == 0) {  // affine launches returned above
-    if (lora) return launch_m<TX, TS, Kind, 1, true>(a, segs, blocks, tile);  // M = 1 (gemv_supported)
-    if (M <= 1) return launch_m<TX, TS, Kind, 1, false>(a, segs, blocks, tile);
-    if (M <= 2) return launch_m<TX, TS, Kind, 2, false>(a, segs, blocks, tile);
-    if (M <= 4) return launch_m<TX, TS, Kind, 4, false>(a, segs, blocks, tile);
-    return launch_m<TX, TS, Kind, 8, false>(a, segs, blocks, tile);
-  }
-  return "gemv: unreachable";
+  if (lora) return launch_m<TX, 1, true>(a, segs, blocks, tile);  // M = 1 (gemv_supported)
+  if (M <= 1) return launch_m<TX, 1, false>(a, segs, blocks, tile);
+  if (M <= 2) return launch_m<TX, 2, false>(a, segs, blocks, tile);
+  if (M <= 4) return launch_m<TX, 4, false>(a, segs, blocks, tile);
+  return launch_m<TX, 8, false>(a, segs, blocks, tile);
 }
 
 template <typename TX>
 const char* launch_format(const GemvArgs& a) {
   switch (a.format) {
-    case WeightFormat::kDense: return launch<TX, TX, 0>(a);
+    case WeightFormat::kDense: return launch_dense<TX>(a);
     case WeightFormat::kAffine4:
-      return a.s_dtype == QDtype::kFloat32 ? launch<TX, float, 4>(a) : launch<TX, TX, 4>(a);
+      return a.s_dtype == QDtype::kFloat32 ? launch_affine<TX, float, 4>(a) : launch_affine<TX, TX, 4>(a);
     case WeightFormat::kAffine8:
-      return a.s_dtype == QDtype::kFloat32 ? launch<TX, float, 8>(a) : launch<TX, TX, 8>(a);
+      return a.s_dtype == QDtype::kFloat32 ? launch_affine<TX, float, 8>(a) : launch_affine<TX, TX, 8>(a);
   }
   return "gemv: unknown weight format";
 }
@@ -649,7 +514,7 @@ bool gemv_supported(const GemvArgs& a) {
   if (a.in % chunk_codes(a) != 0) return false;
   if (a.norm.on) {
     const GemvNorm& n = a.norm;
-    if ((!n.weight && n.mode != NormWeight::kNone) || (n.residual && !n.sum) || !smem_plan(a).xs) return false;
+    if ((!n.weight && n.mode != NormWeight::kNone) || (n.residual && !n.sum) || normed_x_bytes(a) < 0) return false;
   }
   if (a.format == WeightFormat::kDense) return true;
   if (a.format != WeightFormat::kAffine4 && a.format != WeightFormat::kAffine8) return false;

@@ -250,9 +250,12 @@ inline int affine_wk_log2(int64_t chunks, int64_t rows) {
   return l;
 }
 
+// The affine kernel's static shared memory: its row groups' partial sums (MaxM = 8) and
+// stage_normed_x's 8 floats. gemv.cu's normed_x_bytes keeps the staged x within 48 KB beside it.
+constexpr int64_t kAffineStaticSmem = int64_t{sizeof(float)} * (kWarps * kAffineRows * 8 + kThreads / 32);
+
 // Fills the segment table for gemv_affine_kernel and launches it. x is staged in shared memory only
-// with the norm, in room gemv_supported has checked with smem_plan (which also counts gemv.cu's
-// chunk sums, M·chunks floats, more than this kernel's 1 KB of static partial sums at M = 8).
+// with the norm, in room gemv_supported has checked (normed_x_bytes).
 template <typename TX, typename TS, int Bits>
 const char* launch_affine(const GemvArgs& a) {
   Segs segs{};
@@ -265,11 +268,7 @@ const char* launch_affine(const GemvArgs& a) {
   const NormDev nd{g.residual, g.sum, g.normed, g.weight, g.mode, g.offset, g.eps,
                    1.f / static_cast<float>(a.in), g.on ? 1 : 0};
   const size_t smem = g.on ? static_cast<size_t>(a.M * chunks * smem_chunk_stride<TX, Bits>() * 4) : 0;
-  // The kernel's static shared memory (partial sums for MaxM = 8, stage_normed_x's 8 floats) beside
-  // it: within 48 KB while smem_plan counts the chunk sums this kernel does not use (a guard should
-  // that plan change).
-  constexpr size_t kStatic = sizeof(float) * (kWarps * kAffineRows * 8 + kThreads / 32);
-  if (smem + kStatic > 48 * 1024) return "gemv: the normed rows do not fit the affine kernel's shared memory";
+  if (static_cast<int64_t>(smem) + kAffineStaticSmem > 48 * 1024) return "gemv: the normed rows do not fit the affine kernel's shared memory";
   const int group_shift = log2_exact(a.group_size);
   const dim3 grid(static_cast<unsigned>(end)), block(kThreads);
   const auto st = static_cast<cudaStream_t>(a.stream);

@@ -1,6 +1,6 @@
 // The 16-byte chunk primitives of the decode GEMV (kernels/gemv.cu, its only includer besides
 // bench/gemv_bench.cu through it): a chunk's code count, its ordered loads, x's loads as fp32, and the
-// dot product of one chunk of dense values or MLX affine codes with x. Device code in gemv.cu's
+// dot product of one chunk of dense values with x (the affine codes' is in gemv_affine.cuh). Device code in gemv.cu's
 // anonymous namespace (internal to that translation unit); the layout and measurements behind the
 // loads are at the top of gemv.cu.
 #pragma once
@@ -21,46 +21,16 @@ __host__ __device__ constexpr int codes_per_chunk() {
   return Kind == 0 ? 16 / static_cast<int>(sizeof(TX)) : 128 / Kind;
 }
 
-// A code c < 2^23 placed in the mantissa of 2^23 is the float 2^23 + c exactly; subtracting 2^23
-// gives c. Cheaper than an int-to-float conversion (a logic op and an add, both full rate).
-__device__ __forceinline__ float code_to_f32(uint32_t mantissa_with_exponent) {
-  return __uint_as_float(mantissa_with_exponent) - 8388608.0f;
-}
-
-// Σ_j w_j · xf_j over one 16-byte chunk: dense values of TX, or affine codes of Kind bits.
-template <typename TX, int Kind>
+// Σ_j w_j · xf_j over one 16-byte chunk of dense TX values (two accumulators, alternating values).
+template <typename TX>
 __device__ __forceinline__ float chunk_dot(const uint4& w, const float* xf) {
+  constexpr int n = 16 / static_cast<int>(sizeof(TX));
+  const TX* e = reinterpret_cast<const TX*>(&w);
   float d0 = 0.f, d1 = 0.f;
-  if constexpr (Kind == 0) {
-    constexpr int n = 16 / static_cast<int>(sizeof(TX));
-    const TX* e = reinterpret_cast<const TX*>(&w);
 #pragma unroll
-    for (int k = 0; k < n; k += 2) {
-      d0 = fmaf(to_f32(e[k]), xf[k], d0);
-      d1 = fmaf(to_f32(e[k + 1]), xf[k + 1], d1);
-    }
-  } else {
-    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if constexpr (Kind == 8) {
-#pragma unroll
-        for (int k = 0; k < 4; k += 2) {
-          // byte k of the word into the low byte of 0x4B000000 (selector nibbles: k, 4, 5, 7).
-          d0 = fmaf(code_to_f32(__byte_perm(words[i], 0x4B000000u, 0x7540u | k)), xf[i * 4 + k], d0);
-          d1 = fmaf(code_to_f32(__byte_perm(words[i], 0x4B000000u, 0x7540u | (k + 1))), xf[i * 4 + k + 1], d1);
-        }
-      } else {
-        // Code 2b is the low nibble of byte b, code 2b + 1 its high nibble: two masks give every
-        // code a byte of its own, which one byte_perm moves into the mantissa of 2^23.
-        const uint32_t lo = words[i] & 0x0F0F0F0Fu, hi = (words[i] >> 4) & 0x0F0F0F0Fu;
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {
-          d0 = fmaf(code_to_f32(__byte_perm(lo, 0x4B000000u, 0x7540u | b)), xf[i * 8 + 2 * b], d0);
-          d1 = fmaf(code_to_f32(__byte_perm(hi, 0x4B000000u, 0x7540u | b)), xf[i * 8 + 2 * b + 1], d1);
-        }
-      }
-    }
+  for (int k = 0; k < n; k += 2) {
+    d0 = fmaf(to_f32(e[k]), xf[k], d0);
+    d1 = fmaf(to_f32(e[k + 1]), xf[k + 1], d1);
   }
   return d0 + d1;
 }
