@@ -1,9 +1,11 @@
 // `hearth serve`: the OpenAI-compatible HTTP server and web chat UI over one loaded model.
 // Not the server itself (src/server/server.h); this verb parses flags, picks the engine, and
-// turns SIGINT/SIGTERM into a clean stop.
+// turns SIGINT/SIGTERM/SIGHUP into a clean stop (a second signal, or a drain past 30 s, exits at once).
+#include <poll.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <iomanip>
@@ -109,6 +111,7 @@ int run_serve(const ServeArgs& a) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);  // a closed terminal or ssh session: the same clean stop (as `launch`)
   std::signal(SIGPIPE, SIG_IGN);
 
   server::Server srv(*engine, server_opts);
@@ -120,12 +123,41 @@ int run_serve(const ServeArgs& a) {
     if (o == "*" && a.server.api_key.empty())
       std::cerr << "hearth: warning: --allowed-origins '*' without --api-key: any web page opened on this machine can "
                 << "use the model and mount adapters" << std::endl;
+  // The first signal stops the server: requests end at their next token, streams get their last
+  // events. A second signal, or connections still open kDrainSeconds after the stop (a client that
+  // stopped reading), end the process at once with 128 + the signal, as a default handler would.
   std::thread watcher([&] {
+    constexpr int kDrainSeconds = 30;
+    const auto read_byte = [](int timeout_ms, unsigned char& b) {  // 1: a byte, 0: timed out
+      pollfd p{pipe_fds[0], POLLIN, 0};
+      for (;;) {
+        const int r = poll(&p, 1, timeout_ms);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return 0;
+        if (read(pipe_fds[0], &b, 1) == 1) return 1;
+        if (errno != EINTR) return 0;
+      }
+    };
     unsigned char sig = 0;
-    while (read(pipe_fds[0], &sig, 1) < 0 && errno == EINTR) {
+    read_byte(-1, sig);
+    if (sig == 0) {  // serving ended for another reason
+      srv.stop();
+      return;
     }
-    if (sig != 0) std::cerr << "hearth: stopping (signal " << int(sig) << ")\n";
+    std::cerr << "hearth: stopping (signal " << int(sig) << "; a second one exits at once)" << std::endl;
     srv.stop();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kDrainSeconds);
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      unsigned char next = 0;
+      if (left.count() <= 0 || !read_byte(static_cast<int>(left.count()), next)) {
+        std::cerr << "hearth: connections still open " << kDrainSeconds << " s after the stop; exiting" << std::endl;
+        _exit(128 + sig);
+      }
+      if (next == 0) return;  // serve() returned: a clean exit
+      std::cerr << "hearth: second signal (" << int(next) << "); exiting now" << std::endl;
+      _exit(128 + next);
+    }
   });
   const std::string url = "http://" + a.server.host + ":" + std::to_string(port);
   std::cout << "hearth: serving " << engine->model_id() << " on " << url << " (Ctrl-C to stop)" << std::endl;

@@ -252,7 +252,13 @@ struct Server::Impl {
       metrics.count_request(route_label(req.path), res.status);
     });
 
-    http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    // 503 once stopping (every generation request is refused then), so a load balancer moves on.
+    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      if (stopped.load()) {
+        res.status = 503;
+        res.set_content("{\"status\": \"stopping\"}", kJson);
+        return;
+      }
       res.set_content("{\"status\": \"ok\"}", kJson);
     });
     // Like /health, needs no API key (it is outside /v1/): scrapers rarely carry one.

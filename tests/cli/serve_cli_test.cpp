@@ -1,6 +1,6 @@
 // `hearth serve` flags through the built binary: an empty --api-key is an error, binding a
 // non-loopback address without a key warns on stderr (fake engine), and a --context-length above
-// the model's is refused at start-up (tiny golden model).
+// the model's is refused at start-up (tiny golden model), and SIGHUP is a clean stop.
 #include <gtest/gtest.h>
 
 #include <regex>
@@ -61,6 +61,23 @@ TEST(ServeCli, NonLoopbackBindWithoutAKeyWarns) {
   fs::remove(tmp.path() / "serve.log");
   out = serve_output("--host 127.0.0.1", tmp);
   EXPECT_EQ(out.find("warning"), std::string::npos) << out;
+}
+
+// SIGHUP (a closed terminal or ssh session) stops the server cleanly as SIGTERM does: it ended
+// the process at once (exit 129), cutting open streams.
+TEST(ServeCli, SighupIsACleanStop) {
+  TempDir tmp;
+  const std::string log = (tmp.path() / "serve.log").string();
+  const pid_t pid = hearth::testing::start_process(std::string(HEARTH_BINARY) + " serve --fake-engine --port 0", log);
+  ASSERT_GT(pid, 0);
+  ASSERT_FALSE(hearth::testing::wait_for_log(log, std::regex(R"(serving \S+ on (http://\S+))"), pid, 60).empty())
+      << hearth::testing::read_text(log);
+  const int status = hearth::testing::stop_process(pid, SIGHUP, 20);
+  ASSERT_TRUE(WIFEXITED(status)) << status << "\n" << hearth::testing::read_text(log);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_NE(hearth::testing::read_text(log).find("hearth: stopping (signal 1; a second one exits at once)"),
+            std::string::npos)
+      << hearth::testing::read_text(log);
 }
 
 }  // namespace
