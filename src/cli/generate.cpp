@@ -90,11 +90,25 @@ std::function<int()> setup_generate(CLI::App& app) {
     server::Prompt prompt = engine.prepare(req);
     HEARTH_CHECK_T(InvalidArgument, static_cast<int64_t>(prompt.ids.size()) < engine.context_length(), "--prompt: ",
                    prompt.ids.size(), " tokens do not fit the context length ", engine.context_length());
-    const server::Finish finish = engine.generate(prompt, req, [](const server::TokenEvent& ev) {
+    // A stdout that fails (a full disk, a closed pipe with SIGPIPE ignored) stops the generation:
+    // the rest would be lost, and the run is an error, not a success with nothing written.
+    int write_errno = 0;
+    const auto wrote = [&] {
+      if (std::cout) return true;
+      write_errno = errno != 0 ? errno : EIO;
+      return false;
+    };
+    errno = 0;
+    const server::Finish finish = engine.generate(prompt, req, [&](const server::TokenEvent& ev) {
       std::cout << ev.text << std::flush;
-      return true;
+      return wrote();
     });
-    std::cout << std::endl;
+    if (write_errno == 0) {
+      std::cout << std::endl;
+      wrote();
+    }
+    HEARTH_CHECK(write_errno == 0, "stdout: writing the generated text failed (", std::strerror(write_errno),
+                 "); generation stopped");
     const auto& st = engine.last_stats();
     std::cerr << "==========\n"
               << "Prompt: " << st.prompt_tokens << " tokens, " << st.prompt_tps << " tokens-per-sec\n"

@@ -335,4 +335,14 @@ TEST(InputChecksCli, IntegerOptionsAreDecimalAndNeverClamped) {
   EXPECT_NE(hex.err.find("--max-tokens: Failed parsing 0x10 as a INT"), std::string::npos) << hex.err;
 }
 
+// A stdout that cannot be written (a full disk) is an error that stops the generation: it exited 0
+// with the text lost.
+TEST(InputChecksCli, GenerateToAFullStdoutFails) {
+  TempDir d;
+  const CliRun r = hearth_run("generate --model " + shell_quote(golden_model("llama_mha").string()) +
+                                  " --device cpu --prompt hi --temp 0 --max-tokens 20 >/dev/full",
+                              d);
+  expect_one_line_error(r, "stdout: writing the generated text failed (No space left on device); generation stopped");
+}
+
 }  // namespace
