@@ -159,7 +159,9 @@ int run_serve(const ServeArgs& a) {
       _exit(128 + next);
     }
   });
-  const std::string url = "http://" + a.server.host + ":" + std::to_string(port);
+  const bool ipv6 = a.server.host.find(':') != std::string::npos;  // a URL brackets an IPv6 address
+  const std::string url =
+      "http://" + (ipv6 ? "[" + a.server.host + "]" : a.server.host) + ":" + std::to_string(port);
   std::cout << "hearth: serving " << engine->model_id() << " on " << url << " (Ctrl-C to stop)" << std::endl;
   // The body goes inside '...' for the shell: each ' in it becomes '\''.
   std::string body = a.example_body.empty() ? R"({"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 64})"
@@ -184,7 +186,13 @@ using hearth::cli::ServeArgs;
 std::function<int()> setup_serve(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   app.add_option("--model", a->model, "Model directory (Hugging Face layout)");
-  app.add_option("--host", a->server.host, "Address to bind (default 127.0.0.1: this machine only)");
+  app.add_option("--host", a->server.host, "Address to bind (default 127.0.0.1: this machine only; IPv6 as ::1 or [::1])")
+      ->transform(CLI::Validator(
+          [](std::string& h) -> std::string {  // "[::1]", as URLs write it, binds ::1
+            if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+            return h.empty() ? "--host is empty: give an address to bind (127.0.0.1, 0.0.0.0, ::1)" : "";
+          },
+          ""));
   app.add_option("--port", a->server.port, "Port (0 = any free port; the chosen one is printed)")
       ->check(hearth::cli::number_in(0, 65535));
   app.add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on /v1/*")

@@ -63,6 +63,22 @@ TEST(ServeCli, NonLoopbackBindWithoutAKeyWarns) {
   EXPECT_EQ(out.find("warning"), std::string::npos) << out;
 }
 
+// An IPv6 address is printed in brackets (curl could not use "http://::1:PORT"), "[::1]" binds
+// ::1 (it was "cannot bind"), and an empty --host is refused (it bound and printed "http://:PORT").
+TEST(ServeCli, Ipv6HostsAreBracketedInUrlsAndAnEmptyHostIsRefused) {
+  auto r = hearth::testing::run_hearth("serve --fake-engine --port 0 --host ''");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("--host is empty"), std::string::npos) << r.out;
+  if (std::system("grep -q '^00000000000000000000000000000001 ' /proc/net/if_inet6 2>/dev/null") != 0)
+    GTEST_SKIP() << "no IPv6 loopback on this machine";
+  TempDir tmp;
+  for (const char* host : {"::1", "'[::1]'"}) {
+    const std::string out = serve_output(std::string("--host ") + host, tmp);
+    EXPECT_TRUE(std::regex_search(out, std::regex(R"(serving \S+ on http://\[::1\]:\d+ )"))) << out;
+    fs::remove(tmp.path() / "serve.log");
+  }
+}
+
 // SIGHUP (a closed terminal or ssh session) stops the server cleanly as SIGTERM does: it ended
 // the process at once (exit 129), cutting open streams.
 TEST(ServeCli, SighupIsACleanStop) {
