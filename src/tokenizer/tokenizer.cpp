@@ -186,6 +186,11 @@ Tokenizer Tokenizer::from_files(const std::filesystem::path& tokenizer_json,
 }
 
 Tokenizer Tokenizer::from_dir(const std::filesystem::path& dir) {
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(dir, ec);
+  HEARTH_CHECK_T(NotFound, std::filesystem::exists(st), dir.string(), ": model folder not found");
+  HEARTH_CHECK_T(InvalidArgument, std::filesystem::is_directory(st), dir.string(),
+                 ": is a file, not a model folder (give the folder that holds tokenizer.json)");
   std::filesystem::path cfg = dir / "tokenizer_config.json";
   return from_files(dir / "tokenizer.json", io::entry_exists(cfg) ? cfg : std::filesystem::path{});
 }

@@ -16,7 +16,8 @@ class Tokenizer {
  public:
   /// Loads `dir`/tokenizer.json and, when present, `dir`/tokenizer_config.json and
   /// `dir`/chat_template.jinja. Throws hearth::Error naming the file (and field) when a file is
-  /// missing, is not JSON, or describes something unsupported or inconsistent.
+  /// missing, is not JSON, or describes something unsupported or inconsistent; hearth::NotFound
+  /// ("DIR: model folder not found") when `dir` does not exist, InvalidArgument when it is a file.
   static Tokenizer from_dir(const std::filesystem::path& dir);
   /// Loads the given files; `tokenizer_config_json` may be an empty path (then no config). A
   /// chat_template.jinja beside the config file is read too. Errors as from_dir.

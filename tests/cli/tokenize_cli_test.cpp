@@ -50,5 +50,10 @@ TEST(TokenizeCli, BadInputIsOneLineError) {
   EXPECT_NE(r.out.find("not a token id"), std::string::npos) << r.out;
   CliResult m = run_tokenize("tokenize --model /nonexistent x");
   EXPECT_NE(m.rc, 0);
-  EXPECT_NE(m.out.find("/nonexistent/tokenizer.json: cannot open (no such file)"), std::string::npos) << m.out;
+  EXPECT_NE(m.out.find("/nonexistent: model folder not found"), std::string::npos) << m.out;
+  // a file given as the folder (it said ".../config.json/tokenizer.json: cannot open")
+  const std::string file = (fs::path(HEARTH_SOURCE_DIR) / "tests/golden/tokenizer/tiny/tokenizer.json").string();
+  CliResult f = run_tokenize("tokenize --model " + quote(file) + " x");
+  EXPECT_NE(f.rc, 0);
+  EXPECT_NE(f.out.find(file + ": is a file, not a model folder"), std::string::npos) << f.out;
 }
