@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <iomanip>
@@ -146,18 +145,14 @@ int run_serve(const ServeArgs& a) {
     }
     std::cerr << "hearth: stopping (signal " << int(sig) << "; a second one exits at once)" << std::endl;
     srv.stop();
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kDrainSeconds);
-    for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      unsigned char next = 0;
-      if (left.count() <= 0 || !read_byte(static_cast<int>(left.count()), next)) {
-        std::cerr << "hearth: connections still open " << kDrainSeconds << " s after the stop; exiting" << std::endl;
-        _exit(128 + sig);
-      }
-      if (next == 0) return;  // serve() returned: a clean exit
-      std::cerr << "hearth: second signal (" << int(next) << "); exiting now" << std::endl;
-      _exit(128 + next);
+    unsigned char next = 0;
+    if (!read_byte(kDrainSeconds * 1000, next)) {
+      std::cerr << "hearth: connections still open " << kDrainSeconds << " s after the stop; exiting" << std::endl;
+      _exit(128 + sig);
     }
+    if (next == 0) return;  // serve() returned: a clean exit
+    std::cerr << "hearth: second signal (" << int(next) << "); exiting now" << std::endl;
+    _exit(128 + next);
   });
   const bool ipv6 = a.server.host.find(':') != std::string::npos;  // a URL brackets an IPv6 address
   const std::string url =
